@@ -1,0 +1,96 @@
+"""Pure-PyTorch references for the three kernels (imports without Triton).
+
+These functions are the numerical contract of ``../DESIGN`` written as code. Each Triton kernel in
+this package must compute the same integers and the same output (to fp32 accumulation order), and
+the CPU fallback of the inference modules in ``compress`` calls them directly.
+
+Notation: ``x`` activations (..., K) fp16/bf16; weight ``W`` (N, K) as in ``nn.Linear``;
+``y = x @ W.T (+ bias)`` in ``x``'s dtype.
+
+Symmetric quantization: ``q = clamp(round(v / s), qmin, qmax)``, ``s = absmax / qmax``, rounding
+half to even (``torch.round``). A zero scale (all-zero row or group) is replaced by 1 before the
+division so the quantized values are 0 and nothing is NaN or Inf.
+
+* W8A8: ``s_x[m] = max|x[m, :]| / 127`` (or a static scale), ``xq = clamp(round(x / s_x), -128, 127)``,
+  ``acc = xq @ w_q.T`` in int32, ``y = acc * s_x[m] * w_scale[n] (+ bias)``.
+* W4A16: ``qweight`` (K/8, N) int32, nibble ``k % 8`` of ``qweight[k // 8, n]`` holds ``q[k, n]``
+  (two's complement, sign-extended on unpack); ``scales`` (K/G, N);
+  ``W[n, k] = q[k, n] * scales[k // G, n]``; fp32 accumulation.
+* DDS: ``W`` as ``torch.sparse_bsr`` with 32x32 blocks; absent blocks are zero.
+"""
+from __future__ import annotations
+
+import torch
+
+INT8_QMAX = 127
+INT4_QMIN, INT4_QMAX = -8, 7
+BSR_BLOCK = 32
+
+
+def safe_scale(absmax: torch.Tensor, qmax: int) -> torch.Tensor:
+    """``absmax / qmax`` in float32, with zero scales replaced by 1 (their values quantize to 0)."""
+    scale = absmax.float() / qmax
+    return torch.where(scale == 0, torch.ones_like(scale), scale)
+
+
+def quantize_per_token(x: torch.Tensor, x_scale: torch.Tensor | None = None):
+    """Per-row int8 quantization of ``x`` (M, K).
+
+    Returns ``(xq int8 (M, K), s_x float32 (M,))``. With ``x_scale`` (a scalar or (M,)) the given
+    static scale is used instead of the dynamic ``max|x[m]| / 127``.
+    """
+    x32 = x.float()
+    if x_scale is None:
+        s_x = safe_scale(x32.abs().amax(dim=-1), INT8_QMAX)
+    else:
+        s_x = x_scale.float().reshape(-1).expand(x32.shape[0]).contiguous()
+        s_x = torch.where(s_x == 0, torch.ones_like(s_x), s_x)
+    xq = torch.clamp(torch.round(x32 / s_x[:, None]), -128, INT8_QMAX).to(torch.int8)
+    return xq, s_x
+
+
+def w8a8_matmul_ref(x, w_q, w_scale, bias=None, x_scale=None):
+    """``y = (xq @ w_q.T) * s_x[:, None] * w_scale[None, :] (+ bias)`` with exact int32 accumulation."""
+    lead, k = x.shape[:-1], x.shape[-1]
+    x2 = x.reshape(-1, k)
+    xq, s_x = quantize_per_token(x2, x_scale)
+    # int32 accumulation, exactly: int8 products summed in int64 then narrowed (|acc| < 2^31 for K < 2^17)
+    acc = (xq.to(torch.int64) @ w_q.to(torch.int64).T).to(torch.int32)
+    y = acc.float() * s_x[:, None] * w_scale.float()[None, :]
+    if bias is not None:
+        y = y + bias.float()
+    return y.to(x.dtype).reshape(*lead, w_q.shape[0])
+
+
+def unpack_int4(qweight: torch.Tensor) -> torch.Tensor:
+    """(K/8, N) int32 -> (K, N) int8 in [-8, 7]; nibble ``j`` of row ``r`` is input channel ``8 r + j``."""
+    shifts = torch.arange(0, 32, 4, device=qweight.device, dtype=torch.int32)  # (8,)
+    nibbles = (qweight[:, None, :] >> shifts[None, :, None]) & 0xF  # (K/8, 8, N)
+    signed = nibbles - ((nibbles & 0x8) << 1)  # two's complement sign extension of 4 bits
+    return signed.reshape(-1, qweight.shape[1]).to(torch.int8)
+
+
+def dequantize_int4(qweight: torch.Tensor, scales: torch.Tensor, group_size: int) -> torch.Tensor:
+    """(K/8, N) packed + (K/G, N) scales -> W (N, K) float32."""
+    q = unpack_int4(qweight).float()  # (K, N)
+    s = scales.float().repeat_interleave(group_size, dim=0)  # (K, N)
+    return (q * s).T.contiguous()
+
+
+def w4a16_matmul_ref(x, qweight, scales, group_size, bias=None):
+    """``y = x @ dequantize_int4(qweight, scales).T (+ bias)`` with fp32 accumulation."""
+    w = dequantize_int4(qweight, scales, group_size)  # (N, K)
+    y = x.float() @ w.T
+    if bias is not None:
+        y = y + bias.float()
+    return y.to(x.dtype)
+
+
+def bsr_matmul_ref(x, crow_indices, col_indices, values, out_features, bias=None):
+    """``y = x @ W.T`` for ``W`` (N, K) given by its BSR parts with square blocks; fp32 accumulation."""
+    shape = (out_features, x.shape[-1])
+    w = torch.sparse_bsr_tensor(crow_indices, col_indices, values.float(), size=shape).to_dense()
+    y = x.float() @ w.T
+    if bias is not None:
+        y = y + bias.float()
+    return y.to(x.dtype)
