@@ -1,0 +1,291 @@
+"""Lightning callbacks that compress a model while it trains (in the shape of ``ModelPruning``).
+
+Each callback has one job and only orchestrates: the math is in :mod:`compress`.
+
+* :class:`BlockPruning`: gradual 32x32 block pruning on the cubic schedule between ``start_step``
+  and ``end_step``, re-scoring every ``frequency`` optimizer steps; masks are re-applied after every
+  optimizer step (an optimizer step post-hook), so AdamW cannot revive pruned weights.
+* :class:`QuantizationAware`: swaps in fake-quantized layers (in ``setup``) and switches fake
+  quantization on at ``start_step``.
+* :class:`Calibration`: observes the inputs of W8A8 layers for ``num_batches`` training batches,
+  optionally migrates outliers (SmoothQuant, then observes again), then freezes static scales.
+* :class:`Export`: at the end of ``fit`` converts to inference modules and saves the directory.
+
+The model to compress is ``pl_module.model`` when the LightningModule has one, else ``pl_module``.
+Layers are swapped in ``setup()``, before Lightning restores a checkpoint, so masks, observer
+statistics and scales (module buffers) come back with the model's ``state_dict``; schedules are in
+each callback's own ``state_dict``. Under DDP every rank ends with the same masks (broadcast from
+rank 0) and the same scales (observer statistics all-reduced with max). Logging is rank-zero only.
+"""
+from __future__ import annotations
+
+import logging
+import math
+from typing import Optional, Union
+
+import lightning.pytorch as pl
+import torch
+import torch.distributed as dist
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from torch import nn
+
+from compress.checkpoint import save_compressed
+from compress.configs import BLOCK_SCORES, OBSERVERS, BlockSparseConfig, W4A16Config, W8A8Config
+from compress.plan import DEFAULT_EXCLUDE, Plan, compressed_layers, convert, forward_batch, prepare
+from compress.qat import CompressedLinear
+from compress.smoothquant import apply_smoothquant
+from compress.sparsity import block_mask, cubic_sparsity, mask_sparsity
+
+logger = logging.getLogger(__name__)
+
+
+def target_model(pl_module: pl.LightningModule) -> nn.Module:
+    """``pl_module.model`` when it is an ``nn.Module``, else ``pl_module``."""
+    model = getattr(pl_module, "model", None)
+    return model if isinstance(model, nn.Module) else pl_module
+
+
+def _distributed() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def _broadcast_(tensor: torch.Tensor) -> None:
+    """Overwrite ``tensor`` with rank 0's copy (bool tensors travel as uint8 for gloo)."""
+    if not _distributed():
+        return
+    carrier = tensor.to(torch.uint8) if tensor.dtype == torch.bool else tensor
+    dist.broadcast(carrier, src=0)
+    if carrier is not tensor:
+        tensor.copy_(carrier.to(torch.bool))
+
+
+def _check_step(name: str, value) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"{name}: expected a non-negative int, got {value!r}")
+
+
+def _layers_matching(model: nn.Module, plan: Plan) -> dict[str, CompressedLinear]:
+    return {name: m for name, m in compressed_layers(model).items() if plan.configs_for(name) is not None}
+
+
+class BlockPruning(pl.Callback):
+    """Gradual 32x32 block pruning to ``sparsity`` between ``start_step`` and ``end_step``.
+
+    ``plan``: None (every eligible linear) or ``{pattern: final sparsity}`` (fnmatch patterns on
+    module names; each matched layer ends at its own sparsity). ``score``: ``"magnitude"`` or
+    ``"l2"``. ``exclude``: patterns left dense (None: embeddings, classifier heads, ``lm_head``).
+    """
+
+    def __init__(self, sparsity: float = 0.5, start_step: int = 0, end_step: int = 100, frequency: int = 10,
+                 score: str = "magnitude", plan: Optional[dict[str, float]] = None,
+                 exclude: Optional[list[str]] = None):
+        super().__init__()
+        BlockSparseConfig(sparsity=sparsity, score=score)  # validates sparsity and score
+        _check_step("start_step", start_step)
+        _check_step("end_step", end_step)
+        if end_step < start_step:
+            raise ValueError(f"end_step: expected >= start_step ({start_step}), got {end_step}")
+        if not isinstance(frequency, int) or isinstance(frequency, bool) or frequency < 1:
+            raise ValueError(f"frequency: expected a positive int, got {frequency!r}")
+        if score not in BLOCK_SCORES:
+            raise ValueError(f"score: expected one of {BLOCK_SCORES}, got {score!r}")
+        rules = {"*": sparsity} if plan is None else dict(plan)
+        self.plan = Plan({p: BlockSparseConfig(sparsity=s, score=score) for p, s in rules.items()},
+                         exclude=DEFAULT_EXCLUDE if exclude is None else tuple(exclude))
+        self.start_step, self.end_step, self.frequency, self.score = start_step, end_step, frequency, score
+        self.last_pruned_step: Optional[int] = None
+        self._hooks = []
+
+    def setup(self, trainer, pl_module, stage):
+        prepare(target_model(pl_module), self.plan)
+
+    def on_train_start(self, trainer, pl_module):
+        layers = list(_layers_matching(target_model(pl_module), self.plan).values())
+
+        def reapply_masks(optimizer, args, kwargs):
+            for layer in layers:
+                layer.apply_mask_()
+
+        self._hooks = [optimizer.register_step_post_hook(reapply_masks) for optimizer in trainer.optimizers]
+
+    def on_train_end(self, trainer, pl_module):
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []
+
+    def _due(self, step: int) -> bool:
+        if step < self.start_step:
+            return False
+        if self.last_pruned_step is None:
+            return True
+        if step >= self.end_step:
+            return self.last_pruned_step < self.end_step
+        return step - self.last_pruned_step >= self.frequency
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        step = trainer.global_step
+        if not self._due(step):
+            return
+        reached = []
+        for name, layer in _layers_matching(target_model(pl_module), self.plan).items():
+            config = layer.sparse_config
+            target = cubic_sparsity(step, self.start_step, self.end_step, config.sparsity)
+            mask = block_mask(layer.masked_weight(), target, config.block, config.score)
+            _broadcast_(mask)
+            layer.set_mask(mask)
+            reached.append(mask_sparsity(mask))
+        self.last_pruned_step = step
+        if reached:
+            rank_zero_info(f"BlockPruning: step {step}, mean block sparsity {sum(reached) / len(reached):.3f} "
+                           f"over {len(reached)} layers")
+
+    def state_dict(self):
+        return {"last_pruned_step": self.last_pruned_step}
+
+    def load_state_dict(self, state_dict):
+        self.last_pruned_step = state_dict.get("last_pruned_step")
+
+
+class QuantizationAware(pl.Callback):
+    """Fake-quantize the plan's layers from ``start_step`` on (QAT).
+
+    ``config``: the scheme for every eligible linear when ``plan`` is None; ``plan``:
+    ``{pattern: W8A8Config or W4A16Config}``. ``exclude`` as in :class:`BlockPruning`.
+    """
+
+    def __init__(self, config: Optional[Union[W8A8Config, W4A16Config]] = None, start_step: int = 0,
+                 plan: Optional[dict[str, Union[W8A8Config, W4A16Config]]] = None,
+                 exclude: Optional[list[str]] = None):
+        super().__init__()
+        if (config is None) == (plan is None):
+            raise ValueError("QuantizationAware: expected exactly one of config (every eligible linear) "
+                             f"or plan ({{pattern: config}}), got config={config!r}, plan={plan!r}")
+        rules = {"*": config} if plan is None else dict(plan)
+        for pattern, value in rules.items():
+            if not isinstance(value, (W8A8Config, W4A16Config)):
+                raise TypeError(f"QuantizationAware: expected W8A8Config or W4A16Config for {pattern!r}, "
+                                f"got {type(value).__name__}")
+        _check_step("start_step", start_step)
+        self.plan = Plan(rules, exclude=DEFAULT_EXCLUDE if exclude is None else tuple(exclude))
+        self.start_step = start_step
+
+    def setup(self, trainer, pl_module, stage):
+        prepare(target_model(pl_module), self.plan)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if trainer.global_step < self.start_step:
+            return
+        layers = [m for m in _layers_matching(target_model(pl_module), self.plan).values() if not m.fake_quant_enabled]
+        for layer in layers:
+            layer.enable_fake_quant(True)
+        if layers:
+            rank_zero_info(f"QuantizationAware: fake quantization on for {len(layers)} layers at step "
+                           f"{trainer.global_step}")
+
+
+class Calibration(pl.Callback):
+    """Observe W8A8 layer inputs for ``num_batches`` training batches, then freeze static scales.
+
+    ``observer``: ``"absmax"``, ``"percentile"`` or ``"moving_average"``. ``smoothquant_alpha``
+    (in [0, 1]): first observe ``num_batches``, migrate outliers (SmoothQuant), then observe
+    ``num_batches`` more for the static scales. Needs the W8A8 layers to exist, i.e. a
+    :class:`QuantizationAware` callback with a W8A8 config in the same run.
+    """
+
+    PHASES = ("smooth", "observe", "done")
+
+    def __init__(self, num_batches: int = 8, observer: str = "absmax", smoothquant_alpha: Optional[float] = None):
+        super().__init__()
+        if not isinstance(num_batches, int) or isinstance(num_batches, bool) or num_batches < 1:
+            raise ValueError(f"num_batches: expected a positive int, got {num_batches!r}")
+        if observer not in OBSERVERS:
+            raise ValueError(f"observer: expected one of {OBSERVERS}, got {observer!r}")
+        if smoothquant_alpha is not None and not (
+                isinstance(smoothquant_alpha, (int, float)) and 0.0 <= smoothquant_alpha <= 1.0):
+            raise ValueError(f"smoothquant_alpha: expected None or a value in [0, 1], got {smoothquant_alpha!r}")
+        self.num_batches, self.observer, self.smoothquant_alpha = num_batches, observer, smoothquant_alpha
+        self.phase = "smooth" if smoothquant_alpha is not None else "observe"
+        self.batches_seen = 0
+
+    @staticmethod
+    def _w8a8_layers(pl_module) -> dict[str, CompressedLinear]:
+        return {n: m for n, m in compressed_layers(target_model(pl_module)).items()
+                if isinstance(m.quant_config, W8A8Config)}
+
+    def on_train_start(self, trainer, pl_module):
+        if self.phase == "done":
+            return
+        layers = self._w8a8_layers(pl_module)
+        if not layers:
+            rank_zero_warn("Calibration: no W8A8 layers to calibrate (add a QuantizationAware callback with a "
+                           "W8A8Config); nothing to do")
+            self.phase = "done"
+            return
+        for layer in layers.values():
+            if layer.observer.kind != self.observer:
+                layer.replace_observer(self.observer, layer.quant_config.percentile)
+            if self.batches_seen == 0:
+                layer.observer.reset()
+            layer.observe(True)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if self.phase == "done":
+            return
+        self.batches_seen += 1
+        if self.batches_seen < self.num_batches:
+            return
+        layers = self._w8a8_layers(pl_module)
+        for layer in layers.values():
+            layer.observing = False
+            layer.observer.sync_()
+        if self.phase == "smooth":
+            self._smooth(pl_module, layers, batch)
+        else:
+            self._freeze(layers)
+
+    def _smooth(self, pl_module, layers, batch) -> None:
+        model = target_model(pl_module)
+        placement = apply_smoothquant(model, layers, self.smoothquant_alpha, lambda m: forward_batch(m, batch))
+        for tensor in model.state_dict().values():  # fold decisions may differ per batch: rank 0's win
+            if tensor.is_floating_point():
+                _broadcast_(tensor)
+        rank_zero_info(f"Calibration: SmoothQuant alpha={self.smoothquant_alpha} applied to {len(placement)} layers")
+        self.phase, self.batches_seen = "observe", 0
+        for layer in layers.values():
+            layer.observer.reset()
+            layer.observe(True)
+
+    def _freeze(self, layers) -> None:
+        for layer in layers.values():
+            layer.freeze_observer()
+        static = sum(1 for m in layers.values() if m.quant_config.static)
+        rank_zero_info(f"Calibration: froze observers of {len(layers)} W8A8 layers ({static} static scales)")
+        self.phase = "done"
+
+    def state_dict(self):
+        return {"phase": self.phase, "batches_seen": self.batches_seen}
+
+    def load_state_dict(self, state_dict):
+        self.phase = state_dict.get("phase", self.phase)
+        self.batches_seen = state_dict.get("batches_seen", 0)
+
+
+class Export(pl.Callback):
+    """At the end of ``fit``: convert to inference modules and (if ``save``) write ``dirpath``."""
+
+    def __init__(self, dirpath: str = "compressed", save: bool = True):
+        super().__init__()
+        if not isinstance(dirpath, str) or not dirpath:
+            raise ValueError(f"dirpath: expected a non-empty path string, got {dirpath!r}")
+        self.dirpath, self.save = dirpath, bool(save)
+
+    def on_fit_end(self, trainer, pl_module):
+        model = target_model(pl_module)
+        if not compressed_layers(model):
+            rank_zero_warn("Export: the model has no prepared layers; nothing to convert")
+            return
+        convert(model)
+        if self.save and trainer.is_global_zero:
+            path = save_compressed(model, self.dirpath)
+            rank_zero_info(f"Export: compressed model saved to {path}")
+        trainer.strategy.barrier("compress-export")

@@ -1,0 +1,137 @@
+"""Typed, frozen compression configs, validated on construction.
+
+* :class:`W8A8Config`: int8 weights (per output channel, ``s_w[n] = max|W[n,:]| / 127``) and int8
+  activations, either dynamic per token (``s_x[m] = max|X[m,:]| / 127``, the default) or one
+  static, calibrated per-tensor scale (``activation="static"``, found by an observer).
+* :class:`W4A16Config`: int4 weights in [-8, 7], one scale per group of ``group_size`` input
+  channels (``None`` means one group per output channel, ``G = K``), fp16/bf16 activations.
+* :class:`BlockSparseConfig`: 32x32 blocks of the weight pruned to ``sparsity`` (a fraction of
+  blocks), scored by ``score``.
+
+``learnable_scale`` turns the weight scales into parameters trained with the LSQ gradient (Esser et
+al., 2020) during QAT; the exported module stores the learned scales. Each config converts to and
+from a plain dict (``to_dict`` / :func:`config_from_dict`) for the checkpoint manifest, and
+jsonargparse builds them from YAML mappings since they are plain dataclasses.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Optional, Union
+
+ACTIVATION_MODES = ("dynamic", "static")
+OBSERVERS = ("absmax", "percentile", "moving_average")
+W4_GROUP_SIZES = (32, 64, 128)
+BLOCK_SIZES = (32,)
+BLOCK_SCORES = ("magnitude", "l2")
+
+
+def _check_choice(name: str, value, allowed: tuple) -> None:
+    if value not in allowed:
+        raise ValueError(f"{name}: expected one of {allowed}, got {value!r}")
+
+
+def _check_type(name: str, value, types: tuple) -> None:
+    if isinstance(value, bool) and bool not in types:
+        raise TypeError(f"{name}: expected {' or '.join(t.__name__ for t in types)}, got bool")
+    if not isinstance(value, types):
+        raise TypeError(f"{name}: expected {' or '.join(t.__name__ for t in types)}, got {type(value).__name__}")
+
+
+class _ConfigMixin:
+    """Dict round trip shared by every config (``{"type": ClassName, **fields}``)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": type(self).__name__, **dataclasses.asdict(self)}
+
+
+@dataclass(frozen=True)
+class W8A8Config(_ConfigMixin):
+    """int8 x int8. ``activation``: ``"dynamic"`` (per token) or ``"static"`` (calibrated scale).
+
+    ``observer`` and ``percentile`` choose how static scales are calibrated; ``smoothquant_alpha``
+    (in [0, 1], or None for no migration) asks the post-training path to migrate activation
+    outliers into the weights before quantizing.
+    """
+
+    activation: str = "dynamic"
+    observer: str = "absmax"
+    percentile: float = 99.99
+    smoothquant_alpha: Optional[float] = None
+    learnable_scale: bool = False
+
+    def __post_init__(self):
+        _check_choice("W8A8Config.activation", self.activation, ACTIVATION_MODES)
+        _check_choice("W8A8Config.observer", self.observer, OBSERVERS)
+        _check_type("W8A8Config.percentile", self.percentile, (int, float))
+        if not 0.0 < self.percentile <= 100.0:
+            raise ValueError(f"W8A8Config.percentile: expected a value in (0, 100], got {self.percentile}")
+        if self.smoothquant_alpha is not None:
+            _check_type("W8A8Config.smoothquant_alpha", self.smoothquant_alpha, (int, float))
+            if not 0.0 <= self.smoothquant_alpha <= 1.0:
+                raise ValueError(
+                    f"W8A8Config.smoothquant_alpha: expected None or a value in [0, 1], got {self.smoothquant_alpha}"
+                )
+        _check_type("W8A8Config.learnable_scale", self.learnable_scale, (bool,))
+
+    @property
+    def static(self) -> bool:
+        return self.activation == "static"
+
+
+@dataclass(frozen=True)
+class W4A16Config(_ConfigMixin):
+    """int4 weights, fp16/bf16 activations; ``group_size`` in (32, 64, 128) or None (per channel)."""
+
+    group_size: Optional[int] = 128
+    learnable_scale: bool = False
+
+    def __post_init__(self):
+        if self.group_size is not None:
+            _check_type("W4A16Config.group_size", self.group_size, (int,))
+            _check_choice("W4A16Config.group_size", self.group_size, W4_GROUP_SIZES + (None,))
+        _check_type("W4A16Config.learnable_scale", self.learnable_scale, (bool,))
+
+    def group_size_for(self, in_features: int) -> int:
+        """The group size used for a layer with ``in_features`` input channels."""
+        return in_features if self.group_size is None else self.group_size
+
+
+@dataclass(frozen=True)
+class BlockSparseConfig(_ConfigMixin):
+    """Prune ``sparsity`` (fraction in [0, 1)) of the ``block`` x ``block`` weight blocks.
+
+    ``score``: ``"magnitude"`` (mean |w| of the block) or ``"l2"`` (Frobenius norm of the block).
+    """
+
+    sparsity: float = 0.5
+    block: int = 32
+    score: str = "magnitude"
+
+    def __post_init__(self):
+        _check_type("BlockSparseConfig.sparsity", self.sparsity, (int, float))
+        if not 0.0 <= self.sparsity < 1.0:
+            raise ValueError(f"BlockSparseConfig.sparsity: expected a fraction in [0, 1), got {self.sparsity}")
+        _check_type("BlockSparseConfig.block", self.block, (int,))
+        _check_choice("BlockSparseConfig.block", self.block, BLOCK_SIZES)
+        _check_choice("BlockSparseConfig.score", self.score, BLOCK_SCORES)
+
+
+QuantConfig = Union[W8A8Config, W4A16Config]
+AnyConfig = Union[W8A8Config, W4A16Config, BlockSparseConfig]
+CONFIG_TYPES = {cls.__name__: cls for cls in (W8A8Config, W4A16Config, BlockSparseConfig)}
+
+
+def config_from_dict(data: dict[str, Any]) -> AnyConfig:
+    """Inverse of ``config.to_dict()``."""
+    if not isinstance(data, dict) or "type" not in data:
+        raise ValueError(f"config: expected a dict with a 'type' key, got {data!r}")
+    fields = dict(data)
+    name = fields.pop("type")
+    if name not in CONFIG_TYPES:
+        raise ValueError(f"config type: expected one of {tuple(CONFIG_TYPES)}, got {name!r}")
+    return CONFIG_TYPES[name](**fields)
+
+
+def is_config(value) -> bool:
+    return isinstance(value, (W8A8Config, W4A16Config, BlockSparseConfig))

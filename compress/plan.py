@@ -1,0 +1,264 @@
+"""Compression plans and the two entry points that apply them: ``prepare`` and ``convert``.
+
+A plan says which ``nn.Linear`` layers get which configs:
+
+* one config (``W8A8Config()``): every eligible linear layer,
+* a list (``[BlockSparseConfig(0.5), W8A8Config()]``): every eligible layer gets all of them
+  (prune and quantize the same layer),
+* a mapping ``{pattern: config or list}``: fnmatch patterns on module names
+  (``"encoder.layer.*.intermediate.dense"``); the first matching pattern wins,
+* a :class:`Plan` (rules + ``exclude`` patterns).
+
+Eligible: ``nn.Linear`` modules whose names match no ``exclude`` pattern; by default embeddings,
+classifier heads (``classifier``, ``score``, ``pooler``, ``qa_outputs``) and ``lm_head`` stay dense.
+
+``prepare(model, plan)`` swaps the targeted layers for :class:`compress.qat.CompressedLinear`
+(training path). ``convert(model)`` swaps every ``CompressedLinear`` for its inference module;
+``convert(model, plan, calibration_data=...)`` is the post-training path: prepare, prune one-shot,
+calibrate (SmoothQuant and static scales), then swap.
+
+A layer that a kernel cannot take is handled on purpose: W4A16 pads K to the group size
+(:class:`compress.modules.W4A16Linear`); block sparsity alone on a layer whose N or K is not a
+multiple of 32 is exported as a dense ``nn.Linear`` holding the masked weight, with a logged reason.
+"""
+from __future__ import annotations
+
+import fnmatch
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from compress.configs import BlockSparseConfig, W4A16Config, W8A8Config, is_config
+from compress.modules import BSRLinear, W4A16Linear, W8A8Linear
+from compress.qat import CompressedLinear, split_configs
+from compress.smoothquant import apply_smoothquant
+from compress.sparsity import block_mask
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_EXCLUDE = ("*embed*", "*classifier*", "*score", "*pooler*", "*qa_outputs*", "*lm_head*")
+_PLAN_FORMS = "a config, a list of configs, a mapping {pattern: config or list}, or a Plan"
+
+
+def _normalize_configs(value, where: str) -> tuple:
+    items = tuple(value) if isinstance(value, (list, tuple)) else (value,)
+    if not items:
+        raise ValueError(f"{where}: expected at least one config, got an empty list")
+    try:
+        split_configs(items)
+    except (TypeError, ValueError) as error:
+        raise type(error)(f"{where}: {error}") from None
+    return items
+
+
+@dataclass(frozen=True)
+class Plan:
+    """``rules``: {fnmatch pattern: config or list of configs}; ``exclude``: patterns left dense."""
+
+    rules: Mapping = field(default_factory=dict)
+    exclude: tuple = DEFAULT_EXCLUDE
+
+    def __post_init__(self):
+        if not isinstance(self.rules, Mapping):
+            raise TypeError(f"Plan.rules: expected a mapping {{pattern: config}}, got {type(self.rules).__name__}")
+        normalized = {}
+        for pattern, configs in self.rules.items():
+            if not isinstance(pattern, str):
+                raise TypeError(f"Plan.rules: expected str patterns, got {type(pattern).__name__} ({pattern!r})")
+            normalized[pattern] = _normalize_configs(configs, f"Plan.rules[{pattern!r}]")
+        object.__setattr__(self, "rules", normalized)
+        if isinstance(self.exclude, str) or not all(isinstance(p, str) for p in self.exclude):
+            raise TypeError(f"Plan.exclude: expected a list of str patterns, got {self.exclude!r}")
+        object.__setattr__(self, "exclude", tuple(self.exclude))
+
+    def configs_for(self, name: str) -> tuple | None:
+        """The configs for module ``name``, or None if it is excluded or matches no rule."""
+        if any(fnmatch.fnmatchcase(name, pattern) for pattern in self.exclude):
+            return None
+        for pattern, configs in self.rules.items():
+            if fnmatch.fnmatchcase(name, pattern):
+                return configs
+        return None
+
+    def targets(self, model: nn.Module) -> dict[str, tuple]:
+        """{module name: configs} for every linear layer of ``model`` the plan selects."""
+        return {
+            name: configs
+            for name, module in model.named_modules()
+            if name and isinstance(module, nn.Linear) and (configs := self.configs_for(name)) is not None
+        }
+
+
+def as_plan(plan) -> Plan:
+    """Normalize every accepted plan form to a :class:`Plan` (TypeError listing the forms otherwise)."""
+    if isinstance(plan, Plan):
+        return plan
+    if is_config(plan) or isinstance(plan, (list, tuple)):
+        return Plan({"*": plan})
+    if isinstance(plan, Mapping):
+        return Plan(plan)
+    raise TypeError(f"plan: expected {_PLAN_FORMS}, got {type(plan).__name__}")
+
+
+def _linear_names(model: nn.Module) -> list[str]:
+    return [name for name, module in model.named_modules() if name and isinstance(module, nn.Linear)]
+
+
+def replace_submodule(model: nn.Module, name: str, new: nn.Module) -> None:
+    """``model.<name> = new`` for a dotted module name."""
+    parent_name, _, child = name.rpartition(".")
+    parent = model.get_submodule(parent_name) if parent_name else model
+    setattr(parent, child, new)
+
+
+def compressed_layers(model: nn.Module) -> dict[str, CompressedLinear]:
+    return {name: m for name, m in model.named_modules() if isinstance(m, CompressedLinear)}
+
+
+def prepare(model: nn.Module, plan) -> nn.Module:
+    """Swap the plan's layers for ``CompressedLinear`` (in place; returns ``model``).
+
+    Layers that are already ``CompressedLinear`` get the new configs added (so a pruning plan and a
+    quantization plan compose); conflicting configs raise ``ValueError``.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model: expected an nn.Module, got {type(model).__name__}")
+    targets = as_plan(plan).targets(model)
+    if not targets:
+        names = _linear_names(model)
+        raise ValueError(f"plan matched no eligible linear layer; the model's linear layers are {names[:20]}"
+                         f"{' ...' if len(names) > 20 else ''}")
+    for name, configs in targets.items():
+        module = model.get_submodule(name)
+        if isinstance(module, CompressedLinear):
+            module.add_configs(list(configs))
+        else:
+            replace_submodule(model, name, CompressedLinear.from_float(module, list(configs)))
+    logger.info("prepare: %d layers set up for compression", len(targets))
+    return model
+
+
+# ---- post-training steps -------------------------------------------------------------------------
+def prune_one_shot(model: nn.Module) -> None:
+    """Give every sparse layer whose mask is still full its final mask (magnitude/L2 blocks)."""
+    for name, layer in compressed_layers(model).items():
+        config = layer.sparse_config
+        if config is None or config.sparsity == 0 or not bool(layer.mask.all()):
+            continue
+        layer.set_mask(block_mask(layer.weight, config.sparsity, config.block, config.score))
+        logger.info("prune: %s pruned one-shot to %.0f%% of its blocks", name, 100 * config.sparsity)
+
+
+def forward_batch(model: nn.Module, batch):
+    """Run ``model`` on one batch: ``model(**batch)`` for a mapping (e.g. a tokenized batch),
+    ``model(batch[0])`` for a tuple / list (the ``(inputs, targets)`` convention), else ``model(batch)``."""
+    if isinstance(batch, Mapping):
+        return model(**batch)
+    if isinstance(batch, (list, tuple)):
+        return model(batch[0])
+    return model(batch)
+
+
+def _calibration_runner(calibration_data) -> tuple[Callable, Callable]:
+    """(run all batches, run one batch) callables from an iterable of batches or a callable."""
+    if callable(calibration_data):
+        return calibration_data, calibration_data
+    if not isinstance(calibration_data, Iterable):
+        raise TypeError(f"calibration_data: expected an iterable of batches or a callable(model), "
+                        f"got {type(calibration_data).__name__}")
+    batches = list(calibration_data)
+    if not batches:
+        raise ValueError("calibration_data: expected at least one batch, got none")
+
+    def run_all(model):
+        for batch in batches:
+            forward_batch(model, batch)
+
+    return run_all, lambda model: forward_batch(model, batches[0])
+
+
+@torch.no_grad()
+def _observe(model: nn.Module, layers: dict[str, CompressedLinear], run_all: Callable) -> None:
+    was_training = model.training
+    model.eval()
+    try:
+        for layer in layers.values():
+            layer.observer.reset()
+            layer.observe(True)
+        run_all(model)
+    finally:
+        model.train(was_training)
+        for layer in layers.values():
+            layer.observing = False
+
+
+def calibrate(model: nn.Module, calibration_data) -> None:
+    """Observe W8A8 layers on ``calibration_data``; SmoothQuant where asked; freeze static scales."""
+    w8a8 = {n: m for n, m in compressed_layers(model).items() if isinstance(m.quant_config, W8A8Config)}
+    smooth = {n: m for n, m in w8a8.items() if m.quant_config.smoothquant_alpha is not None}
+    static = {n: m for n, m in w8a8.items() if m.quant_config.static}
+    if not smooth and not static:
+        return
+    if calibration_data is None:
+        raise ValueError(f"convert: {len(static)} static and {len(smooth)} SmoothQuant W8A8 layers need "
+                         "calibration_data (an iterable of batches or a callable(model))")
+    run_all, run_one = _calibration_runner(calibration_data)
+    alphas = {m.quant_config.smoothquant_alpha for m in smooth.values()}
+    for alpha in alphas:
+        group = {n: m for n, m in smooth.items() if m.quant_config.smoothquant_alpha == alpha}
+        _observe(model, group, run_all)
+        apply_smoothquant(model, group, alpha, run_one)
+    if static:
+        _observe(model, static, run_all)
+        for layer in static.values():
+            layer.freeze_observer()
+
+
+# ---- export --------------------------------------------------------------------------------------
+def export_module(name: str, layer: CompressedLinear) -> nn.Module:
+    """The inference module for one prepared layer (see the module docstring for the rules)."""
+    quant, sparse = layer.quant_config, layer.sparse_config
+    weight = layer.masked_weight().detach()
+    if isinstance(quant, W8A8Config):
+        return W8A8Linear.from_float(layer, quant, weight=weight, weight_scale=layer.weight_scale,
+                                     act_scale=layer.static_act_scale(), input_smoothing=layer.smoothing())
+    if isinstance(quant, W4A16Config):
+        return W4A16Linear.from_float(layer, quant, weight=weight, weight_scale=layer.weight_scale)
+    if isinstance(sparse, BlockSparseConfig):
+        n, k = layer.out_features, layer.in_features
+        if n % sparse.block == 0 and k % sparse.block == 0:
+            return BSRLinear.from_float(layer, sparse, weight=weight, mask=layer.mask)
+        logger.warning("convert: %s (N=%d, K=%d) left dense: BSR needs N and K multiples of %d; "
+                       "its pruned blocks are zero in the dense weight", name, n, k, sparse.block)
+    return layer.to_float()
+
+
+def convert(model: nn.Module, plan=None, calibration_data=None) -> nn.Module:
+    """Swap prepared layers (or, given ``plan``, the plan's plain linears) for inference modules.
+
+    With ``plan`` this is the post-training path: prepare, prune one-shot, calibrate on
+    ``calibration_data`` (batches fed as ``model(**batch)`` / ``model(batch[0])`` / ``model(batch)``,
+    or a callable that runs the model itself) where static scales or SmoothQuant need it, export.
+    Without ``plan``, layers prepared with a sparse config but never pruned are pruned one-shot too.
+    """
+    if plan is not None:
+        prepare(model, plan)
+    layers = compressed_layers(model)
+    if not layers:
+        raise ValueError("convert: the model has no prepared layers; call compress.prepare(model, plan) "
+                         "first or pass a plan")
+    prune_one_shot(model)
+    needs_calibration = any(
+        isinstance(m.quant_config, W8A8Config) and (
+            (m.quant_config.static and not m.calibrated)
+            or (m.quant_config.smoothquant_alpha is not None and m.smoothing() is None and plan is not None))
+        for m in layers.values())
+    if needs_calibration:
+        calibrate(model, calibration_data)
+    for name, layer in layers.items():
+        replace_submodule(model, name, export_module(name, layer))
+    logger.info("convert: %d layers exported", len(layers))
+    return model

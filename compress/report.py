@@ -1,0 +1,235 @@
+"""The evaluation report: accuracy against speed and memory for a dense baseline and its variants.
+
+A :class:`Report` holds one :class:`ModelResult` per model: task metrics on the evaluation split
+(``accuracy`` / ``f1`` or ``perplexity``), latency points (median milliseconds per forward pass and
+throughput in samples per second at each batch size) and weight memory (bytes of the parameters and
+buffers of the linear layers, and of the whole model). The first model is the baseline that speed-ups
+are relative to (``baseline latency / model latency`` at the same batch size).
+
+Writers, each a pure function of the report:
+
+* :func:`to_markdown` / :func:`write_markdown`: a table, one row per model;
+* :func:`write_json` / :func:`read_json`: the whole report, round trip;
+* :func:`plot_accuracy_vs_speed`: a PNG (matplotlib, Agg backend) with throughput at one batch
+  size on the x axis and the primary metric on the y axis, one labelled point per model;
+* :func:`write_report`: all three into a directory.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+FORMAT_VERSION = 1
+MIB = 1024 * 1024
+
+
+@dataclass
+class LatencyPoint:
+    """Median latency of one forward pass on ``batch_size`` sequences of ``seq_len`` tokens."""
+
+    batch_size: int
+    seq_len: int
+    latency_ms: float
+
+    @property
+    def throughput(self) -> float:
+        """Samples (sequences) per second."""
+        return self.batch_size / (self.latency_ms / 1000.0) if self.latency_ms > 0 else float("inf")
+
+    def to_dict(self) -> dict:
+        return {**dataclasses.asdict(self), "throughput": self.throughput}
+
+
+@dataclass
+class ModelResult:
+    """Everything measured for one model."""
+
+    name: str
+    metrics: dict[str, float]
+    primary_metric: str
+    higher_is_better: bool
+    latency: list[LatencyPoint]
+    linear_weight_bytes: int
+    total_weight_bytes: int
+    source: str = ""
+    compression: str = "dense"
+
+    def latency_at(self, batch_size: int) -> LatencyPoint | None:
+        return next((p for p in self.latency if p.batch_size == batch_size), None)
+
+    def to_dict(self) -> dict:
+        data = dataclasses.asdict(self)
+        data["latency"] = [p.to_dict() for p in self.latency]
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "ModelResult":
+        fields = dict(data)
+        points = [
+            LatencyPoint(p["batch_size"], p["seq_len"], p["latency_ms"]) for p in fields.pop("latency")
+        ]
+        return cls(latency=points, **fields)
+
+
+@dataclass
+class Report:
+    """Results for several models measured in one process on one device."""
+
+    models: list[ModelResult]
+    device: str
+    dtype: str
+    environment: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self):
+        if not self.models:
+            raise ValueError("Report: expected at least one ModelResult, got none")
+        primaries = {m.primary_metric for m in self.models}
+        if len(primaries) != 1:
+            raise ValueError(f"Report: models must share one primary metric, got {sorted(primaries)}")
+
+    @property
+    def baseline(self) -> ModelResult:
+        return self.models[0]
+
+    @property
+    def batch_sizes(self) -> list[int]:
+        return sorted({p.batch_size for m in self.models for p in m.latency})
+
+    def speedup(self, model: ModelResult, batch_size: int) -> float | None:
+        """Baseline latency / ``model`` latency at ``batch_size`` (None when either is missing)."""
+        ours, base = model.latency_at(batch_size), self.baseline.latency_at(batch_size)
+        if ours is None or base is None or ours.latency_ms <= 0:
+            return None
+        return base.latency_ms / ours.latency_ms
+
+    def to_dict(self) -> dict:
+        return {
+            "format_version": FORMAT_VERSION,
+            "device": self.device,
+            "dtype": self.dtype,
+            "environment": dict(self.environment),
+            "baseline": self.baseline.name,
+            "models": [m.to_dict() for m in self.models],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Report":
+        version = data.get("format_version")
+        if version != FORMAT_VERSION:
+            raise ValueError(f"report format_version: expected {FORMAT_VERSION}, got {version!r}")
+        models = [ModelResult.from_dict(m) for m in data["models"]]
+        return cls(models, data["device"], data["dtype"], data.get("environment", {}))
+
+
+def _metric_names(report: Report) -> list[str]:
+    """Metric columns: the primary metric first, then the others in first-seen order."""
+    names = [report.baseline.primary_metric]
+    for model in report.models:
+        names += [n for n in model.metrics if n not in names]
+    return names
+
+
+def _format_metric(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.4f}" if abs(value) < 10 else f"{value:.2f}"
+
+
+def to_markdown(report: Report) -> str:
+    """A Markdown section: device line, then one table row per model."""
+    metrics = _metric_names(report)
+    batch_sizes = report.batch_sizes
+    header = ["model", "compression", *metrics, "linear weights (MiB)", "all weights (MiB)"]
+    for bs in batch_sizes:
+        header += [f"ms @ bs={bs}", f"samples/s @ bs={bs}"]
+    rows = []
+    for model in report.models:
+        row = [model.name, model.compression]
+        row += [_format_metric(model.metrics.get(name)) for name in metrics]
+        row += [f"{model.linear_weight_bytes / MIB:.2f}", f"{model.total_weight_bytes / MIB:.2f}"]
+        for bs in batch_sizes:
+            point, speedup = model.latency_at(bs), report.speedup(model, bs)
+            if point is None:
+                row += ["-", "-"]
+                continue
+            row += [f"{point.latency_ms:.3f} ({speedup:.2f}x)" if speedup else f"{point.latency_ms:.3f}"]
+            row += [f"{point.throughput:.1f}"]
+        rows.append(row)
+    seq_lens = sorted({p.seq_len for m in report.models for p in m.latency})
+    lines = [
+        "# Compression report",
+        "",
+        f"Device: {report.device}; activations: {report.dtype}; sequence length: "
+        f"{', '.join(map(str, seq_lens)) or '-'}; latency is the median of timed forward passes after "
+        f"warm-up, speed-up (in parentheses) is relative to `{report.baseline.name}`.",
+        "",
+        "| " + " | ".join(header) + " |",
+        "|" + "|".join("---" for _ in header) + "|",
+        *("| " + " | ".join(row) + " |" for row in rows),
+        "",
+    ]
+    if report.environment:
+        lines += ["Environment: " + ", ".join(f"{k} {v}" for k, v in sorted(report.environment.items())), ""]
+    return "\n".join(lines)
+
+
+def write_markdown(report: Report, path: str | Path) -> Path:
+    path = Path(path)
+    path.write_text(to_markdown(report))
+    return path
+
+
+def write_json(report: Report, path: str | Path) -> Path:
+    path = Path(path)
+    path.write_text(json.dumps(report.to_dict(), indent=2) + "\n")
+    return path
+
+
+def read_json(path: str | Path) -> Report:
+    return Report.from_dict(json.loads(Path(path).read_text()))
+
+
+def plot_accuracy_vs_speed(report: Report, path: str | Path, batch_size: int | None = None) -> Path:
+    """PNG: throughput at ``batch_size`` (default: the largest measured) vs the primary metric."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sizes = report.batch_sizes
+    if not sizes:
+        raise ValueError("plot_accuracy_vs_speed: the report has no latency points")
+    batch_size = max(sizes) if batch_size is None else batch_size
+    if batch_size not in sizes:
+        raise ValueError(f"batch_size: expected one of the measured sizes {sizes}, got {batch_size}")
+    metric = report.baseline.primary_metric
+    figure, axes = plt.subplots(figsize=(6.4, 4.4))
+    for model in report.models:
+        point = model.latency_at(batch_size)
+        if point is None or metric not in model.metrics:
+            continue
+        axes.scatter(point.throughput, model.metrics[metric], s=40)
+        axes.annotate(model.name, (point.throughput, model.metrics[metric]), textcoords="offset points", xytext=(5, 5))
+    direction = "higher is better" if report.baseline.higher_is_better else "lower is better"
+    axes.set_xlabel(f"throughput at batch size {batch_size} (samples/s)")
+    axes.set_ylabel(f"{metric} ({direction})")
+    axes.set_title(f"{metric} vs speed on {report.device} ({report.dtype})")
+    axes.grid(True, alpha=0.3)
+    figure.tight_layout()
+    path = Path(path)
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+    return path
+
+
+def write_report(report: Report, out_dir: str | Path, stem: str = "report") -> dict[str, Path]:
+    """Write ``<stem>.md``, ``<stem>.json`` and ``<stem>.png`` into ``out_dir``; return their paths."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    return {
+        "markdown": write_markdown(report, out_dir / f"{stem}.md"),
+        "json": write_json(report, out_dir / f"{stem}.json"),
+        "plot": plot_accuracy_vs_speed(report, out_dir / f"{stem}.png"),
+    }

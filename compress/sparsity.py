@@ -1,0 +1,128 @@
+"""Block sparsity math: block scores, block masks, the gradual (cubic) schedule, dense <-> BSR.
+
+A weight W (N, K) is cut into ``block`` x ``block`` tiles (32x32 for the kernels), giving a block
+grid (ceil(N/b), ceil(K/b)); edge tiles of a shape that is not a multiple of ``b`` are partial and
+scored over their real elements only. Scores (higher = more important):
+
+* ``"magnitude"``: mean |w| over the block (L1 per element),
+* ``"l2"``: Frobenius norm of the block (sqrt of the sum of squares).
+
+A block mask is a bool grid, True = kept; :func:`mask_from_scores` prunes the ``floor(sparsity *
+blocks)`` lowest-scoring blocks (ties broken by position with a stable sort, so every process that
+sees the same weights builds the same mask).
+
+Schedule (Zhu & Gupta, 2017): ``s(t) = s_f + (s_i - s_f) * (1 - (t - t0) / (t1 - t0))^3`` for
+``t0 <= t <= t1``, ``s_i`` before ``t0`` and ``s_f`` after ``t1``.
+
+BSR layout = ``torch.sparse_bsr``: ``crow_indices`` (N/b + 1,), ``col_indices`` (nnz,), ``values``
+(nnz, b, b); block ``i`` of block row ``r`` covers rows ``r*b:(r+1)*b`` and columns
+``col_indices[i]*b:(col_indices[i]+1)*b``. Only shapes that are multiples of ``b`` convert.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+SCORES = ("magnitude", "l2")
+
+
+def block_grid(shape: tuple[int, int], block: int) -> tuple[int, int]:
+    """Number of block rows and block columns (partial edge blocks count) for a (N, K) weight."""
+    n, k = shape
+    return -(-n // block), -(-k // block)
+
+
+def _blocks(w: torch.Tensor, block: int) -> torch.Tensor:
+    """(N, K) -> (N/b, K/b, b, b), zero-padded to whole blocks."""
+    n, k = w.shape
+    rows, cols = block_grid((n, k), block)
+    padded = F.pad(w, (0, cols * block - k, 0, rows * block - n))
+    return padded.reshape(rows, block, cols, block).permute(0, 2, 1, 3)
+
+
+def block_scores(w: torch.Tensor, block: int = 32, score: str = "magnitude") -> torch.Tensor:
+    """(N, K) -> (N/b, K/b) float32 block importance (see the module docstring)."""
+    if score not in SCORES:
+        raise ValueError(f"score: expected one of {SCORES}, got {score!r}")
+    if w.dim() != 2:
+        raise ValueError(f"block_scores: expected a 2-d weight (N, K), got shape {tuple(w.shape)}")
+    blocks = _blocks(w.detach().float(), block)
+    if score == "l2":
+        return blocks.pow(2).sum(dim=(2, 3)).sqrt()
+    counts = _blocks(torch.ones_like(w, dtype=torch.float32), block).sum(dim=(2, 3))
+    return blocks.abs().sum(dim=(2, 3)) / counts
+
+
+def mask_from_scores(scores: torch.Tensor, sparsity: float) -> torch.Tensor:
+    """Bool grid like ``scores``: False for the ``floor(sparsity * numel)`` lowest scores."""
+    if not 0.0 <= sparsity < 1.0:
+        raise ValueError(f"sparsity: expected a fraction in [0, 1), got {sparsity}")
+    num_pruned = int(sparsity * scores.numel())
+    mask = torch.ones(scores.numel(), dtype=torch.bool, device=scores.device)
+    order = torch.argsort(scores.flatten(), stable=True)
+    mask[order[:num_pruned]] = False
+    return mask.reshape(scores.shape)
+
+
+def block_mask(w: torch.Tensor, sparsity: float, block: int = 32, score: str = "magnitude") -> torch.Tensor:
+    """Block mask (N/b, K/b) keeping the highest-scoring ``1 - sparsity`` of the blocks of ``w``."""
+    return mask_from_scores(block_scores(w, block, score), sparsity)
+
+
+def expand_mask(mask: torch.Tensor, shape: tuple[int, int], block: int = 32) -> torch.Tensor:
+    """Block mask (N/b, K/b) -> element mask (N, K) (edge blocks cropped)."""
+    n, k = shape
+    full = mask.repeat_interleave(block, dim=0).repeat_interleave(block, dim=1)
+    return full[:n, :k]
+
+
+def mask_sparsity(mask: torch.Tensor) -> float:
+    """Fraction of pruned (False) blocks."""
+    return 1.0 - mask.float().mean().item() if mask.numel() else 0.0
+
+
+def cubic_sparsity(step: int, start_step: int, end_step: int, final: float, initial: float = 0.0) -> float:
+    """Target sparsity at ``step`` on the cubic schedule from ``initial`` to ``final``."""
+    if end_step < start_step:
+        raise ValueError(f"end_step: expected >= start_step ({start_step}), got {end_step}")
+    if step < start_step:
+        return initial
+    if step >= end_step:
+        return final
+    progress = (step - start_step) / (end_step - start_step)
+    return final + (initial - final) * (1.0 - progress) ** 3
+
+
+# ---- dense <-> BSR -----------------------------------------------------------------------------
+def check_bsr_shape(shape: tuple[int, int], block: int = 32) -> None:
+    """ValueError unless both dimensions of ``shape`` are multiples of ``block``."""
+    n, k = shape
+    if n % block or k % block:
+        raise ValueError(f"BSR: expected N and K multiples of {block}, got (N, K) = ({n}, {k})")
+
+
+def dense_to_bsr(w: torch.Tensor, block: int = 32, mask: torch.Tensor | None = None):
+    """(N, K) -> (crow_indices int32, col_indices int32, values (nnz, b, b) in w's dtype).
+
+    A block is stored when ``mask`` keeps it (or, without a mask, when it has any non-zero value).
+    """
+    check_bsr_shape(tuple(w.shape), block)
+    blocks = _blocks(w.detach(), block)  # (R, C, b, b)
+    keep = blocks.ne(0).any(dim=3).any(dim=2) if mask is None else mask.to(torch.bool)
+    counts = keep.sum(dim=1)  # (R,)
+    crow = torch.zeros(keep.shape[0] + 1, dtype=torch.int32, device=w.device)
+    crow[1:] = torch.cumsum(counts, dim=0)
+    rows, cols = keep.nonzero(as_tuple=True)  # row-major order, as BSR needs
+    values = blocks[rows, cols].contiguous()  # (nnz, b, b)
+    return crow, cols.to(torch.int32), values
+
+
+def bsr_to_dense(crow: torch.Tensor, col: torch.Tensor, values: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
+    """Inverse of :func:`dense_to_bsr`: the dense (N, K) weight, absent blocks zero."""
+    block = values.shape[-1]
+    check_bsr_shape(shape, block)
+    n, k = shape
+    dense = torch.zeros(n // block, k // block, block, block, dtype=values.dtype, device=values.device)
+    rows = torch.repeat_interleave(torch.arange(n // block, device=crow.device), crow.diff().long())
+    dense[rows, col.long()] = values
+    return dense.permute(0, 2, 1, 3).reshape(n, k)

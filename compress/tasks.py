@@ -1,0 +1,224 @@
+"""Lightning task modules around a ``transformers`` model, plus the metrics they share with evaluation.
+
+The task holds the Hugging Face model as ``self.model`` (the compression callbacks look for it
+there) and calls it as ``self.model(**batch)``. The model comes either from ``model_name_or_path``
+(a directory, a hub id, or ``"all-MiniLM-L6-v2"``, see :mod:`compress.paths`), loaded in
+``dtype`` (float32 by default: train in fp32 even from an fp16 copy), or from ``config``: a mapping
+with ``model_type`` and the fields of that ``transformers`` config class, for a model built from
+scratch (e.g. a tiny Bert or Llama).
+
+* :class:`SequenceClassificationTask`: cross-entropy; validation accuracy and F1 (torchmetrics;
+  binary F1 of the positive class for two labels, macro F1 otherwise).
+* :class:`CausalLMTask`: next-token cross-entropy; validation perplexity
+  ``exp(sum of token losses / number of predicted tokens)``.
+
+Optimizer: AdamW (no weight decay on biases and norms) with a linear warm-up over
+``warmup_ratio`` of the training steps, then linear decay to zero.
+
+:class:`ClassificationMetrics` and :class:`PerplexityMetrics` are also used by
+:mod:`compress.evaluate` on saved models, so training and evaluation score the same way.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+import torchmetrics
+from torch import nn
+
+from compress.paths import resolve_model_path
+
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+class ClassificationMetrics(nn.Module):
+    """Accuracy and F1 over batches of logits (B, C) and labels (B,)."""
+
+    primary = "accuracy"
+    higher_is_better = True
+
+    def __init__(self, num_labels: int):
+        super().__init__()
+        if num_labels == 2:
+            self.accuracy = torchmetrics.classification.BinaryAccuracy()
+            self.f1 = torchmetrics.classification.BinaryF1Score()
+        else:
+            self.accuracy = torchmetrics.classification.MulticlassAccuracy(num_classes=num_labels, average="micro")
+            self.f1 = torchmetrics.classification.MulticlassF1Score(num_classes=num_labels, average="macro")
+        self.num_labels = num_labels
+
+    def update(self, outputs, batch: dict) -> None:
+        logits = outputs.logits.float()
+        predictions = logits.argmax(dim=-1)
+        self.accuracy.update(predictions, batch["labels"])
+        self.f1.update(predictions, batch["labels"])
+
+    def compute(self) -> dict[str, float]:
+        return {"accuracy": float(self.accuracy.compute()), "f1": float(self.f1.compute())}
+
+    def reset(self) -> None:
+        self.accuracy.reset()
+        self.f1.reset()
+
+
+class PerplexityMetrics(nn.Module):
+    """Perplexity from the model's mean token loss, weighted by the number of predicted tokens."""
+
+    primary = "perplexity"
+    higher_is_better = False
+
+    def __init__(self):
+        super().__init__()
+        self.token_loss = torchmetrics.MeanMetric()
+
+    @staticmethod
+    def predicted_tokens(batch: dict) -> int:
+        """Tokens with a next-token target: the shifted labels that are not -100."""
+        return int((batch["labels"][:, 1:] != -100).sum())
+
+    def update(self, outputs, batch: dict) -> None:
+        self.token_loss.update(outputs.loss.detach().float(), weight=self.predicted_tokens(batch))
+
+    def compute(self) -> dict[str, float]:
+        mean_loss = self.token_loss.compute()
+        return {"loss": float(mean_loss), "perplexity": float(torch.exp(mean_loss))}
+
+    def reset(self) -> None:
+        self.token_loss.reset()
+
+
+def build_model(auto_class, model_name_or_path: str | None, config: dict | None, dtype: str, **model_kwargs):
+    """A ``transformers`` model from pretrained weights or from a config mapping (exactly one)."""
+    if (model_name_or_path is None) == (config is None):
+        raise ValueError(
+            "give exactly one of model_name_or_path (pretrained weights) or config (a model from scratch); "
+            f"got model_name_or_path={model_name_or_path!r}, config={'set' if config else None}"
+        )
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype: expected one of {sorted(_DTYPES)}, got {dtype!r}")
+    if model_name_or_path is not None:
+        path = resolve_model_path(model_name_or_path)
+        return auto_class.from_pretrained(path, dtype=_DTYPES[dtype], **model_kwargs)
+    return auto_class.from_config(build_config(config, **model_kwargs)).to(_DTYPES[dtype])
+
+
+def build_config(config: dict, **overrides):
+    """A ``transformers`` config object from ``{"model_type": ..., field: value, ...}``."""
+    from transformers import AutoConfig
+
+    if not isinstance(config, dict):
+        raise TypeError(f"config: expected a mapping with 'model_type', got {type(config).__name__}")
+    fields = dict(config)
+    model_type = fields.pop("model_type", None)
+    if model_type is None:
+        raise ValueError(f"config: expected a 'model_type' key (e.g. 'bert', 'llama'), got keys {sorted(config)}")
+    return AutoConfig.for_model(model_type, **fields, **overrides)
+
+
+class _TransformersTask(pl.LightningModule):
+    """Shared training plumbing: loss from the model, AdamW + linear warm-up, metric logging."""
+
+    def __init__(self, learning_rate: float, weight_decay: float, warmup_ratio: float):
+        super().__init__()
+        if not learning_rate > 0:
+            raise ValueError(f"learning_rate: expected > 0, got {learning_rate!r}")
+        if weight_decay < 0:
+            raise ValueError(f"weight_decay: expected >= 0, got {weight_decay!r}")
+        if not 0 <= warmup_ratio < 1:
+            raise ValueError(f"warmup_ratio: expected a fraction in [0, 1), got {warmup_ratio!r}")
+        self.model: nn.Module
+        self.val_metrics: nn.Module
+
+    def forward(self, **batch: Any):
+        return self.model(**batch)
+
+    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        loss = self.model(**batch).loss
+        self.log("train_loss", loss, prog_bar=True, batch_size=batch["input_ids"].shape[0])
+        return loss
+
+    def validation_step(self, batch: dict, batch_idx: int) -> None:
+        outputs = self.model(**batch)
+        self.val_metrics.update(outputs, batch)
+        self.log("val_loss", outputs.loss, sync_dist=True, batch_size=batch["input_ids"].shape[0])
+
+    def on_validation_epoch_end(self) -> None:
+        for name, value in self.val_metrics.compute().items():
+            self.log(f"val_{name}", value, prog_bar=True, sync_dist=True)
+        self.val_metrics.reset()
+
+    def configure_optimizers(self):
+        from transformers import get_linear_schedule_with_warmup
+
+        decay, no_decay = [], []
+        for name, parameter in self.model.named_parameters():
+            if not parameter.requires_grad:
+                continue
+            (no_decay if parameter.dim() < 2 else decay).append(parameter)
+        optimizer = torch.optim.AdamW(
+            [
+                {"params": decay, "weight_decay": self.hparams.weight_decay},
+                {"params": no_decay, "weight_decay": 0.0},
+            ],
+            lr=self.hparams.learning_rate,
+        )
+        total_steps = max(1, int(self.trainer.estimated_stepping_batches))
+        warmup_steps = int(self.hparams.warmup_ratio * total_steps)
+        schedule = get_linear_schedule_with_warmup(optimizer, warmup_steps, total_steps)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+
+
+class SequenceClassificationTask(_TransformersTask):
+    """Fine-tune an ``AutoModelForSequenceClassification`` (e.g. MiniLM on SST-2, tiny Bert on digits)."""
+
+    def __init__(
+        self,
+        model_name_or_path: str | None = None,
+        config: dict | None = None,
+        num_labels: int = 2,
+        learning_rate: float = 5e-5,
+        weight_decay: float = 0.01,
+        warmup_ratio: float = 0.1,
+        dtype: str = "float32",
+    ):
+        super().__init__(learning_rate, weight_decay, warmup_ratio)
+        if isinstance(num_labels, bool) or not isinstance(num_labels, int) or num_labels < 2:
+            raise ValueError(f"num_labels: expected an int >= 2, got {num_labels!r}")
+        self.save_hyperparameters()
+        from transformers import AutoModelForSequenceClassification
+
+        self.model = build_model(
+            AutoModelForSequenceClassification, model_name_or_path, config, dtype, num_labels=num_labels
+        )
+        self.val_metrics = ClassificationMetrics(num_labels)
+
+
+class CausalLMTask(_TransformersTask):
+    """Fine-tune an ``AutoModelForCausalLM`` (e.g. a tiny Llama on WikiText-2); reports perplexity."""
+
+    def __init__(
+        self,
+        model_name_or_path: str | None = None,
+        config: dict | None = None,
+        learning_rate: float = 1e-4,
+        weight_decay: float = 0.01,
+        warmup_ratio: float = 0.05,
+        dtype: str = "float32",
+    ):
+        super().__init__(learning_rate, weight_decay, warmup_ratio)
+        self.save_hyperparameters()
+        from transformers import AutoModelForCausalLM
+
+        self.model = build_model(AutoModelForCausalLM, model_name_or_path, config, dtype)
+        self.val_metrics = PerplexityMetrics()
+
+
+def metrics_for(model: nn.Module) -> nn.Module:
+    """The metrics matching a loaded ``transformers`` model's head (for :mod:`compress.evaluate`)."""
+    kind = type(model).__name__
+    if kind.endswith("ForSequenceClassification"):
+        return ClassificationMetrics(int(model.config.num_labels))
+    if kind.endswith("ForCausalLM"):
+        return PerplexityMetrics()
+    raise ValueError(f"no metrics for {kind}: expected a *ForSequenceClassification or *ForCausalLM model")

@@ -1,0 +1,266 @@
+"""DDS: dense activations x block-sparse weights, ``y = x @ W.T (+ bias)`` in Triton.
+
+Layout. ``W`` (N, K) is stored in BSR form with 32x32 blocks, exactly as ``torch.sparse_bsr``
+(``W.to_sparse_bsr((32, 32))``): ``crow_indices`` (N/32 + 1,) over block rows, ``col_indices``
+(nnz,) over block columns, ``values`` (nnz, 32, 32) with ``values[b, i, j] = W[32 r + i, 32 c + j]``
+for the b-th stored block, in block row ``r`` and block column ``c = col_indices[b]``. Block row
+``r`` owns the stored blocks ``crow[r] <= b < crow[r + 1]``; an empty block row gives zeros (or the
+bias). Absent blocks are never read.
+
+Math. For the 32 outputs of block row ``r``::
+
+    y[m, 32 r + i] = sum_{b in row r} sum_j x[m, 32 col[b] + j] * values[b, i, j]   (+ bias)
+
+accumulated in fp32 and stored in ``x``'s dtype.
+
+Two kernels, picked by the launcher from the shape (see ``choose_config``):
+
+* ``_bsr_gemv_kernel`` (small M, memory bound): one program per (output row m, BLOCK_N outputs of
+  one block row), with BLOCK_N in {8, 16, 32}. Splitting a block row's 32 outputs over several
+  programs keeps every SM streaming weights even when N/32 is small, without atomics (the sub-rows
+  ``i`` of a block are contiguous in ``values``). Each step gathers GROUP stored blocks: a
+  (BLOCK_N, 32 GROUP) weight tile and the matching 32 GROUP entries of ``x``, multiplied on the
+  CUDA cores and reduced along K.
+* ``_bsr_gemm_kernel`` (larger M, compute bound): one program per (BLOCK_M rows of x, BLOCK_N
+  outputs of one block row). Each step gathers GROUP stored blocks into one K-tile of width
+  32 GROUP: ``x[m_tile, gathered columns]`` (BLOCK_M, 32 GROUP) times the transposed blocks
+  (32 GROUP, BLOCK_N), one ``tl.dot`` with fp32 accumulation. Programs with the same M tile are
+  launched together (the block-row index varies fastest), so that x tile stays in L2 while every
+  block row reads it.
+
+Entry points: ``bsr_matmul(x, weight, bias)`` for a ``torch.sparse_bsr`` weight and
+``bsr_matmul_parts(x, crow, col, values, out_features, bias)`` for the parts the inference module
+keeps as buffers. Both validate and call the custom op ``compress_kernels::bsr_matmul`` (with a
+fake implementation), so callers compile under ``torch.compile`` and capture in CUDA graphs: the
+launch depends only on shapes, never on the index values, and does no host synchronisation.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels._checks import check_activation, check_bias, check_same_device, check_tensor, interpreting
+from kernels.reference import BSR_BLOCK
+
+INDEX_DTYPES = (torch.int32, torch.int64)
+_MAX_INT32 = 2**31 - 1
+
+
+@dataclass(frozen=True)
+class BsrConfig:
+    """Launch parameters: which kernel, tile sizes and Triton's warps / pipelining depth."""
+
+    kernel: str  # "gemv" or "gemm"
+    block_m: int  # rows of x per program (1 for gemv)
+    block_n: int  # outputs of one block row per program: 8, 16 or 32
+    group: int  # stored blocks gathered per step (K-tile width 32 * group)
+    num_warps: int
+    num_stages: int
+
+
+def choose_config(m: int, n: int, k: int, nnz: int) -> BsrConfig:
+    """Pick the kernel and tiles from the shape alone (so the choice is CUDA-graph safe)."""
+    block_rows = n // BSR_BLOCK
+    if m <= 4:
+        # Memory bound: enough programs to cover every SM several times over.
+        block_n = 8 if block_rows * m < 512 else 16
+        return BsrConfig("gemv", 1, block_n, 8, 4, 2)
+    if m <= 16:
+        return BsrConfig("gemm", 16, 16 if block_rows < 264 else 32, 4, 4, 3)
+    if m <= 64:
+        return BsrConfig("gemm", 64 if m > 32 else 32, 32, 4, 4, 3)
+    if m <= 256:
+        return BsrConfig("gemm", 64, 32, 4, 4, 3)
+    return BsrConfig("gemm", 128, 32, 2, 4, 3)
+
+
+@triton.jit
+def _bsr_gemv_kernel(
+    x_ptr, crow_ptr, col_ptr, val_ptr, bias_ptr, y_ptr,  # x (M, K), crow, col, values (nnz,32,32), bias (N,), y (M, N)
+    stride_xm, stride_ym,
+    HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, GROUP: tl.constexpr, BLOCK: tl.constexpr,
+):
+    pid_n = tl.program_id(0)  # which BLOCK_N outputs
+    row = tl.program_id(1).to(tl.int64)  # which row of x
+    block_row = (pid_n * BLOCK_N) // BLOCK
+    sub = (pid_n * BLOCK_N) % BLOCK + tl.arange(0, BLOCK_N)  # output rows inside the block, (BLOCK_N,)
+    start = tl.load(crow_ptr + block_row).to(tl.int32)
+    end = tl.load(crow_ptr + block_row + 1).to(tl.int32)
+
+    offs_k = tl.arange(0, GROUP * BLOCK)  # gathered K positions
+    k_block = offs_k // BLOCK  # which of the GROUP blocks, (32 GROUP,)
+    k_in = offs_k % BLOCK  # column inside that block
+    x_row = x_ptr + row * stride_xm
+    acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    for p in range(start, end, GROUP):
+        blk = p + k_block
+        valid = blk < end
+        col = tl.load(col_ptr + blk, mask=valid, other=0).to(tl.int32)
+        xv = tl.load(x_row + col * BLOCK + k_in, mask=valid, other=0.0)  # (32 GROUP,)
+        w_ptrs = val_ptr + blk[None, :] * (BLOCK * BLOCK) + sub[:, None] * BLOCK + k_in[None, :]
+        w = tl.load(w_ptrs, mask=valid[None, :], other=0.0)  # (BLOCK_N, 32 GROUP)
+        acc += tl.sum(w.to(tl.float32) * xv.to(tl.float32)[None, :], axis=1)
+
+    offs_n = block_row * BLOCK + sub
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + offs_n).to(tl.float32)
+    tl.store(y_ptr + row * stride_ym + offs_n, acc.to(y_ptr.dtype.element_ty))
+
+
+@triton.jit
+def _bsr_gemm_kernel(
+    x_ptr, crow_ptr, col_ptr, val_ptr, bias_ptr, y_ptr,  # x (M, K), crow, col, values (nnz,32,32), bias (N,), y (M, N)
+    M, stride_xm, stride_ym,
+    HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP: tl.constexpr,
+    BLOCK: tl.constexpr, DOT_IN_FP32: tl.constexpr,
+):
+    pid_n = tl.program_id(0)  # which BLOCK_N outputs (fastest: programs of one M tile run together)
+    pid_m = tl.program_id(1)  # which BLOCK_M rows of x
+    block_row = (pid_n * BLOCK_N) // BLOCK
+    sub = (pid_n * BLOCK_N) % BLOCK + tl.arange(0, BLOCK_N)  # (BLOCK_N,)
+    start = tl.load(crow_ptr + block_row).to(tl.int32)
+    end = tl.load(crow_ptr + block_row + 1).to(tl.int32)
+
+    first_row = pid_m * BLOCK_M
+    x_ptr += first_row.to(tl.int64) * stride_xm
+    y_ptr += first_row.to(tl.int64) * stride_ym
+    offs_m = tl.arange(0, BLOCK_M)
+    m_mask = offs_m < M - first_row  # (BLOCK_M,)
+    offs_k = tl.arange(0, GROUP * BLOCK)
+    k_block = offs_k // BLOCK
+    k_in = offs_k % BLOCK
+
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for p in range(start, end, GROUP):
+        blk = p + k_block  # (32 GROUP,)
+        valid = blk < end
+        col = tl.load(col_ptr + blk, mask=valid, other=0).to(tl.int32)
+        a_ptrs = x_ptr + offs_m[:, None] * stride_xm + (col * BLOCK + k_in)[None, :]
+        a = tl.load(a_ptrs, mask=m_mask[:, None] & valid[None, :], other=0.0)  # (BLOCK_M, 32 GROUP)
+        b_ptrs = val_ptr + blk[:, None] * (BLOCK * BLOCK) + sub[None, :] * BLOCK + k_in[:, None]
+        b = tl.load(b_ptrs, mask=valid[:, None], other=0.0)  # (32 GROUP, BLOCK_N) = blocks transposed
+        if DOT_IN_FP32:  # interpreter only: its tl.dot multiplies the raw bits of bf16 operands
+            a = a.to(tl.float32)
+            b = b.to(tl.float32)
+        acc = tl.dot(a, b, acc)
+
+    offs_n = block_row * BLOCK + sub
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + offs_n).to(tl.float32)[None, :]
+    y_ptrs = y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :]
+    tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=m_mask[:, None])
+
+
+def launch_bsr(x2, crow_indices, col_indices, values, bias, y, config: BsrConfig | None = None) -> None:
+    """Run the kernel on validated operands: ``x2`` (M, K) with unit column stride, ``y`` (M, N)."""
+    m, k = x2.shape
+    n = y.shape[1]
+    if config is None:
+        config = choose_config(m, n, k, values.shape[0])
+    bias_arg = bias if bias is not None else y  # never read when HAS_BIAS is False
+    common = dict(HAS_BIAS=bias is not None, BLOCK_N=config.block_n, GROUP=config.group, BLOCK=BSR_BLOCK,
+                  num_warps=config.num_warps, num_stages=config.num_stages)
+    if config.kernel == "gemv":
+        grid = (n // config.block_n, m)
+        _bsr_gemv_kernel[grid](x2, crow_indices, col_indices, values, bias_arg, y,
+                               x2.stride(0), y.stride(0), **common)
+    elif config.kernel == "gemm":
+        grid = (n // config.block_n, triton.cdiv(m, config.block_m))
+        _bsr_gemm_kernel[grid](x2, crow_indices, col_indices, values, bias_arg, y,
+                               m, x2.stride(0), y.stride(0), BLOCK_M=config.block_m,
+                               DOT_IN_FP32=interpreting() and x2.dtype == torch.bfloat16, **common)
+    else:
+        raise ValueError(f"config.kernel: expected 'gemv' or 'gemm', got {config.kernel!r}")
+
+
+@torch.library.custom_op("compress_kernels::bsr_matmul", mutates_args=())
+def _bsr_matmul_op(
+    x: torch.Tensor,
+    crow_indices: torch.Tensor,
+    col_indices: torch.Tensor,
+    values: torch.Tensor,
+    out_features: int,
+    bias: torch.Tensor | None = None,
+) -> torch.Tensor:
+    k = x.shape[-1]
+    x2 = x.reshape(-1, k)
+    if x2.shape[0] > 0 and x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    y = torch.empty((x2.shape[0], out_features), dtype=x.dtype, device=x.device)
+    if x2.shape[0] > 0:
+        launch_bsr(x2, crow_indices, col_indices, values, bias, y)
+    return y.reshape(*x.shape[:-1], out_features)
+
+
+@_bsr_matmul_op.register_fake
+def _bsr_matmul_fake(x, crow_indices, col_indices, values, out_features, bias=None):
+    return x.new_empty((*x.shape[:-1], out_features))
+
+
+def _check_parts(x, crow_indices, col_indices, values, out_features, bias) -> None:
+    """Validate the BSR parts against ``x``; raise TypeError / ValueError naming expected vs actual."""
+    check_activation(x)
+    if isinstance(out_features, bool) or not isinstance(out_features, int):
+        raise TypeError(f"out_features: expected an int, got {type(out_features).__name__}")
+    k = x.shape[-1]
+    if out_features <= 0 or out_features % BSR_BLOCK:
+        raise ValueError(f"out_features: expected a positive multiple of {BSR_BLOCK}, got {out_features}")
+    if k == 0 or k % BSR_BLOCK:
+        raise ValueError(f"x: expected K = x.shape[-1] a positive multiple of {BSR_BLOCK}, got {k}")
+    check_tensor("crow_indices", crow_indices, INDEX_DTYPES, ndim=1)
+    check_tensor("col_indices", col_indices, INDEX_DTYPES, ndim=1)
+    check_tensor("values", values, (x.dtype,), ndim=3)
+    block_rows = out_features // BSR_BLOCK
+    if crow_indices.shape[0] != block_rows + 1:
+        raise ValueError(
+            f"crow_indices: expected shape ({block_rows + 1},) for out_features={out_features}, "
+            f"got {tuple(crow_indices.shape)}"
+        )
+    nnz = col_indices.shape[0]
+    if tuple(values.shape) != (nnz, BSR_BLOCK, BSR_BLOCK):
+        raise ValueError(
+            f"values: expected shape ({nnz}, {BSR_BLOCK}, {BSR_BLOCK}) (nnz from col_indices, 32x32 blocks), "
+            f"got {tuple(values.shape)}"
+        )
+    if nnz > (k // BSR_BLOCK) * block_rows:
+        raise ValueError(f"col_indices: expected at most {(k // BSR_BLOCK) * block_rows} blocks, got {nnz}")
+    if nnz * BSR_BLOCK * BSR_BLOCK > _MAX_INT32:
+        raise ValueError(f"values: expected fewer than 2^31 elements (32-bit offsets), got {values.numel()}")
+    for name, t in (("crow_indices", crow_indices), ("col_indices", col_indices), ("values", values)):
+        if not t.is_contiguous():
+            raise ValueError(f"{name}: expected a contiguous tensor, got strides {t.stride()}")
+    check_same_device(x, crow_indices=crow_indices, col_indices=col_indices, values=values)
+    check_bias(bias, out_features, x)
+
+
+def bsr_matmul_parts(x, crow_indices, col_indices, values, out_features, bias=None):
+    """``y = x @ W.T (+ bias)`` for ``W`` (out_features, K) given by its BSR parts (32x32 blocks).
+
+    ``x`` (..., K) fp16/bf16; ``crow_indices`` (N/32 + 1,) and ``col_indices`` (nnz,) int32/int64;
+    ``values`` (nnz, 32, 32) in x's dtype; ``bias`` (N,) in x's dtype or float32. Returns (..., N).
+    """
+    _check_parts(x, crow_indices, col_indices, values, out_features, bias)
+    return torch.ops.compress_kernels.bsr_matmul(x, crow_indices, col_indices, values, out_features, bias)
+
+
+def bsr_matmul(x, weight, bias=None):
+    """``y = x @ weight.T (+ bias)`` for ``weight`` a ``torch.sparse_bsr`` tensor (N, K), 32x32 blocks."""
+    if not isinstance(weight, torch.Tensor):
+        raise TypeError(f"weight: expected a torch.Tensor in sparse_bsr layout, got {type(weight).__name__}")
+    if weight.layout != torch.sparse_bsr:
+        raise ValueError(
+            f"weight: expected layout torch.sparse_bsr (e.g. W.to_sparse_bsr((32, 32))), got {weight.layout}"
+        )
+    if weight.dim() != 2:
+        raise ValueError(f"weight: expected a 2-d (N, K) BSR tensor, got shape {tuple(weight.shape)}")
+    blocksize = tuple(weight.values().shape[-2:])
+    if blocksize != (BSR_BLOCK, BSR_BLOCK):
+        raise ValueError(f"weight: expected blocksize ({BSR_BLOCK}, {BSR_BLOCK}), got {blocksize}")
+    n, k = weight.shape
+    check_activation(x)
+    if x.shape[-1] != k:
+        raise ValueError(f"x: expected last dimension {k} (weight is {n}x{k}), got shape {tuple(x.shape)}")
+    return bsr_matmul_parts(x, weight.crow_indices(), weight.col_indices(), weight.values(), n, bias)

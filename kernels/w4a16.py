@@ -1,0 +1,267 @@
+"""W4A16 matmul: fp16/bf16 activations x packed signed int4 weights with group scales, fp32 accumulation.
+
+Layout (the contract of ``kernels.reference``): ``qweight`` (K/8, N) int32, row-major, so one row of
+it holds 8 consecutive input channels for every output channel and a tile of it is read coalesced
+along N. Nibble ``j`` (bits 4j..4j+3) of ``qweight[r, n]`` is ``q[8r + j, n]`` in two's complement.
+``scales`` (K/G, N) fp32 or x's dtype, G in {32, 64, 128} or G = K (per channel)::
+
+    W[n, k] = q[k, n] * scales[k // G, n]       y = x @ W.T (+ bias)     fp32 accumulation
+
+Unpacking a (BLOCK_K/8, BLOCK_N) int32 tile into (BLOCK_K, BLOCK_N) int4 values: broadcast it to
+(BLOCK_K/8, 8, BLOCK_N), move nibble j to the top with ``<< (28 - 4j)`` and sign-extend it back with
+an arithmetic ``>> 28``; reshaping to (BLOCK_K, BLOCK_N) puts channel 8r + j at row 8r + j.
+``MAGIC_UNPACK`` instead builds the 16-bit float ``1024 + (q + 8)`` (fp16) or ``128 + (q + 8)`` (bf16)
+from its bit pattern and subtracts the constant, which avoids integer-to-float conversions.
+Either way the integers -8..7 are exact in fp16/bf16. ``EXPANDED_LOAD`` is the classic alternative that
+avoids the 3-D reshape: it loads a (BLOCK_K, BLOCK_N) tile whose row k points at packed row k // 8
+(the 8 repeats hit L1) and extracts nibble k % 8 per row.
+
+Triton's CPU interpreter (3.9) mishandles bf16 arithmetic and int -> bf16 casts (it computes on the raw
+bits), so under ``TRITON_INTERPRET=1`` with bf16 inputs the kernel multiplies fp32 copies of the same
+operands (``FP32_OPERANDS``; exact for these values). The GPU always runs the bf16 tensor-core path.
+
+Each K tile lies inside one scale group (BLOCK_K divides G, or G = K), so two dequant orders exist:
+``SCALE_AFTER_DOT`` multiplies the tile's fp32 partial product by ``scales[g, n]`` (exact integer
+operands, BLOCK_M x BLOCK_N multiplies per tile: the small-M path), otherwise the tile is dequantized
+to x's dtype before ``tl.dot`` (BLOCK_K x BLOCK_N multiplies, the accumulator stays in the tensor-core
+pipeline: the large-M path).
+
+Small M is memory bound (the packed weight is a quarter of the fp16 bytes): narrow N tiles plus
+split-K (fp32 partials summed by :mod:`kernels._splitk`) give every SM a stream of weight tiles.
+Tiles come from the heuristic ``pick_config`` on (M bucket, N, K, G); there is no autotuning, so the
+first call can be captured in a CUDA graph. Registered as ``torch.ops.compress_kernels.w4a16_matmul``.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels._checks import interpreting, check_activation, check_bias, check_same_device, check_shape, check_tensor
+from kernels._splitk import splitk_reduce
+
+GROUP_SIZES = (32, 64, 128)
+
+
+class TileConfig(NamedTuple):
+    """Launch parameters of ``_w4a16_matmul_kernel``."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    split_k: int = 1
+    group_m: int = 8
+    num_warps: int = 4
+    num_stages: int = 3
+    scale_after_dot: bool = False
+    magic_unpack: bool = False
+    expanded_load: bool = False
+
+
+@triton.jit
+def _unpack_int4(packed, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr, DTYPE: tl.constexpr, MAGIC: tl.constexpr):
+    """(BLOCK_K/8, BLOCK_N) int32 -> (BLOCK_K, BLOCK_N) int4 values in DTYPE (fp16, bf16 or fp32), exactly."""
+    j = tl.arange(0, 8)
+    if MAGIC:
+        biased = packed ^ -0x77777778  # 0x88888888: each nibble q -> q + 8 in 0..15
+        nib = (biased[:, None, :] >> (4 * j)[None, :, None]) & 0xF  # (BK/8, 8, BN)
+        if DTYPE == tl.float16:
+            w = (nib | 0x6400).to(tl.int16).to(tl.float16, bitcast=True) - 1032.0  # 1024 + (q + 8)
+        elif DTYPE == tl.bfloat16:
+            w = (nib | 0x4300).to(tl.int16).to(tl.bfloat16, bitcast=True) - 136.0  # 128 + (q + 8)
+        else:  # fp32 (interpreter emulation of bf16): same bits, subtraction in fp32
+            w = (nib | 0x4300).to(tl.int16).to(tl.bfloat16, bitcast=True).to(tl.float32) - 136.0
+    else:
+        q = (packed[:, None, :] << (28 - 4 * j)[None, :, None]) >> 28  # sign-extended nibble j
+        w = q.to(DTYPE)
+    return tl.reshape(w, (BLOCK_K, BLOCK_N))
+
+
+@triton.jit
+def _unpack_int4_rows(packed, offs_k, DTYPE: tl.constexpr, MAGIC: tl.constexpr):
+    """(BLOCK_K, BLOCK_N) int32, row k holding packed word k // 8 -> its nibble k % 8, in DTYPE, exactly."""
+    shift = ((offs_k % 8) * 4)[:, None]
+    if MAGIC:
+        nib = ((packed >> shift) & 0xF) ^ 0x8  # q + 8 in 0..15
+        if DTYPE == tl.float16:
+            w = (nib | 0x6400).to(tl.int16).to(tl.float16, bitcast=True) - 1032.0
+        elif DTYPE == tl.bfloat16:
+            w = (nib | 0x4300).to(tl.int16).to(tl.bfloat16, bitcast=True) - 136.0
+        else:
+            w = (nib | 0x4300).to(tl.int16).to(tl.bfloat16, bitcast=True).to(tl.float32) - 136.0
+    else:
+        w = ((packed << (28 - shift)) >> 28).to(DTYPE)
+    return w
+
+
+@triton.jit
+def _w4a16_matmul_kernel(
+    x_ptr, qw_ptr, s_ptr, bias_ptr, out_ptr,  # x (M, K), qweight (K/8, N), scales (K/G, N), bias (N,), out
+    M, N, K, group_size,
+    stride_xm, stride_xk, stride_qk, stride_qn, stride_sg, stride_sn, stride_os, stride_om,
+    SPLIT_K, ADD_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
+    SCALE_AFTER_DOT: tl.constexpr, MAGIC_UNPACK: tl.constexpr, EXPANDED_LOAD: tl.constexpr,
+    FP32_OPERANDS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    group_tiles = GROUP_M * num_pid_n
+    first_m = (pid // group_tiles) * GROUP_M
+    rows_in_group = min(num_pid_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % group_tiles) % rows_in_group
+    pid_n = (pid % group_tiles) // rows_in_group
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows = (offs_m % M).to(tl.int64)  # wrapped: loads need no M/N mask, stores are masked
+    cols = (offs_n % N).to(tl.int64)
+    offs_k = tl.arange(0, BLOCK_K)
+    offs_kp = tl.arange(0, BLOCK_K // 8)
+
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    tiles_per_split = tl.cdiv(k_tiles, SPLIT_K)
+    k_first = pid_k * tiles_per_split * BLOCK_K
+    k_last = min(K, k_first + tiles_per_split * BLOCK_K)
+    x_ptrs = x_ptr + rows[:, None] * stride_xm + (k_first + offs_k)[None, :] * stride_xk  # (BM, BK)
+    if EXPANDED_LOAD:  # (BK, BN): row k reads packed row k // 8 (8 rows share a word, served by L1)
+        q_ptrs = qw_ptr + ((k_first + offs_k) // 8)[:, None] * stride_qk + cols[None, :] * stride_qn
+    else:  # (BK/8, BN): each packed word read once
+        q_ptrs = qw_ptr + (k_first // 8 + offs_kp)[:, None] * stride_qk + cols[None, :] * stride_qn
+    s_ptrs = s_ptr + cols * stride_sn  # (BN,)
+
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(k_first, k_last, BLOCK_K):
+        if EVEN_K:
+            a = tl.load(x_ptrs)
+            packed = tl.load(q_ptrs)
+        else:
+            a = tl.load(x_ptrs, mask=(k0 + offs_k)[None, :] < K, other=0.0)
+            if EXPANDED_LOAD:
+                packed = tl.load(q_ptrs, mask=(k0 + offs_k)[:, None] < K, other=0)
+            else:
+                packed = tl.load(q_ptrs, mask=(k0 // 8 + offs_kp)[:, None] < K // 8, other=0)
+        if FP32_OPERANDS:  # interpreter + bf16: its bf16 arithmetic is broken, fp32 is exact here
+            a = a.to(tl.float32)
+        scale = tl.load(s_ptrs + (k0 // group_size) * stride_sg).to(tl.float32)  # (BN,)
+        if EXPANDED_LOAD:
+            q = _unpack_int4_rows(packed, offs_k, a.dtype, MAGIC_UNPACK)  # (BK, BN) exact ints
+        else:
+            q = _unpack_int4(packed, BLOCK_K, BLOCK_N, a.dtype, MAGIC_UNPACK)
+        if SCALE_AFTER_DOT:
+            if FP32_OPERANDS:
+                acc += tl.dot(a, q, input_precision="ieee", out_dtype=tl.float32) * scale[None, :]
+            else:
+                acc += tl.dot(a, q, out_dtype=tl.float32) * scale[None, :]
+        else:
+            w = (q.to(tl.float32) * scale[None, :]).to(a.dtype)
+            if FP32_OPERANDS:
+                acc = tl.dot(a, w, acc, input_precision="ieee", out_dtype=tl.float32)
+            else:
+                acc = tl.dot(a, w, acc, out_dtype=tl.float32)
+        x_ptrs += BLOCK_K * stride_xk
+        q_ptrs += (BLOCK_K // 8) * stride_qk
+
+    if ADD_BIAS:  # with split-K the bias is added by the reduce pass
+        acc += tl.load(bias_ptr + cols).to(tl.float32)[None, :]
+    out_ptrs = out_ptr + pid_k * stride_os + offs_m[:, None].to(tl.int64) * stride_om + offs_n[None, :]
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def pick_config(m: int, n: int, k: int, group_size: int) -> TileConfig:
+    """Tile shape by M bucket; BLOCK_K never crosses a scale group."""
+    if m <= 16:
+        cfg = TileConfig(16, 64, 128, num_warps=4, num_stages=4, scale_after_dot=True)
+    elif m <= 64:
+        cfg = TileConfig(64, 64, 128, num_warps=4, num_stages=4, scale_after_dot=True)
+    elif m <= 256:
+        cfg = TileConfig(128, 128, 64, num_warps=8, num_stages=4)
+    else:
+        cfg = TileConfig(128, 256, 64, num_warps=8, num_stages=3)
+    if group_size != k:
+        cfg = cfg._replace(block_k=min(cfg.block_k, group_size))
+    return cfg._replace(split_k=_split_k_for(m, n, k, cfg))
+
+
+def _split_k_for(m: int, n: int, k: int, cfg: TileConfig, target_programs: int = 264) -> int:
+    """Smallest power-of-two K split giving about two programs per SM (132 on an H100), 1 if none needed."""
+    tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
+    k_tiles = triton.cdiv(k, cfg.block_k)
+    split = 1
+    while tiles * split < target_programs // 2 and split * 2 <= k_tiles and split < 16:
+        split *= 2
+    return split
+
+
+def _validate(x, qweight, scales, group_size, bias) -> None:
+    check_activation(x)
+    check_tensor("qweight", qweight, (torch.int32,), ndim=2)
+    k = x.shape[-1]
+    if k == 0 or k % 8:
+        raise ValueError(f"x: expected K (last dim) a positive multiple of 8 (8 int4 per int32), got K = {k}")
+    n = qweight.shape[1]
+    check_shape("qweight", qweight, (k // 8, n))
+    if isinstance(group_size, bool) or not isinstance(group_size, int):
+        raise TypeError(f"group_size: expected an int, got {type(group_size).__name__}")
+    if group_size not in GROUP_SIZES and group_size != k:
+        raise ValueError(f"group_size: expected one of {GROUP_SIZES} or K = {k}, got {group_size}")
+    if k % group_size:
+        raise ValueError(f"x: expected K a multiple of group_size = {group_size}, got K = {k}")
+    check_tensor("scales", scales, (torch.float32, x.dtype), ndim=2)
+    check_shape("scales", scales, (k // group_size, n))
+    check_bias(bias, n, x)
+    check_same_device(x, qweight=qweight, scales=scales)
+
+
+def launch(x2, qweight, scales, group_size: int, bias=None, config: TileConfig | None = None) -> torch.Tensor:
+    """Run the kernel on validated 2-D ``x2`` (M, K); returns (M, N) in x2's dtype."""
+    m, k = x2.shape
+    n = qweight.shape[1]
+    y = torch.empty((m, n), dtype=x2.dtype, device=x2.device)
+    if m == 0:
+        return y
+    cfg = config or pick_config(m, n, k, group_size)
+    bias = bias.contiguous() if bias is not None else None
+    out = y if cfg.split_k == 1 else torch.empty((cfg.split_k, m, n), dtype=torch.float32, device=x2.device)
+    grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n), cfg.split_k)
+    _w4a16_matmul_kernel[grid](
+        x2, qweight, scales, bias if bias is not None else scales, out,
+        m, n, k, group_size,
+        x2.stride(0), x2.stride(1), qweight.stride(0), qweight.stride(1), scales.stride(0), scales.stride(1),
+        m * n if cfg.split_k > 1 else 0, out.stride(-2),
+        cfg.split_k, ADD_BIAS=bias is not None and cfg.split_k == 1, EVEN_K=k % (cfg.block_k * cfg.split_k) == 0,
+        SCALE_AFTER_DOT=cfg.scale_after_dot, MAGIC_UNPACK=cfg.magic_unpack, EXPANDED_LOAD=cfg.expanded_load,
+        FP32_OPERANDS=interpreting() and x2.dtype == torch.bfloat16,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    if cfg.split_k > 1:
+        splitk_reduce(out, bias, y)
+    return y
+
+
+@torch.library.custom_op("compress_kernels::w4a16_matmul", mutates_args=())
+def _w4a16_op(
+    x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, group_size: int, bias: torch.Tensor | None
+) -> torch.Tensor:
+    _validate(x, qweight, scales, group_size, bias)
+    k = x.shape[-1]
+    y2 = launch(x.reshape(-1, k), qweight, scales, group_size, bias)
+    return y2.reshape(*x.shape[:-1], qweight.shape[1])
+
+
+@_w4a16_op.register_fake
+def _w4a16_fake(x, qweight, scales, group_size, bias):
+    _validate(x, qweight, scales, group_size, bias)
+    return x.new_empty((*x.shape[:-1], qweight.shape[1]))
+
+
+def w4a16_matmul(x, qweight, scales, group_size, bias=None) -> torch.Tensor:
+    """``y = x @ dequant(qweight, scales).T (+ bias)``: x (..., K) fp16/bf16 -> (..., N) in x's dtype."""
+    _validate(x, qweight, scales, group_size, bias)
+    return torch.ops.compress_kernels.w4a16_matmul(x, qweight, scales, group_size, bias)

@@ -1,0 +1,249 @@
+"""W8A8 matmul: int8 activations x int8 weights, int32 accumulation, fused dequantization epilogue.
+
+Math (the contract of ``kernels.reference.w8a8_matmul_ref``), with ``x`` (M, K) fp16/bf16, ``w_q``
+(N, K) int8 (the ``nn.Linear`` layout, K contiguous), ``w_scale`` (N,) fp32::
+
+    s_x[m]     = max_k |x[m, k]| / 127         (dynamic, per token; 0 -> 1)   or a static scale
+    xq[m, k]   = clamp(rint(x[m, k] / s_x[m]), -128, 127)       rint = round half to even
+    acc[m, n]  = sum_k xq[m, k] * w_q[n, k]                      exact, int32
+    y[m, n]    = acc[m, n] * s_x[m] * w_scale[n] (+ bias[n])     in fp32, stored in x's dtype
+
+Two launches: ``_quantize_rows_kernel`` (one program per row: absmax pass, then quantize pass) writes
+``xq`` (M, K) int8 and ``s_x`` (M,) fp32; ``_w8a8_matmul_kernel`` multiplies with ``tl.dot(...,
+out_dtype=int32)`` and dequantizes in its epilogue. Both divisions use IEEE division (``div_rn``),
+and rounding uses the float trick ``(v + 1.5 * 2**23) - 1.5 * 2**23``, exact round-half-even for
+``|v| < 2**22`` (``v`` is clamped to [-128, 127] first; clamping before or after rounding gives the
+same integer because the bounds are integers), so ``xq`` equals the reference's integers exactly.
+
+Tiles are chosen by a heuristic on (M bucket, N, K) (``pick_config``), never by autotuning, so the
+kernel can be captured in a CUDA graph on its first call. At small M the weight bytes dominate:
+narrow N tiles and, where N is small, split-K (fp32 partials reduced by :mod:`kernels._splitk`)
+keep all SMs streaming. At large M the work is int8 tensor-core bound: 128x256x128 tiles, grouped
+tile order for L2 reuse, a deep software pipeline.
+
+The op is registered as ``torch.ops.compress_kernels.w8a8_matmul`` with a fake implementation, so
+callers compile under ``torch.compile`` and capture in CUDA graphs; ``w8a8_matmul`` calls it.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels._checks import check_activation, check_bias, check_same_device, check_shape, check_tensor
+from kernels._splitk import splitk_reduce
+
+ROUND_MAGIC = tl.constexpr(12582912.0)  # 1.5 * 2**23: adding then subtracting it rounds fp32 half to even
+
+
+class TileConfig(NamedTuple):
+    """Launch parameters of ``_w8a8_matmul_kernel``."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    split_k: int = 1
+    group_m: int = 8
+    num_warps: int = 4
+    num_stages: int = 3
+
+
+@triton.jit
+def _quantize_rows_kernel(
+    x_ptr, xq_ptr, sx_ptr, static_ptr,  # x (M, K), xq (M, K) int8 contiguous, s_x (M,) fp32, static scale
+    K, stride_xm, stride_xk,
+    STATIC: tl.constexpr, STATIC_PER_ROW: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    row = tl.program_id(0)
+    x_row = x_ptr + row.to(tl.int64) * stride_xm
+    offs = tl.arange(0, BLOCK_K)
+    if STATIC:
+        if STATIC_PER_ROW:
+            scale = tl.load(static_ptr + row)
+        else:
+            scale = tl.load(static_ptr)
+    else:
+        absmax = tl.zeros((BLOCK_K,), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            v = tl.load(x_row + (k0 + offs) * stride_xk, mask=k0 + offs < K, other=0.0)
+            absmax = tl.maximum(absmax, tl.abs(v.to(tl.float32)))
+        scale = tl.math.div_rn(tl.max(absmax, axis=0), 127.0)
+    scale = tl.where(scale == 0.0, 1.0, scale)
+    tl.store(sx_ptr + row, scale)
+    xq_row = xq_ptr + row.to(tl.int64) * K
+    for k0 in range(0, K, BLOCK_K):
+        mask = k0 + offs < K
+        v = tl.load(x_row + (k0 + offs) * stride_xk, mask=mask, other=0.0).to(tl.float32)
+        q = tl.minimum(tl.maximum(tl.math.div_rn(v, scale), -128.0), 127.0)
+        q = (q + ROUND_MAGIC) - ROUND_MAGIC
+        tl.store(xq_row + k0 + offs, q.to(tl.int8), mask=mask)
+
+
+@triton.jit
+def _w8a8_matmul_kernel(
+    xq_ptr, w_ptr, sx_ptr, sw_ptr, bias_ptr, out_ptr,  # xq (M, K) i8, w (N, K) i8, (M,), (N,), (N,), out
+    M, N, K,
+    stride_xm, stride_xk, stride_wn, stride_wk, stride_os, stride_om,  # stride_os: between split-K slices
+    SPLIT_K, ADD_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+):
+    # grouped tile order: GROUP_M row-tiles share each weight column-tile while it sits in L2
+    pid = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    group_size = GROUP_M * num_pid_n
+    first_m = (pid // group_size) * GROUP_M
+    rows_in_group = min(num_pid_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % group_size) % rows_in_group
+    pid_n = (pid % group_size) // rows_in_group
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows = (offs_m % M).to(tl.int64)  # wrapped rows/cols: loads need no M/N mask, stores are masked
+    cols = (offs_n % N).to(tl.int64)
+    offs_k = tl.arange(0, BLOCK_K)
+
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    tiles_per_split = tl.cdiv(k_tiles, SPLIT_K)
+    k_first = pid_k * tiles_per_split * BLOCK_K
+    k_last = min(K, k_first + tiles_per_split * BLOCK_K)
+    x_ptrs = xq_ptr + rows[:, None] * stride_xm + (k_first + offs_k)[None, :] * stride_xk  # (BM, BK)
+    w_ptrs = w_ptr + cols[None, :] * stride_wn + (k_first + offs_k)[:, None] * stride_wk  # (BK, BN)
+
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
+    for k0 in range(k_first, k_last, BLOCK_K):
+        if EVEN_K:
+            a = tl.load(x_ptrs)
+            b = tl.load(w_ptrs)
+        else:
+            a = tl.load(x_ptrs, mask=(k0 + offs_k)[None, :] < K, other=0)
+            b = tl.load(w_ptrs, mask=(k0 + offs_k)[:, None] < K, other=0)
+        acc = tl.dot(a, b, acc, out_dtype=tl.int32)
+        x_ptrs += BLOCK_K * stride_xk
+        w_ptrs += BLOCK_K * stride_wk
+
+    s_x = tl.load(sx_ptr + rows)
+    s_w = tl.load(sw_ptr + cols)
+    y = acc.to(tl.float32) * s_x[:, None] * s_w[None, :]
+    if ADD_BIAS:  # with split-K the bias is added by the reduce pass
+        y += tl.load(bias_ptr + cols).to(tl.float32)[None, :]
+    out_ptrs = out_ptr + pid_k * stride_os + offs_m[:, None].to(tl.int64) * stride_om + offs_n[None, :]
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    tl.store(out_ptrs, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def pick_config(m: int, n: int, k: int) -> TileConfig:
+    """Tile shape by M bucket: weight-streaming tiles at small M, tensor-core tiles at large M."""
+    if m <= 16:
+        cfg = TileConfig(16, 64, 256, num_warps=4, num_stages=4)
+    elif m <= 64:
+        cfg = TileConfig(64, 64, 256, num_warps=4, num_stages=4)
+    elif m <= 256:
+        cfg = TileConfig(128, 128, 128, num_warps=8, num_stages=4)
+    else:
+        cfg = TileConfig(128, 256, 128, num_warps=8, num_stages=3)
+    return cfg._replace(split_k=_split_k_for(m, n, k, cfg))
+
+
+def _split_k_for(m: int, n: int, k: int, cfg: TileConfig, target_programs: int = 264) -> int:
+    """Smallest power-of-two K split giving about two programs per SM (132 on an H100), 1 if none needed."""
+    tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
+    k_tiles = triton.cdiv(k, cfg.block_k)
+    split = 1
+    while tiles * split < target_programs // 2 and split * 2 <= k_tiles and split < 16:
+        split *= 2
+    return split
+
+
+def _validate(x, w_q, w_scale, bias, x_scale) -> None:
+    check_activation(x)
+    check_tensor("w_q", w_q, (torch.int8,), ndim=2)
+    k = x.shape[-1]
+    if k == 0:
+        raise ValueError("x: expected K >= 1 input features, got K = 0")
+    n = w_q.shape[0]
+    check_shape("w_q", w_q, (n, k))
+    check_tensor("w_scale", w_scale, (torch.float32,), ndim=1)
+    check_shape("w_scale", w_scale, (n,))
+    check_bias(bias, n, x)
+    check_same_device(x, w_q=w_q, w_scale=w_scale, x_scale=x_scale)
+    if x_scale is not None:
+        check_tensor("x_scale", x_scale, (torch.float32,))
+        m = x.numel() // k
+        if x_scale.numel() != 1 and tuple(x_scale.shape) != (m,):
+            raise ValueError(f"x_scale: expected a scalar or shape ({m},) (one per token), got {tuple(x_scale.shape)}")
+
+
+def quantize_rows(x2: torch.Tensor, x_scale: torch.Tensor | None = None):
+    """Triton per-token quantization of ``x2`` (M, K): ``(xq int8 (M, K), s_x fp32 (M,))``."""
+    m, k = x2.shape
+    xq = torch.empty((m, k), dtype=torch.int8, device=x2.device)
+    s_x = torch.empty((m,), dtype=torch.float32, device=x2.device)
+    if m == 0:
+        return xq, s_x
+    static = x_scale.reshape(-1).contiguous() if x_scale is not None else s_x
+    block_k = min(triton.next_power_of_2(k), 2048)
+    _quantize_rows_kernel[(m,)](
+        x2, xq, s_x, static, k, x2.stride(0), x2.stride(1),
+        STATIC=x_scale is not None, STATIC_PER_ROW=x_scale is not None and x_scale.numel() > 1,
+        BLOCK_K=block_k, num_warps=4 if block_k <= 1024 else 8,
+    )
+    return xq, s_x
+
+
+def launch(x2, w_q, w_scale, bias=None, x_scale=None, config: TileConfig | None = None) -> torch.Tensor:
+    """Run the two kernels on validated 2-D ``x2`` (M, K); returns (M, N) in x2's dtype."""
+    m, k = x2.shape
+    n = w_q.shape[0]
+    y = torch.empty((m, n), dtype=x2.dtype, device=x2.device)
+    if m == 0:
+        return y
+    xq, s_x = quantize_rows(x2, x_scale)
+    cfg = config or pick_config(m, n, k)
+    w_scale = w_scale.contiguous()
+    bias = bias.contiguous() if bias is not None else None
+    out = y if cfg.split_k == 1 else torch.empty((cfg.split_k, m, n), dtype=torch.float32, device=x2.device)
+    grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n), cfg.split_k)
+    _w8a8_matmul_kernel[grid](
+        xq, w_q, s_x, w_scale, bias if bias is not None else w_scale, out,
+        m, n, k,
+        xq.stride(0), xq.stride(1), w_q.stride(0), w_q.stride(1),
+        m * n if cfg.split_k > 1 else 0, out.stride(-2),
+        cfg.split_k, ADD_BIAS=bias is not None and cfg.split_k == 1, EVEN_K=k % (cfg.block_k * cfg.split_k) == 0,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    if cfg.split_k > 1:
+        splitk_reduce(out, bias, y)
+    return y
+
+
+@torch.library.custom_op("compress_kernels::w8a8_matmul", mutates_args=())
+def _w8a8_op(
+    x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None, x_scale: torch.Tensor | None
+) -> torch.Tensor:
+    _validate(x, w_q, w_scale, bias, x_scale)
+    k = x.shape[-1]
+    y2 = launch(x.reshape(-1, k), w_q, w_scale, bias, x_scale)
+    return y2.reshape(*x.shape[:-1], w_q.shape[0])
+
+
+@_w8a8_op.register_fake
+def _w8a8_fake(x, w_q, w_scale, bias, x_scale):
+    _validate(x, w_q, w_scale, bias, x_scale)
+    return x.new_empty((*x.shape[:-1], w_q.shape[0]))
+
+
+def w8a8_matmul(x, w_q, w_scale, bias=None, x_scale=None) -> torch.Tensor:
+    """``y = dequant(quant(x) @ w_q.T) (+ bias)``: x (..., K) fp16/bf16 -> (..., N) in x's dtype.
+
+    ``x_scale``: None for dynamic per-token scales, else a static fp32 scale (a Python float, a
+    one-element tensor or one per token, shape (M,)).
+    """
+    if isinstance(x_scale, (int, float)) and isinstance(x, torch.Tensor):
+        x_scale = torch.tensor(float(x_scale), dtype=torch.float32, device=x.device)
+    _validate(x, w_q, w_scale, bias, x_scale)
+    return torch.ops.compress_kernels.w8a8_matmul(x, w_q, w_scale, bias, x_scale)

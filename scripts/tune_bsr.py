@@ -1,0 +1,114 @@
+"""Tune the DDS kernel's launch table (``kernels.bsr.choose_config``) on a GPU.
+
+For each (K x N, M, sparsity) it times the current ``choose_config`` pick and a grid of candidate
+``BsrConfig`` s with the benchmark's timing (``scripts/bench_kernels.py``: rotated weight sets,
+CUDA graphs at small M, ``do_bench`` medians), checks each candidate against the dense result, and
+prints / writes (``--out``) the best candidate per case next to the current pick and cuBLAS fp16.
+The table in ``choose_config`` is then edited by hand from that output.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import bench_kernels as bk  # noqa: E402
+from kernels.bsr import BsrConfig, choose_config, launch_bsr  # noqa: E402
+
+
+def candidates(m: int) -> list[BsrConfig]:
+    """Candidate configs for an M bucket (kept small: each one is a Triton compile)."""
+    if m <= 4:
+        return [BsrConfig("gemv", 1, bn, g, w, s) for bn in (8, 16, 32) for g in (4, 8, 16)
+                for w, s in ((4, 2), (4, 3), (8, 2))]
+    if m <= 16:
+        return ([BsrConfig("gemm", 16, bn, g, 4, s) for bn in (16, 32) for g in (2, 4, 8) for s in (2, 3, 4)]
+                + [BsrConfig("gemv", 1, bn, 8, 4, 2) for bn in (8, 16, 32)])
+    if m <= 64:
+        return [BsrConfig("gemm", bm, bn, g, 4, s) for bm in (32, 64) for bn in (16, 32) for g in (2, 4, 8)
+                for s in (3, 4)]
+    if m <= 256:
+        return [BsrConfig("gemm", bm, 32, g, w, 3) for bm in (64, 128) for g in (1, 2, 4) for w in (4, 8)]
+    return [BsrConfig("gemm", bm, 32, g, w, s) for bm in (128, 256) for g in (1, 2, 4) for w in (4, 8)
+            for s in (3, 4)]
+
+
+def time_config(cfg, sets, xs, n, use_graph, warmup_ms, rep_ms):
+    outs = [torch.empty(xs[0].shape[0], n, device="cuda", dtype=torch.float16) for _ in range(len(sets))]
+
+    def make(i):
+        ws = sets[i]
+        return lambda: launch_bsr(xs[i % len(xs)], ws["crow"], ws["col"], ws["values"], None, outs[i], cfg)
+
+    return bk.time_gpu([make(i) for i in range(len(sets))], use_graph, warmup_ms, rep_ms)[0]
+
+
+def tune_case(k, n, m, pct, args):
+    gen = torch.Generator().manual_seed(k + n + pct)
+    first = bk.make_weight_set("bsr", k, n, gen, torch.device("cuda"), pct)
+    count = bk.n_sets(bk.weight_bytes(first) + m * (k + n) * 2, args.rotate_mb)
+    sets = [first] + [bk.make_weight_set("bsr", k, n, gen, torch.device("cuda"), pct) for _ in range(count - 1)]
+    xs = [torch.randn(m, k, device="cuda", dtype=torch.float16) for _ in range(min(count, 4))]
+    dense = torch.sparse_bsr_tensor(first["crow"], first["col"], first["values"].float(), size=(n, k)).to_dense()
+    ref = xs[0][:64].float() @ dense.T
+    use_graph = m <= bk.GRAPH_MAX_M
+    dense_sets = [torch.randn(n, k, device="cuda", dtype=torch.float16) for _ in range(bk.n_sets(n * k * 2, args.rotate_mb))]
+    cublas = bk.time_gpu([lambda w=w: F.linear(xs[0], w) for w in dense_sets], use_graph, args.warmup_ms, args.rep_ms)[0]
+    rows = []
+    current = choose_config(m, n, k, first["values"].shape[0])
+    for cfg in dict.fromkeys([current] + candidates(m)):
+        try:
+            y = torch.empty(xs[0][:64].shape[0], n, device="cuda", dtype=torch.float16)
+            launch_bsr(xs[0][:64].contiguous(), first["crow"], first["col"], first["values"], None, y, cfg)
+            err = bk.rel_error(y, ref)
+            ms = time_config(cfg, sets, xs, n, use_graph, args.warmup_ms, args.rep_ms) if err < 5e-3 else float("nan")
+        except Exception as e:  # an invalid config (e.g. out of shared memory): skip it
+            ms, err = float("nan"), f"{type(e).__name__}: {str(e)[:80]}"
+        rows.append({"config": cfg.__dict__, "ms": ms, "rel_err": err, "current": cfg == current})
+    ok = [r for r in rows if r["ms"] == r["ms"]]
+    best = min(ok, key=lambda r: r["ms"]) if ok else None
+    cur = rows[0]
+    return {"K": k, "N": n, "M": m, "sparsity": pct, "cublas_ms": cublas, "current": cur, "best": best,
+            "all": rows}
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--shapes", type=bk.parse_shapes, default=[(4096, 4096), (8192, 28672)])
+    p.add_argument("--m", type=bk.parse_ints, default=[1, 16, 64, 256, 2048, 8192])
+    p.add_argument("--sparsity", type=bk.parse_ints, default=[50, 90])
+    p.add_argument("--rotate-mb", type=float, default=200.0)
+    p.add_argument("--warmup-ms", type=float, default=5.0)
+    p.add_argument("--rep-ms", type=float, default=20.0)
+    p.add_argument("--time-budget-s", type=float, default=200.0)
+    p.add_argument("--out", type=Path, default=None)
+    args = p.parse_args(argv)
+    started = time.monotonic()
+    results = []
+    for m in args.m:
+        for k, n in args.shapes:
+            for pct in args.sparsity:
+                if time.monotonic() - started > args.time_budget_s:
+                    print(f"time budget spent: skipped {k}x{n} M={m} {pct}%")
+                    continue
+                r = tune_case(k, n, m, pct, args)
+                results.append(r)
+                best = r["best"] or {"ms": float("nan"), "config": None}
+                print(f"{k}x{n} M={m} {pct}%: cuBLAS {r['cublas_ms']:.4f} ms | current {r['current']['ms']:.4f} ms "
+                      f"({r['cublas_ms'] / r['current']['ms']:.2f}x) | best {best['ms']:.4f} ms "
+                      f"({r['cublas_ms'] / best['ms']:.2f}x) {best['config']}", flush=True)
+                torch.cuda.empty_cache()
+    if args.out is not None:
+        args.out.write_text(json.dumps(results, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()

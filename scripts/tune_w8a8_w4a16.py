@@ -1,0 +1,279 @@
+"""Time the W8A8 and W4A16 kernels against their anchors, and sweep tile configs (GPU only).
+
+For each weight shape K x N and each M it times, side by side in one run:
+  * ``fp16``   cuBLAS ``F.linear`` in fp16 (the baseline every ratio is taken against),
+  * ``w8a8``   our ``w8a8_matmul`` (dynamic per-token quantization included),
+  * ``int_mm`` ``torch._int_mm`` with the same per-token quantize / dequantize around it (torchao W8A8),
+  * ``w4a16``  our ``w4a16_matmul`` with G = 128,
+  * ``int4pk`` ``torch.ops.aten._weight_int4pack_mm`` (tinygemm, bf16 activations, G = 128).
+
+Method: each timed unit is a CUDA graph that calls the op once on each of R rotating input sets
+(weights and activations), R chosen so the sets together exceed L2 several times; the graph is
+replayed under ``triton.testing.do_bench`` (median) and the time divided by R. Graphs remove launch
+gaps, rotation defeats L2 reuse. Results go to ``$OUT`` (or ``--out``) as JSON and a Markdown table.
+
+``--sweep`` additionally times explicit ``TileConfig`` variants at chosen shapes, to pick the
+heuristics in ``kernels.w4a16.pick_config`` / ``kernels.w8a8.pick_config``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import time
+
+import torch
+import torch.nn.functional as F
+import triton
+from triton.testing import do_bench
+
+from kernels import w4a16 as w4
+from kernels import w8a8 as w8
+
+SHAPES = [(1024, 1024), (4096, 4096), (4096, 11008), (11008, 4096), (8192, 8192), (8192, 28672)]  # K x N
+MS = [1, 16, 64, 256, 2048, 8192]
+L2_BYTES = 50 * 2**20
+GROUP = 128
+
+
+def rotations(k: int, n: int) -> int:
+    """Input sets per graph so the int4 weights alone span 4x L2 (at most 16)."""
+    return max(1, min(16, math.ceil(4 * L2_BYTES / (k * n // 2))))
+
+
+def time_graph(fn, arg_sets, warmup_ms=5, rep_ms=30) -> float:
+    """Median microseconds per call of ``fn`` over rotating ``arg_sets``, timed as one CUDA graph."""
+    for args in arg_sets:
+        fn(*args)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for args in arg_sets:
+            fn(*args)
+    ms = do_bench(graph.replay, warmup=warmup_ms, rep=rep_ms, return_mode="median")
+    del graph
+    return ms * 1000 / len(arg_sets)
+
+
+def int_mm_w8a8(x, w_q_t, w_scale):
+    """torchao-style W8A8: per-token quantize in PyTorch ops, torch._int_mm, dequantize."""
+    s_x = (x.abs().amax(-1, keepdim=True).float() / 127).clamp_min(1e-12)
+    xq = torch.clamp(torch.round(x.float() / s_x), -128, 127).to(torch.int8)
+    m = xq.shape[0]
+    if m <= 16:  # _int_mm needs M > 16
+        xq = F.pad(xq, (0, 0, 0, 32 - m))
+    acc = torch._int_mm(xq, w_q_t)[:m]
+    return (acc.float() * s_x * w_scale).to(x.dtype)
+
+
+def make_weights(k, n, r, dev="cuda"):
+    """R sets of every method's weights for one K x N shape."""
+    sets = []
+    for _ in range(r):
+        w16 = torch.randn(n, k, device=dev, dtype=torch.float16) * 0.02
+        w_q = torch.randint(-127, 128, (n, k), dtype=torch.int8, device=dev)
+        qweight = torch.randint(-(2**31), 2**31 - 1, (k // 8, n), dtype=torch.int32, device=dev)
+        scales = torch.rand(k // GROUP, n, device=dev) * 0.01
+        packed = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, device=dev)
+        try:
+            int4pk = torch.ops.aten._convert_weight_to_int4pack(packed, 8)
+        except Exception as err:  # noqa: BLE001 - record why the anchor is missing
+            int4pk = repr(err)[:120]
+        sz = torch.rand(k // GROUP, n, 2, device=dev).to(torch.bfloat16)
+        sets.append(dict(w16=w16, w_q=w_q, w_q_t=w_q.t(), w_scale=torch.rand(n, device=dev) * 0.01,
+                         qweight=qweight, scales=scales, int4pk=int4pk, sz=sz))
+    return sets
+
+
+def bench_cell(k, n, m, wsets):
+    """All methods at one (K, N, M); returns {method: microseconds or error string}."""
+    xs = [torch.randn(m, k, device="cuda", dtype=torch.float16) for _ in wsets]
+    xb = [x.bfloat16() for x in xs]
+    row = {}
+    cases = {
+        "fp16": (F.linear, [(x, w["w16"]) for x, w in zip(xs, wsets)]),
+        "w8a8": (w8.w8a8_matmul, [(x, w["w_q"], w["w_scale"]) for x, w in zip(xs, wsets)]),
+        "int_mm": (int_mm_w8a8, [(x, w["w_q_t"], w["w_scale"]) for x, w in zip(xs, wsets)]),
+        "w4a16": (w4.w4a16_matmul, [(x, w["qweight"], w["scales"], GROUP) for x, w in zip(xs, wsets)]),
+        "int4pk": (torch.ops.aten._weight_int4pack_mm, [(x, w["int4pk"], GROUP, w["sz"]) for x, w in zip(xb, wsets)]),
+    }
+    for name, (fn, arg_sets) in cases.items():
+        if name == "int4pk" and isinstance(wsets[0]["int4pk"], str):
+            row[name] = wsets[0]["int4pk"]
+            continue
+        try:
+            row[name] = time_graph(fn, arg_sets)
+        except Exception as err:  # noqa: BLE001 - one failing anchor must not stop the table
+            row[name] = repr(err)[:160]
+    return row
+
+
+def ratio(base, t):
+    return f"{base / t:.2f}" if isinstance(base, float) and isinstance(t, float) else "-"
+
+
+def markdown(results) -> str:
+    lines = [
+        "| K x N | M | fp16 us | w8a8 us | int_mm us | w4a16 us | int4pk us | w8a8 x | int_mm x | w4a16 x | int4pk x |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        t = {k: (f"{v:.1f}" if isinstance(v, float) else "err") for k, v in r["us"].items()}
+        b = r["us"]["fp16"]
+        lines.append(
+            f"| {r['k']}x{r['n']} | {r['m']} | {t['fp16']} | {t['w8a8']} | {t['int_mm']} | {t['w4a16']} | {t['int4pk']} "
+            f"| {ratio(b, r['us']['w8a8'])} | {ratio(b, r['us']['int_mm'])} | {ratio(b, r['us']['w4a16'])} "
+            f"| {ratio(b, r['us']['int4pk'])} |"
+        )
+    return "\n".join(lines)
+
+
+SWEEP_W4 = {  # M bucket -> configs (split_k None = heuristic)
+    "small": [
+        w4.TileConfig(16, 64, 128, None, num_warps=4, num_stages=4, scale_after_dot=True),
+        w4.TileConfig(16, 64, 128, None, num_warps=4, num_stages=4, scale_after_dot=True, magic_unpack=True),
+        w4.TileConfig(16, 32, 128, None, num_warps=4, num_stages=4, scale_after_dot=True, magic_unpack=True),
+        w4.TileConfig(16, 128, 128, None, num_warps=4, num_stages=4, scale_after_dot=True, magic_unpack=True),
+        w4.TileConfig(16, 64, 128, 1, num_warps=4, num_stages=4, scale_after_dot=True, magic_unpack=True),
+        w4.TileConfig(16, 64, 128, None, num_warps=4, num_stages=4, scale_after_dot=False, magic_unpack=True),
+        w4.TileConfig(16, 128, 128, None, num_warps=8, num_stages=3, scale_after_dot=True, magic_unpack=True),
+        w4.TileConfig(16, 64, 128, None, num_warps=4, num_stages=4, scale_after_dot=True, magic_unpack=True,
+                      expanded_load=True),
+    ],
+    "mid": [
+        w4.TileConfig(64, 64, 128, None, num_warps=4, num_stages=4, scale_after_dot=True),
+        w4.TileConfig(64, 64, 128, None, num_warps=4, num_stages=4, scale_after_dot=False, magic_unpack=True),
+        w4.TileConfig(64, 128, 64, None, num_warps=4, num_stages=4, scale_after_dot=False, magic_unpack=True),
+        w4.TileConfig(32, 128, 128, None, num_warps=4, num_stages=4, scale_after_dot=True, magic_unpack=True),
+    ],
+    "large": [
+        w4.TileConfig(128, 256, 64, 1, num_warps=8, num_stages=3),
+        w4.TileConfig(128, 256, 64, 1, num_warps=8, num_stages=3, magic_unpack=True),
+        w4.TileConfig(128, 128, 64, 1, num_warps=8, num_stages=4, magic_unpack=True),
+        w4.TileConfig(128, 128, 128, 1, num_warps=8, num_stages=3, magic_unpack=True),
+        w4.TileConfig(128, 256, 64, 1, num_warps=8, num_stages=3, magic_unpack=True, expanded_load=True),
+    ],
+}
+SWEEP_W8 = {
+    "small": [
+        w8.TileConfig(16, 64, 256, None, num_warps=4, num_stages=4),
+        w8.TileConfig(16, 32, 256, None, num_warps=4, num_stages=4),
+        w8.TileConfig(16, 128, 256, None, num_warps=4, num_stages=4),
+        w8.TileConfig(16, 64, 512, None, num_warps=4, num_stages=3),
+        w8.TileConfig(16, 64, 256, 1, num_warps=4, num_stages=5),
+    ],
+    "mid": [
+        w8.TileConfig(64, 64, 256, None, num_warps=4, num_stages=4),
+        w8.TileConfig(64, 128, 256, None, num_warps=4, num_stages=4),
+        w8.TileConfig(32, 64, 256, None, num_warps=4, num_stages=4),
+    ],
+    "large": [
+        w8.TileConfig(128, 256, 128, 1, num_warps=8, num_stages=3),
+        w8.TileConfig(128, 128, 128, 1, num_warps=8, num_stages=4),
+        w8.TileConfig(256, 128, 128, 1, num_warps=8, num_stages=3),
+        w8.TileConfig(128, 256, 64, 1, num_warps=8, num_stages=4),
+    ],
+}
+SWEEP_CELLS = [((4096, 4096), 1, "small"), ((8192, 28672), 16, "small"), ((4096, 11008), 16, "small"),
+               ((4096, 4096), 64, "mid"), ((8192, 8192), 64, "mid"), ((4096, 4096), 2048, "large"),
+               ((8192, 8192), 8192, "large")]
+
+
+def with_split(cfg, module, m, n, k):
+    if cfg.split_k is not None:
+        return cfg
+    return cfg._replace(split_k=module._split_k_for(m, n, k, cfg._replace(split_k=1)))
+
+
+def sweep(deadline):
+    rows = []
+    for (k, n), m, bucket in SWEEP_CELLS:
+        if time.time() > deadline:
+            rows.append(dict(skipped=f"{k}x{n} M={m}: out of time"))
+            continue
+        wsets = make_weights(k, n, rotations(k, n))
+        xs = [torch.randn(m, k, device="cuda", dtype=torch.float16) for _ in wsets]
+        base = time_graph(F.linear, [(x, w["w16"]) for x, w in zip(xs, wsets)])
+        for cfg in SWEEP_W4[bucket]:
+            cfg = with_split(cfg, w4, m, n, k)
+            args = [(x, w["qweight"], w["scales"], GROUP, None, cfg) for x, w in zip(xs, wsets)]
+            try:
+                us = time_graph(w4.launch, args)
+            except Exception as err:  # noqa: BLE001
+                us = repr(err)[:160]
+            rows.append(dict(kernel="w4a16", k=k, n=n, m=m, cfg=cfg._asdict(), us=us, fp16_us=base))
+        for cfg in SWEEP_W8[bucket]:
+            cfg = with_split(cfg, w8, m, n, k)
+            args = [(x, w["w_q"], w["w_scale"], None, None, cfg) for x, w in zip(xs, wsets)]
+            try:
+                us = time_graph(w8.launch, args)
+            except Exception as err:  # noqa: BLE001
+                us = repr(err)[:160]
+            rows.append(dict(kernel="w8a8", k=k, n=n, m=m, cfg=cfg._asdict(), us=us, fp16_us=base))
+        del wsets, xs
+        torch.cuda.empty_cache()
+    return rows
+
+
+def sweep_markdown(rows) -> str:
+    lines = ["| kernel | K x N | M | config | us | x fp16 |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        if "skipped" in r:
+            lines.append(f"| skipped: {r['skipped']} | | | | | |")
+            continue
+        c = r["cfg"]
+        desc = f"{c['block_m']}x{c['block_n']}x{c['block_k']} sk{c['split_k']} w{c['num_warps']} s{c['num_stages']}"
+        if r["kernel"] == "w4a16":
+            desc += f" sad{int(c['scale_after_dot'])} magic{int(c['magic_unpack'])} exp{int(c['expanded_load'])}"
+        us = f"{r['us']:.1f}" if isinstance(r["us"], float) else f"err {r['us']}"
+        lines.append(f"| {r['kernel']} | {r['k']}x{r['n']} | {r['m']} | {desc} | {us} | {ratio(r['fp16_us'], r['us'])} |")
+    return "\n".join(lines)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=os.environ.get("OUT", "."))
+    parser.add_argument("--sweep", action="store_true")
+    parser.add_argument("--no-table", action="store_true")
+    parser.add_argument("--budget-s", type=float, default=200.0, help="stop starting new work after this")
+    parser.add_argument("--shapes", default="all", help="'all' or e.g. 4096x4096,8192x8192")
+    parser.add_argument("--ms", default=",".join(map(str, MS)))
+    args = parser.parse_args()
+    deadline = time.time() + args.budget_s
+    torch.manual_seed(0)
+    props = torch.cuda.get_device_properties(0)
+    meta = dict(gpu=props.name, sms=props.multi_processor_count, torch=torch.__version__, triton=triton.__version__)
+    print(meta, flush=True)
+    shapes = SHAPES if args.shapes == "all" else [tuple(map(int, s.split("x"))) for s in args.shapes.split(",")]
+    ms = [int(v) for v in args.ms.split(",")]
+    results = []
+    if not args.no_table:
+        for k, n in shapes:
+            wsets = make_weights(k, n, rotations(k, n))
+            for m in ms:
+                if time.time() > deadline:
+                    print(f"out of time at {k}x{n} M={m}", flush=True)
+                    break
+                results.append(dict(k=k, n=n, m=m, r=len(wsets), us=bench_cell(k, n, m, wsets)))
+                print(markdown(results[-1:]).splitlines()[-1], flush=True)
+            del wsets
+            torch.cuda.empty_cache()
+        with open(os.path.join(args.out, "kernel_times.json"), "w") as f:
+            json.dump(dict(meta=meta, results=results), f, indent=1)
+        table = markdown(results)
+        with open(os.path.join(args.out, "kernel_times.md"), "w") as f:
+            f.write(table + "\n")
+    if args.sweep:
+        rows = sweep(deadline + 120)
+        with open(os.path.join(args.out, "sweep.json"), "w") as f:
+            json.dump(dict(meta=meta, rows=rows), f, indent=1)
+        with open(os.path.join(args.out, "sweep.md"), "w") as f:
+            f.write(sweep_markdown(rows) + "\n")
+        print(sweep_markdown(rows))
+    if results:
+        print(table)
+
+
+if __name__ == "__main__":
+    main()

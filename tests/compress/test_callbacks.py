@@ -1,0 +1,199 @@
+"""Tests for compress/callbacks.py: validation, a composed run (prune + QAT + calibration + export),
+resume from a Lightning checkpoint, DDP on 2 CPU processes, and YAML instantiation (jsonargparse)."""
+import os
+import pathlib
+import subprocess
+import sys
+
+import lightning.pytorch as pl
+import pytest
+import torch
+import yaml
+from torch import nn
+
+import compress
+from compress.callbacks import BlockPruning, Calibration, Export, QuantizationAware
+from compress.configs import W4A16Config, W8A8Config
+from compress.plan import compressed_layers
+from compress.sparsity import expand_mask, mask_sparsity
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+
+
+class PreNormMLP(nn.Module):
+    """x -> LayerNorm -> up -> relu -> down (+ x) -> head; the norm feeds only ``up``."""
+
+    def __init__(self, hidden=64, ffn=128):
+        super().__init__()
+        self.norm = nn.LayerNorm(hidden)
+        self.up = nn.Linear(hidden, ffn)
+        self.down = nn.Linear(ffn, hidden)
+        self.classifier = nn.Linear(hidden, 4)
+
+    def forward(self, x):
+        return self.classifier(x + self.down(torch.relu(self.up(self.norm(x)))))
+
+
+class TinyTask(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.model = PreNormMLP()
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return nn.functional.cross_entropy(self.model(x), y)
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.parameters(), lr=1e-2, weight_decay=0.1)
+
+
+def loader(seed_offset=0, batches=16):
+    generator = torch.Generator().manual_seed(123 + seed_offset)
+    x = torch.randn(batches * 8, 64, generator=generator)
+    x[:, 3] *= 20  # an outlier channel for SmoothQuant to move
+    y = torch.randint(0, 4, (batches * 8,), generator=generator)
+    return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=8)
+
+
+def _trainer(callbacks, max_steps, **kwargs):
+    return pl.Trainer(max_steps=max_steps, callbacks=callbacks, accelerator="cpu", logger=False,
+                      enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, **kwargs)
+
+
+@pytest.mark.parametrize("make, fragment", [
+    (lambda: BlockPruning(sparsity=1.2), "[0, 1)"),
+    (lambda: BlockPruning(score="taylor"), "'magnitude'"),
+    (lambda: BlockPruning(start_step=10, end_step=5), "end_step"),
+    (lambda: BlockPruning(frequency=0), "positive int"),
+    (lambda: QuantizationAware(), "exactly one of config"),
+    (lambda: QuantizationAware(W8A8Config(), start_step=-1), "non-negative"),
+    (lambda: Calibration(observer="minmax"), "'absmax'"),
+    (lambda: Calibration(num_batches=0), "positive int"),
+    (lambda: Calibration(smoothquant_alpha=2.0), "[0, 1]"),
+    (lambda: Export(dirpath=""), "non-empty"),
+])
+def test_init_validation_lists_valid_options(make, fragment):
+    with pytest.raises(ValueError) as error:
+        make()
+    assert fragment in str(error.value)
+
+
+def test_quantization_aware_rejects_a_sparse_config():
+    with pytest.raises(TypeError, match="W8A8Config or W4A16Config"):
+        QuantizationAware(plan={"*": compress.BlockSparseConfig(0.5)})
+
+
+def test_composed_run_prunes_quantizes_calibrates_and_exports(tmp_path):
+    task = TinyTask()
+    callbacks = [BlockPruning(0.5, start_step=0, end_step=6, frequency=2),
+                 QuantizationAware(W8A8Config(activation="static"), start_step=2),
+                 Calibration(num_batches=2, smoothquant_alpha=0.5),
+                 Export(str(tmp_path / "export"))]
+    seen = {}
+
+    class Inspect(pl.Callback):
+        def on_train_end(self, trainer, pl_module):
+            for name, layer in compressed_layers(pl_module.model).items():
+                seen[name] = (layer.mask.clone(), layer.weight.detach().clone(), layer.act_scale.clone())
+
+    _trainer(callbacks + [Inspect()], max_steps=8).fit(task, loader())
+    assert set(seen) == {"up", "down"}
+    for name, (mask, weight, act_scale) in seen.items():
+        assert mask_sparsity(mask) == pytest.approx(0.5)
+        assert (weight[~expand_mask(mask, weight.shape)] == 0).all()
+        assert act_scale.item() > 0
+    assert type(task.model.up).__name__ == "W8A8Linear" and task.model.up.config.static
+    loaded = compress.load_compressed(tmp_path / "export", model=PreNormMLP())
+    x = torch.randn(3, 64)
+    with torch.no_grad():
+        assert torch.equal(loaded(x), task.model(x))
+
+
+def test_qat_is_off_before_its_start_step():
+    task = TinyTask()
+    flags = []
+
+    class Record(pl.Callback):
+        def on_train_batch_end(self, trainer, pl_module, *args):
+            flags.append(pl_module.model.up.fake_quant_enabled)
+
+    _trainer([QuantizationAware(W4A16Config(32), start_step=2), Record()], max_steps=4).fit(task, loader())
+    assert flags == [False, False, True, True]
+
+
+def test_resume_restores_schedule_and_masks(tmp_path):
+    def callbacks():
+        return [BlockPruning(0.5, start_step=0, end_step=8, frequency=2),
+                QuantizationAware(W8A8Config(activation="static"), start_step=0),
+                Calibration(num_batches=2)]
+
+    task = TinyTask()
+    trainer = _trainer(callbacks(), max_steps=4)
+    trainer.fit(task, loader())
+    ckpt = tmp_path / "mid.ckpt"
+    trainer.save_checkpoint(ckpt)
+    saved = {name: (layer.mask.clone(), layer.act_scale.clone()) for name, layer in compressed_layers(task.model).items()}
+    assert 0 < mask_sparsity(saved["up"][0]) < 0.5  # mid-schedule
+
+    restored = {}
+
+    class Capture(pl.Callback):
+        def on_train_start(self, trainer, pl_module):
+            restored.update({name: (layer.mask.clone(), layer.act_scale.clone())
+                             for name, layer in compressed_layers(pl_module.model).items()})
+            restored["step"] = trainer.global_step
+            restored["pruning"] = trainer.callbacks[0].last_pruned_step
+            restored["calibration"] = trainer.callbacks[2].phase
+
+    resumed_task = TinyTask()
+    resumed = _trainer(callbacks() + [Capture()], max_steps=10)
+    resumed.fit(resumed_task, loader(), ckpt_path=ckpt)
+    assert restored["step"] == 4 and restored["pruning"] == 2 and restored["calibration"] == "done"
+    for name, (mask, act_scale) in saved.items():
+        assert torch.equal(restored[name][0], mask) and torch.equal(restored[name][1], act_scale)
+    assert mask_sparsity(resumed_task.model.up.mask) == pytest.approx(0.5)
+
+
+@pytest.mark.slow
+def test_ddp_ranks_end_with_identical_masks_and_scales(tmp_path):
+    env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    result = subprocess.run([sys.executable, str(pathlib.Path(__file__).with_name("_ddp_script.py")), str(tmp_path)],
+                            cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rank0, rank1 = (torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1))
+    assert set(rank0) == set(rank1) == {"up", "down"}
+    for name in rank0:
+        for key in ("mask", "act_scale", "smoothing", "weight"):
+            assert torch.equal(rank0[name][key], rank1[name][key]), (name, key)
+        assert rank0[name]["act_scale"].item() > 0 and not rank0[name]["mask"].all()
+
+
+def test_callbacks_build_from_yaml_with_jsonargparse():
+    jsonargparse = pytest.importorskip("jsonargparse")
+    parser = jsonargparse.ArgumentParser()
+    parser.add_argument("--callbacks", type=list[pl.Callback])
+    config = yaml.safe_load("""
+    callbacks:
+      - class_path: compress.callbacks.BlockPruning
+        init_args: {sparsity: 0.75, start_step: 10, end_step: 100, plan: {"*intermediate*": 0.5}}
+      - class_path: compress.callbacks.QuantizationAware
+        init_args:
+          config: {class_path: compress.W8A8Config, init_args: {activation: static}}
+      - class_path: compress.callbacks.QuantizationAware
+        init_args:
+          plan: {"*attention*": {group_size: 64}}
+      - class_path: compress.callbacks.Calibration
+        init_args: {num_batches: 4, observer: percentile, smoothquant_alpha: 0.5}
+      - class_path: compress.callbacks.Export
+        init_args: {dirpath: out}
+    """)
+    built = parser.instantiate(parser.parse_object(config)).callbacks
+    assert [type(c).__name__ for c in built] == ["BlockPruning", "QuantizationAware", "QuantizationAware",
+                                                 "Calibration", "Export"]
+    assert built[1].plan.rules["*"][0] == W8A8Config(activation="static")
+    assert built[2].plan.rules["*attention*"][0] == W4A16Config(group_size=64)
+    assert built[0].plan.rules["*intermediate*"][0].sparsity == 0.5
+    with pytest.raises(Exception):
+        parser.parse_object({"callbacks": [{"class_path": "compress.callbacks.Calibration",
+                                            "init_args": {"num_batches": "many"}}]})

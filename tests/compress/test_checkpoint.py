@@ -1,0 +1,131 @@
+"""Tests for compress/checkpoint.py: bit-identical round trip, damaged directories refused,
+transformers models reload without the original weights, atomic writes."""
+import json
+import os
+import pathlib
+
+import pytest
+import torch
+from torch import nn
+
+import compress
+from compress import BlockSparseConfig, CheckpointError, W4A16Config, W8A8Config
+from compress.checkpoint import MANIFEST, TENSORS
+
+
+def _converted_mlp(seed=0):
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(64, 96), nn.ReLU(), nn.Linear(96, 64), nn.ReLU(), nn.Linear(64, 64))
+    plan = {"0": W8A8Config(), "2": W4A16Config(32), "4": BlockSparseConfig(0.5)}
+    return compress.convert(model, plan)
+
+
+def _skeleton():
+    return nn.Sequential(nn.Linear(64, 96), nn.ReLU(), nn.Linear(96, 64), nn.ReLU(), nn.Linear(64, 64))
+
+
+def test_save_load_is_bit_identical(tmp_path):
+    model = _converted_mlp()
+    compress.save_compressed(model, tmp_path / "c")
+    loaded = compress.load_compressed(tmp_path / "c", model=_skeleton())
+    for (name, a), (name_b, b) in zip(model.state_dict().items(), loaded.state_dict().items()):
+        assert name == name_b and a.dtype == b.dtype and torch.equal(a, b)
+    x = torch.randn(3, 64)
+    assert torch.equal(model(x), loaded(x))
+    assert [type(m).__name__ for m in loaded] == [type(m).__name__ for m in model]
+
+
+def test_fp16_model_keeps_its_dtypes(tmp_path):
+    model = _converted_mlp().half()
+    compress.save_compressed(model, tmp_path / "c")
+    loaded = compress.load_compressed(tmp_path / "c", model=_skeleton())
+    assert loaded[0].bias.dtype == torch.float16 and loaded[0].w_scale.dtype == torch.float32
+    assert loaded[4].values.dtype == torch.float16
+
+
+def test_truncated_or_edited_files_are_refused(tmp_path):
+    path = compress.save_compressed(_converted_mlp(), tmp_path / "c")
+    tensors = path / TENSORS
+    data = tensors.read_bytes()
+    tensors.write_bytes(data[: len(data) // 2])
+    with pytest.raises(CheckpointError, match="checksum"):
+        compress.load_compressed(path, model=_skeleton())
+    tensors.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
+    with pytest.raises(CheckpointError, match="checksum"):
+        compress.load_compressed(path, model=_skeleton())
+    tensors.write_bytes(data)
+    manifest = json.loads((path / MANIFEST).read_text())
+    manifest["format_version"] = 99
+    (path / MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(CheckpointError, match="format_version"):
+        compress.load_compressed(path, model=_skeleton())
+
+
+def test_manifest_shape_mismatch_is_refused(tmp_path):
+    path = compress.save_compressed(_converted_mlp(), tmp_path / "c")
+    manifest = json.loads((path / MANIFEST).read_text())
+    manifest["tensors"]["0.w_q"]["shape"] = [96, 32]
+    (path / MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(CheckpointError, match="0.w_q"):
+        compress.load_compressed(path, model=_skeleton())
+
+
+def test_a_directory_without_manifest_does_not_load(tmp_path):
+    (tmp_path / "partial").mkdir()
+    (tmp_path / "partial" / TENSORS).write_bytes(b"x")
+    with pytest.raises(CheckpointError, match="no manifest.json"):
+        compress.load_compressed(tmp_path / "partial", model=_skeleton())
+
+
+def test_interrupted_save_leaves_the_old_directory_whole(tmp_path, monkeypatch):
+    path = compress.save_compressed(_converted_mlp(seed=0), tmp_path / "c")
+    import compress.checkpoint as checkpoint
+
+    def crash(*args, **kwargs):
+        raise KeyboardInterrupt("power cut")
+
+    monkeypatch.setattr(checkpoint, "_write_json", crash)
+    with pytest.raises(KeyboardInterrupt):
+        compress.save_compressed(_converted_mlp(seed=1), path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c"]  # temp dir cleaned, old dir intact
+    loaded = compress.load_compressed(path, model=_skeleton())
+    assert torch.equal(loaded[0].w_q, _converted_mlp(seed=0)[0].w_q)
+
+
+def test_overwrite_replaces_the_directory(tmp_path):
+    compress.save_compressed(_converted_mlp(seed=0), tmp_path / "c")
+    compress.save_compressed(_converted_mlp(seed=1), tmp_path / "c")
+    loaded = compress.load_compressed(tmp_path / "c", model=_skeleton())
+    assert torch.equal(loaded[0].w_q, _converted_mlp(seed=1)[0].w_q)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c"]
+
+
+def test_errors_for_unconverted_models_and_missing_skeleton(tmp_path):
+    model = compress.prepare(_skeleton(), W8A8Config())
+    with pytest.raises(ValueError, match="convert"):
+        compress.save_compressed(model, tmp_path / "c")
+    compress.save_compressed(_converted_mlp(), tmp_path / "c")
+    with pytest.raises(ValueError, match="model="):
+        compress.load_compressed(tmp_path / "c")
+
+
+def test_transformers_model_reloads_without_the_original_weights(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    config = transformers.BertConfig(vocab_size=100, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+                                     intermediate_size=128, max_position_embeddings=32, num_labels=2)
+    torch.manual_seed(0)
+    model = transformers.BertForSequenceClassification(config).eval()
+    compress.convert(model, {"*attention*": [BlockSparseConfig(0.5), W8A8Config()], "*": W4A16Config(64)})
+    ids = torch.randint(0, 100, (2, 9))
+    with torch.no_grad():
+        expected = model(input_ids=ids).logits
+    compress.save_compressed(model, tmp_path / "bert")
+    del model
+    loaded = compress.load_compressed(tmp_path / "bert")
+    assert type(loaded).__name__ == "BertForSequenceClassification"
+    layer = loaded.bert.encoder.layer[0]
+    assert type(layer.attention.self.query).__name__ == "W8A8Linear"
+    assert type(layer.intermediate.dense).__name__ == "W4A16Linear"
+    assert type(loaded.classifier) is nn.Linear
+    with torch.no_grad():
+        assert torch.equal(loaded(input_ids=ids).logits, expected)

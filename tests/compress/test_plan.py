@@ -1,0 +1,165 @@
+"""Tests for compress/plan.py: plan forms, exclusions, errors, and prepare -> convert agreement."""
+import logging
+
+import pytest
+import torch
+from torch import nn
+
+import compress
+from compress import BlockSparseConfig, Plan, W4A16Config, W8A8Config
+from compress.modules import BSRLinear, W4A16Linear, W8A8Linear
+from compress.plan import compressed_layers, prune_one_shot
+
+
+class Tiny(nn.Module):
+    """Embedding -> norm -> two linears -> classifier head (left dense by default)."""
+
+    def __init__(self, hidden=64, ffn=96, classes=3):
+        super().__init__()
+        self.embeddings = nn.Embedding(50, hidden)
+        self.norm = nn.LayerNorm(hidden)
+        self.up = nn.Linear(hidden, ffn)
+        self.down = nn.Linear(ffn, hidden)
+        self.classifier = nn.Linear(hidden, classes)
+
+    def forward(self, ids):
+        h = self.norm(self.embeddings(ids))
+        h = h + self.down(torch.relu(self.up(h)))
+        return self.classifier(h)
+
+
+def _model(seed=0):
+    torch.manual_seed(seed)
+    return Tiny()
+
+
+def _ids(seed=1):
+    torch.manual_seed(seed)
+    return torch.randint(0, 50, (4, 7))
+
+
+def test_plan_forms_select_the_same_layers():
+    forms = [W8A8Config(), [W8A8Config()], {"*": W8A8Config()}, Plan({"*": [W8A8Config()]})]
+    for form in forms:
+        model = compress.prepare(_model(), form)
+        assert set(compressed_layers(model)) == {"up", "down"}  # classifier and embeddings stay dense
+
+
+def test_patterns_first_match_wins_and_exclude_can_be_changed():
+    model = compress.prepare(_model(), {"up": W4A16Config(32), "*": W8A8Config()})
+    layers = compressed_layers(model)
+    assert isinstance(layers["up"].quant_config, W4A16Config) and isinstance(layers["down"].quant_config, W8A8Config)
+    model = compress.prepare(_model(), Plan({"*": W8A8Config()}, exclude=()))
+    assert "classifier" in compressed_layers(model)
+
+
+def test_prepare_composes_pruning_and_quantization():
+    model = compress.prepare(_model(), BlockSparseConfig(0.5))
+    compress.prepare(model, W8A8Config())
+    layer = compressed_layers(model)["up"]
+    assert layer.sparse_config is not None and layer.quant_config is not None
+
+
+@pytest.mark.parametrize("plan, error, fragment", [
+    ("int8", TypeError, "a config, a list of configs"),
+    ({"*": "int8"}, TypeError, "W8A8Config"),
+    ({"*": []}, ValueError, "at least one config"),
+    ([W8A8Config(), W4A16Config()], ValueError, "at most one quantization config"),
+    ({"nothing.*": W8A8Config()}, ValueError, "matched no eligible linear layer"),
+    (lambda: Plan({"*": W8A8Config()}, exclude="lm_head"), TypeError, "list of str patterns"),
+    (lambda: Plan({3: W8A8Config()}), TypeError, "str patterns"),
+])
+def test_bad_plans_get_clear_errors(plan, error, fragment):
+    with pytest.raises(error, match=fragment):
+        compress.prepare(_model(), plan() if callable(plan) else plan)
+
+
+def test_convert_without_prepared_layers_is_refused():
+    with pytest.raises(ValueError, match="no prepared layers"):
+        compress.convert(_model())
+
+
+def _prepared_and_trained(plan, static=False):
+    """Prepare, prune, calibrate, take a few AdamW steps with fake quant on; return the model."""
+    model = compress.prepare(_model(), plan)
+    layers = compressed_layers(model)
+    prune_one_shot(model)
+    if static:
+        compress.plan.calibrate(model, [_ids(5), _ids(6)])
+    for layer in layers.values():
+        if layer.quant_config is not None:
+            layer.enable_fake_quant(True)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    for step in range(3):
+        optimizer.zero_grad()
+        model(_ids(step)).pow(2).mean().backward()
+        optimizer.step()
+        for layer in layers.values():
+            layer.apply_mask_()
+    return model
+
+
+@pytest.mark.parametrize("plan, module_type", [
+    (W8A8Config(), W8A8Linear),
+    (W8A8Config(learnable_scale=True), W8A8Linear),
+    (W4A16Config(32), W4A16Linear),
+    (W4A16Config(None, learnable_scale=True), W4A16Linear),
+    (BlockSparseConfig(0.5), BSRLinear),
+    ([BlockSparseConfig(0.5), W8A8Config()], W8A8Linear),
+    ([BlockSparseConfig(0.5), W4A16Config(64)], W4A16Linear),
+])
+def test_prepare_convert_agreement(plan, module_type):
+    model = _prepared_and_trained(plan)
+    ids = _ids(9)
+    with torch.no_grad():
+        qat_out = model(ids)
+        compress.convert(model)
+        exported_out = model(ids)
+    assert isinstance(model.up, module_type) and isinstance(model.down, module_type)
+    assert type(model.classifier) is nn.Linear
+    # the same function: agreement to fp16 rounding (here fp32 reassociation only)
+    torch.testing.assert_close(exported_out, qat_out, atol=1e-3, rtol=1e-3)
+
+
+def test_sparse_w8a8_export_keeps_pruned_blocks_exactly_zero():
+    model = _prepared_and_trained([BlockSparseConfig(0.5), W8A8Config()])
+    masks = {name: layer.mask.clone() for name, layer in compressed_layers(model).items()}
+    compress.convert(model)
+    for name, mask in masks.items():
+        w_q = getattr(model, name).w_q
+        pruned = ~compress.sparsity.expand_mask(mask, tuple(w_q.shape))
+        assert pruned.any() and (w_q[pruned] == 0).all()
+
+
+def test_static_w8a8_agreement_and_missing_calibration():
+    model = _prepared_and_trained(W8A8Config(activation="static"), static=True)
+    ids = _ids(9)
+    with torch.no_grad():
+        qat_out = model(ids)
+        compress.convert(model)
+        torch.testing.assert_close(model(ids), qat_out, atol=1e-3, rtol=1e-3)
+    assert model.up.act_scale.item() > 0
+    with pytest.raises(ValueError, match="calibration_data"):
+        compress.convert(_model(), W8A8Config(activation="static"))
+
+
+def test_post_training_path_with_smoothquant_and_static_scales():
+    model = _model()
+    ids = _ids(9)
+    with torch.no_grad():
+        float_out = model(ids)
+        compress.convert(model, W8A8Config(activation="static", smoothquant_alpha=0.5),
+                         calibration_data=[_ids(3), _ids(4)])
+        out = model(ids)
+    assert isinstance(model.up, W8A8Linear) and model.up.config.static
+    rel = (out - float_out).norm() / float_out.norm()
+    assert rel < 0.05
+
+
+def test_bsr_shape_not_multiple_of_32_is_left_dense_with_a_logged_reason(caplog):
+    model = nn.Sequential(nn.Linear(64, 40), nn.ReLU(), nn.Linear(40, 64))
+    with caplog.at_level(logging.WARNING, logger="compress.plan"):
+        compress.convert(model, BlockSparseConfig(0.5))
+    assert type(model[0]) is nn.Linear and "left dense" in caplog.text
+    zero_blocks = model[0].weight.reshape(40, 2, 32).abs().sum(dim=2) == 0
+    assert zero_blocks.any()

@@ -1,0 +1,179 @@
+"""Tests for kernels/w4a16.py against kernels.reference (CPU: Triton interpreter; GPU: marked ``gpu``).
+
+Tolerances (||y - ref|| / ||ref||): the reference dequantizes to fp32; the large-M kernel path rounds
+the dequantized weight to x's dtype before the tensor-core product (fp16: 2^-11, bf16: 2^-8 per
+weight) and the output is cast to x's dtype (Triton's interpreter truncates fp32 -> bf16):
+fp16 <= 2e-3, bf16 <= 1e-2.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels import reference
+from kernels.w4a16 import TileConfig, launch, pick_config, w4a16_matmul
+from tests.kernels.helpers import random_int4_weight, rel_error
+
+TOL = {torch.float16: 2e-3, torch.bfloat16: 1e-2}
+DTYPES = (torch.float16, torch.bfloat16)
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m,k,n", [(1, 128, 48), (3, 256, 96), (17, 128, 80), (67, 256, 40)])
+@pytest.mark.parametrize("group_size", [32, 64, 128, "K"])
+def test_matches_reference(dtype, m, k, n, group_size):
+    g = k if group_size == "K" else group_size
+    x = torch.randn(m, k, device=DEVICE).to(dtype)
+    qweight, _, scales = random_int4_weight(k, n, g, device=DEVICE)
+    bias = torch.randn(n, device=DEVICE).to(dtype) if m % 2 else None  # odd M with bias, even without
+    y = w4a16_matmul(x, qweight, scales, g, bias)
+    ref = reference.w4a16_matmul_ref(x, qweight, scales, g, bias)
+    assert y.shape == (m, n) and y.dtype == dtype
+    assert rel_error(y, ref) <= TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        TileConfig(16, 32, 32, split_k=3, scale_after_dot=True, magic_unpack=True),
+        TileConfig(16, 32, 32, split_k=2, scale_after_dot=True, magic_unpack=False),
+        TileConfig(32, 32, 32, split_k=1, scale_after_dot=False, magic_unpack=True),
+        TileConfig(32, 32, 64, split_k=1, scale_after_dot=False, magic_unpack=False),
+        TileConfig(16, 32, 32, split_k=2, scale_after_dot=True, magic_unpack=True, expanded_load=True),
+        TileConfig(32, 32, 64, split_k=1, scale_after_dot=False, magic_unpack=False, expanded_load=True),
+    ],
+)
+def test_every_kernel_variant(dtype, cfg):
+    m, k, n, g = 5, 192, 40, 64
+    x = torch.randn(m, k, device=DEVICE).to(dtype)
+    qweight, _, scales = random_int4_weight(k, n, g, scale_dtype=dtype, device=DEVICE)  # scales in x's dtype
+    bias = torch.randn(n, device=DEVICE)
+    y = launch(x, qweight, scales, g, bias, config=cfg)
+    assert rel_error(y, reference.w4a16_matmul_ref(x, qweight, scales, g, bias)) <= TOL[dtype]
+
+
+def test_per_channel_group_with_k_not_a_tile_multiple():
+    m, k, n = 3, 200, 24  # G = K = 200: BLOCK_K does not divide K, tails are masked
+    x = torch.randn(m, k, device=DEVICE).half()
+    qweight, _, scales = random_int4_weight(k, n, k, device=DEVICE)
+    for cfg in (None, TileConfig(16, 32, 64, split_k=2, scale_after_dot=True),
+                TileConfig(16, 32, 64, split_k=2, magic_unpack=True, expanded_load=True)):
+        y = launch(x, qweight, scales, k, config=cfg)
+        assert rel_error(y, reference.w4a16_matmul_ref(x, qweight, scales, k)) <= TOL[torch.float16]
+
+
+def test_extreme_nibbles_and_zero_groups():
+    k, n = 64, 16
+    q = torch.full((k, n), 7, dtype=torch.int8)
+    q[::2] = -8  # the two ends of the int4 range, alternating
+    from tests.kernels.helpers import pack_int4
+
+    qweight = pack_int4(q).to(DEVICE)
+    scales = torch.ones(2, n, device=DEVICE)
+    scales[1] = 0.0  # an all-zero group contributes nothing, and nothing becomes NaN
+    x = torch.ones(1, k, device=DEVICE).half()
+    y = w4a16_matmul(x, qweight, scales, 32)
+    assert torch.isfinite(y).all()
+    assert torch.equal(y.float(), torch.full((1, n), 16 * (7 - 8), device=DEVICE, dtype=torch.float32))
+
+
+def test_empty_and_batched_inputs():
+    qweight, _, scales = random_int4_weight(64, 24, 32, device=DEVICE)
+    assert w4a16_matmul(torch.empty(0, 64, device=DEVICE).half(), qweight, scales, 32).shape == (0, 24)
+    x = torch.randn(2, 3, 64, device=DEVICE).bfloat16()
+    y = w4a16_matmul(x, qweight, scales, 32)
+    assert y.shape == (2, 3, 24)
+    ref = reference.w4a16_matmul_ref(x.reshape(6, 64), qweight, scales, 32).reshape(2, 3, 24)
+    assert rel_error(y, ref) <= TOL[torch.bfloat16]
+
+
+def test_pick_config_buckets():
+    small = pick_config(1, 4096, 4096, 128)
+    large = pick_config(4096, 4096, 4096, 128)
+    assert small.block_m <= 16 and small.split_k >= 1 and small.block_k <= 128
+    assert large.block_m >= 128 and large.split_k == 1
+    assert pick_config(1, 4096, 4096, 32).block_k <= 32  # a K tile never crosses a scale group
+
+
+def test_op_is_registered_with_fake():
+    x = torch.empty(2, 3, 64, device="meta", dtype=torch.bfloat16)
+    qweight = torch.empty(8, 24, dtype=torch.int32, device="meta")
+    y = torch.ops.compress_kernels.w4a16_matmul(x, qweight, torch.empty(2, 24, device="meta"), 32, None)
+    assert y.shape == (2, 3, 24) and y.dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize(
+    "args,error,words",
+    [
+        (dict(x=torch.randn(2, 64)), TypeError, "x: expected dtype"),
+        (dict(qweight=torch.zeros(8, 24, dtype=torch.int64)), TypeError, "qweight: expected dtype"),
+        (dict(qweight=torch.zeros(4, 24, dtype=torch.int32)), ValueError, r"qweight: expected shape \(8, 24\)"),
+        (dict(x=torch.randn(2, 60).half()), ValueError, "multiple of 8"),
+        (dict(group_size=48), ValueError, "group_size: expected one of"),
+        (dict(group_size=32.0), TypeError, "group_size: expected an int"),
+        (dict(x=torch.randn(2, 96).half(), qweight=torch.zeros(12, 24, dtype=torch.int32), group_size=64),
+         ValueError, "multiple of group_size"),
+        (dict(scales=torch.ones(3, 24)), ValueError, r"scales: expected shape \(2, 24\)"),
+        (dict(scales=torch.ones(2, 24, dtype=torch.float64)), TypeError, "scales: expected dtype"),
+        (dict(bias=torch.zeros(25).half()), ValueError, r"bias: expected shape \(24,\)"),
+        (dict(scales=torch.ones(2, 24, device="meta")), ValueError, "scales: expected device"),
+    ],
+)
+def test_bad_inputs_raise(args, error, words):
+    qweight, _, scales = random_int4_weight(64, 24, 32)
+    call = dict(x=torch.randn(2, 64).half(), qweight=qweight, scales=scales, group_size=32, bias=None)
+    call.update(args)
+    call = {k: v.to(DEVICE) if isinstance(v, torch.Tensor) and v.device.type == "cpu" else v for k, v in call.items()}
+    with pytest.raises(error, match=words):
+        w4a16_matmul(**call)
+
+
+def test_cpu_tensor_without_interpreter_raises(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    qweight, _, scales = random_int4_weight(64, 24, 32)
+    with pytest.raises(ValueError, match="expected a CUDA tensor"):
+        w4a16_matmul(torch.randn(2, 64).half(), qweight, scales, 32)
+
+
+# ----------------------------------------------------------------------------------------- GPU only
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m", [1, 16, 64, 2048])
+@pytest.mark.parametrize("group_size", [32, 128])
+def test_gpu_full_size(dtype, m, group_size):
+    k = n = 4096
+    x = torch.randn(m, k, device="cuda").to(dtype)
+    qweight, _, scales = random_int4_weight(k, n, group_size, device="cuda")
+    bias = torch.randn(n, device="cuda").to(dtype)
+    y = w4a16_matmul(x, qweight, scales, group_size, bias)
+    assert rel_error(y, reference.w4a16_matmul_ref(x, qweight, scales, group_size, bias)) <= TOL[dtype]
+
+
+@pytest.mark.gpu
+def test_gpu_torch_compile_fullgraph():
+    qweight, _, scales = random_int4_weight(512, 256, 128, device="cuda")
+
+    def layer(x):
+        return torch.relu(w4a16_matmul(x, qweight, scales, 128)) * 2  # exact in bf16, so compiled == eager
+
+    compiled = torch.compile(layer, fullgraph=True)
+    x = torch.randn(8, 512, device="cuda").bfloat16()
+    torch.testing.assert_close(compiled(x), layer(x), rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+def test_gpu_cuda_graph_replay():
+    qweight, _, scales = random_int4_weight(1024, 512, 128, device="cuda")
+    static_x = torch.randn(4, 1024, device="cuda").half()
+    w4a16_matmul(static_x, qweight, scales, 128)  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_y = w4a16_matmul(static_x, qweight, scales, 128)
+    for _ in range(2):
+        static_x.copy_(torch.randn(4, 1024, device="cuda").half())
+        graph.replay()
+        torch.testing.assert_close(static_y, w4a16_matmul(static_x, qweight, scales, 128), rtol=0, atol=0)

@@ -1,0 +1,203 @@
+"""Tests for kernels/w8a8.py against kernels.reference (CPU: Triton interpreter; GPU: marked ``gpu``).
+
+Tolerances (||y - ref|| / ||ref||): the kernel computes the reference's integers exactly, so the
+only differences are fp32 rounding order in the epilogue and the output cast: fp16 <= 1e-3; bf16
+<= 1e-2 (Triton's interpreter casts fp32 -> bf16 by truncation, one bf16 ulp = 2^-8).
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels import reference
+from kernels.w8a8 import TileConfig, launch, pick_config, quantize_rows, w8a8_matmul
+from tests.kernels.helpers import random_int8_weight, rel_error
+
+TOL = {torch.float16: 1e-3, torch.bfloat16: 1e-2}
+DTYPES = (torch.float16, torch.bfloat16)
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m,k,n", [(1, 64, 48), (3, 96, 80), (17, 256, 96), (67, 128, 40)])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_matches_reference(dtype, m, k, n, with_bias):
+    x = torch.randn(m, k, device=DEVICE).to(dtype)
+    w_q, w_scale = random_int8_weight(n, k, DEVICE)
+    bias = torch.randn(n, device=DEVICE).to(dtype) if with_bias else None
+    y = w8a8_matmul(x, w_q, w_scale, bias)
+    ref = reference.w8a8_matmul_ref(x, w_q, w_scale, bias)
+    assert y.shape == (m, n) and y.dtype == dtype
+    assert rel_error(y, ref) <= TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_quantized_integers_match_reference(dtype):
+    x = torch.randn(9, 200, device=DEVICE).to(dtype) * 3
+    x[2] = 0  # all-zero row: scale 1, integers 0
+    xq, s_x = quantize_rows(x)
+    ref_q, ref_s = reference.quantize_per_token(x)
+    assert torch.equal(xq, ref_q)
+    assert torch.equal(s_x, ref_s)
+
+
+def test_rounding_is_half_to_even():
+    # absmax 127 -> scale exactly 1, so x / s_x = x and the ties below are exact
+    x = torch.tensor([[127.0, 0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 3.49, -126.5]], device=DEVICE).half()
+    xq, _ = quantize_rows(x)
+    ref_q, _ = reference.quantize_per_token(x)
+    assert xq.tolist() == [[127, 0, 2, 2, 0, -2, -2, 3, -126]]
+    assert torch.equal(xq, ref_q)
+
+
+@pytest.mark.parametrize("kind", ["scalar", "python_float", "per_row"])
+def test_static_scale(kind):
+    m, k, n = 5, 64, 32
+    x = torch.randn(m, k, device=DEVICE).half() * 4  # some values clamp at the static scale
+    w_q, w_scale = random_int8_weight(n, k, DEVICE)
+    if kind == "scalar":
+        x_scale = torch.tensor(0.02, device=DEVICE)
+    elif kind == "python_float":
+        x_scale = 0.02
+    else:
+        x_scale = torch.rand(m, device=DEVICE) * 0.05
+        x_scale[1] = 0.0  # a zero static scale behaves as 1, never NaN
+    xs = torch.as_tensor(x_scale, dtype=torch.float32, device=DEVICE)
+    xq, s_x = quantize_rows(x, xs)
+    ref_q, ref_s = reference.quantize_per_token(x, xs)
+    assert torch.equal(xq, ref_q) and torch.equal(s_x, ref_s)
+    y = w8a8_matmul(x, w_q, w_scale, x_scale=x_scale)
+    assert rel_error(y, reference.w8a8_matmul_ref(x, w_q, w_scale, x_scale=xs)) <= TOL[torch.float16]
+
+
+def test_zero_rows_give_zero_outputs():
+    x = torch.randn(4, 64, device=DEVICE).half()
+    x[1] = 0
+    x[3] = 0
+    w_q, w_scale = random_int8_weight(24, 64, DEVICE)
+    y = w8a8_matmul(x, w_q, w_scale)
+    assert torch.isfinite(y).all()
+    assert (y[1] == 0).all() and (y[3] == 0).all()
+
+
+def test_empty_and_batched_inputs():
+    w_q, w_scale = random_int8_weight(24, 64, DEVICE)
+    empty = w8a8_matmul(torch.empty(0, 64, device=DEVICE).half(), w_q, w_scale)
+    assert empty.shape == (0, 24)
+    x = torch.randn(2, 3, 64, device=DEVICE).half()
+    y = w8a8_matmul(x, w_q, w_scale)
+    assert y.shape == (2, 3, 24)
+    assert rel_error(y, reference.w8a8_matmul_ref(x, w_q, w_scale)) <= TOL[torch.float16]
+
+
+def test_strided_activation():
+    w_q, w_scale = random_int8_weight(32, 64, DEVICE)
+    x = torch.randn(64, 7, device=DEVICE).half().t()  # (7, 64), column-major
+    y = w8a8_matmul(x, w_q, w_scale)
+    assert rel_error(y, reference.w8a8_matmul_ref(x, w_q, w_scale)) <= TOL[torch.float16]
+
+
+@pytest.mark.parametrize("k", [256, 200])  # 200: K not a multiple of BLOCK_K * SPLIT_K (masked tails)
+def test_split_k_path(k):
+    m, n = 3, 40
+    x = torch.randn(m, k, device=DEVICE).half()
+    w_q, w_scale = random_int8_weight(n, k, DEVICE)
+    bias = torch.randn(n, device=DEVICE)  # fp32 bias is allowed too
+    cfg = TileConfig(16, 32, 32, split_k=4)
+    y = launch(x, w_q, w_scale, bias, config=cfg)
+    assert rel_error(y, reference.w8a8_matmul_ref(x, w_q, w_scale, bias)) <= TOL[torch.float16]
+
+
+def test_pick_config_buckets():
+    small, large = pick_config(1, 4096, 4096), pick_config(4096, 4096, 4096)
+    assert small.block_m <= 16 and small.split_k >= 1
+    assert large.block_m >= 128 and large.split_k == 1
+
+
+def test_op_is_registered_with_fake():
+    x = torch.randn(2, 3, 64, device="meta", dtype=torch.float16)
+    w_q = torch.empty(24, 64, dtype=torch.int8, device="meta")
+    y = torch.ops.compress_kernels.w8a8_matmul(x, w_q, torch.empty(24, device="meta"), None, None)
+    assert y.shape == (2, 3, 24) and y.dtype == torch.float16
+
+
+def _operands():
+    x = torch.randn(4, 64, device=DEVICE).half()
+    w_q, w_scale = random_int8_weight(24, 64, DEVICE)
+    return x, w_q, w_scale
+
+
+@pytest.mark.parametrize(
+    "change,error,words",
+    [
+        (lambda x, w, s: (x.float(), w, s, None, None), TypeError, "x: expected dtype"),
+        (lambda x, w, s: (x, w.int(), s, None, None), TypeError, "w_q: expected dtype"),
+        (lambda x, w, s: (x, w[:, :32], s, None, None), ValueError, "w_q: expected shape (24, 64)"),
+        (lambda x, w, s: (x, w, s.half(), None, None), TypeError, "w_scale: expected dtype"),
+        (lambda x, w, s: (x, w, s[:10], None, None), ValueError, "w_scale: expected shape (24,)"),
+        (lambda x, w, s: (x, w, s, torch.zeros(23, dtype=x.dtype), None), ValueError, "bias: expected shape (24,)"),
+        (lambda x, w, s: (x, w, s, torch.zeros(24, dtype=torch.int32), None), TypeError, "bias: expected dtype"),
+        (lambda x, w, s: (x, w, s, None, torch.ones(3)), ValueError, "x_scale: expected a scalar or shape (4,)"),
+        (lambda x, w, s: (x, w, s, None, torch.ones(4, dtype=torch.float64)), TypeError, "x_scale: expected dtype"),
+        (lambda x, w, s: (x[:, :0], w[:, :0], s, None, None), ValueError, "K >= 1"),
+        (lambda x, w, s: (x, w.to("meta"), s, None, None), ValueError, "w_q: expected device"),
+    ],
+)
+def test_bad_inputs_raise(change, error, words):
+    x, w_q, w_scale = _operands()
+    args = change(x.cpu(), w_q.cpu(), w_scale.cpu())
+    args = tuple(a.to(DEVICE) if isinstance(a, torch.Tensor) and a.device.type == "cpu" else a for a in args)
+    with pytest.raises(error, match=words.replace("(", r"\(").replace(")", r"\)")):
+        w8a8_matmul(*args)
+
+
+def test_cpu_tensor_without_interpreter_raises(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    x, w_q, w_scale = _operands()
+    with pytest.raises(ValueError, match="expected a CUDA tensor"):
+        w8a8_matmul(x.cpu(), w_q.cpu(), w_scale.cpu())
+
+
+# ----------------------------------------------------------------------------------------- GPU only
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m", [1, 16, 64, 2048])
+def test_gpu_full_size(dtype, m):
+    k = n = 4096
+    x = torch.randn(m, k, device="cuda").to(dtype)
+    w_q, w_scale = random_int8_weight(n, k, "cuda")
+    bias = torch.randn(n, device="cuda").to(dtype)
+    xq, s_x = quantize_rows(x)
+    ref_q, ref_s = reference.quantize_per_token(x)
+    assert torch.equal(xq, ref_q) and torch.equal(s_x, ref_s)
+    y = w8a8_matmul(x, w_q, w_scale, bias)
+    assert rel_error(y, reference.w8a8_matmul_ref(x, w_q, w_scale, bias)) <= {torch.float16: 1e-3, torch.bfloat16: 4e-3}[dtype]
+
+
+@pytest.mark.gpu
+def test_gpu_torch_compile_fullgraph():
+    w_q, w_scale = random_int8_weight(256, 512, "cuda")
+    bias = torch.randn(256, device="cuda").half()
+
+    def layer(x):
+        return torch.relu(w8a8_matmul(x, w_q, w_scale, bias)) * 2
+
+    compiled = torch.compile(layer, fullgraph=True)
+    x = torch.randn(8, 512, device="cuda").half()
+    torch.testing.assert_close(compiled(x), layer(x), rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+def test_gpu_cuda_graph_replay():
+    w_q, w_scale = random_int8_weight(512, 1024, "cuda")
+    static_x = torch.randn(4, 1024, device="cuda").half()
+    w8a8_matmul(static_x, w_q, w_scale)  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_y = w8a8_matmul(static_x, w_q, w_scale)
+    for _ in range(2):
+        static_x.copy_(torch.randn(4, 1024, device="cuda").half())
+        graph.replay()
+        torch.testing.assert_close(static_y, w8a8_matmul(static_x, w_q, w_scale), rtol=0, atol=0)
