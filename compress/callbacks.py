@@ -20,7 +20,6 @@ rank 0) and the same scales (observer statistics all-reduced with max). Logging 
 from __future__ import annotations
 
 import logging
-import math
 from typing import Optional, Union
 
 import lightning.pytorch as pl
@@ -170,6 +169,10 @@ class QuantizationAware(pl.Callback):
         self.start_step = start_step
 
     def setup(self, trainer, pl_module, stage):
+        static = any(isinstance(c, W8A8Config) and c.static for configs in self.plan.rules.values() for c in configs)
+        if static and stage == "fit" and not any(isinstance(cb, Calibration) for cb in trainer.callbacks):
+            raise ValueError("QuantizationAware: a static W8A8Config needs a compress.callbacks.Calibration "
+                             "callback in the same run (or use activation='dynamic')")
         prepare(target_model(pl_module), self.plan)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):

@@ -19,6 +19,7 @@ from the manifest.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib
 import json
@@ -197,7 +198,20 @@ def _build_transformers_model(directory: pathlib.Path, source: dict) -> nn.Modul
         raise CheckpointError(f"{directory}: transformers has no architecture {architecture!r} "
                               f"(transformers {transformers.__version__})")
     config = transformers.AutoConfig.from_pretrained(str(directory))
-    return cls(config)
+    with _skip_weight_init():  # every weight is overwritten by the saved tensors
+        return cls(config)
+
+
+def _skip_weight_init():
+    """transformers' ``no_init_weights`` context (5.x: ``initialization``, 4.x: ``modeling_utils``)."""
+    for module_name in ("transformers.initialization", "transformers.modeling_utils"):
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            continue
+        if hasattr(module, "no_init_weights"):
+            return module.no_init_weights()
+    return contextlib.nullcontext()
 
 
 def _empty_module(entry: dict) -> nn.Module:

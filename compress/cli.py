@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import json
 import logging
 import sys
 from dataclasses import dataclass, field
@@ -34,6 +35,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 import lightning.pytorch as pl
+import torch
 from lightning.pytorch.cli import LightningCLI
 
 log = logging.getLogger(__name__)
@@ -51,8 +53,19 @@ class CompressOptions:
     ``latency_seq_len``: sequence length for timing (default: the data module's ``max_length`` /
     ``block_size`` / sequence length); ``max_eval_batches`` caps the evaluation split (None = all);
     ``eval_device``: ``"auto"`` (CUDA when available), ``"cpu"`` or ``"cuda"``; ``save_float_model``
-    saves the run's fine-tuned float weights next to the compressed export.
+    saves the run's fine-tuned float weights next to the compressed export;
+    ``float32_matmul_precision`` is passed to ``torch.set_float32_matmul_precision`` (``"high"``
+    lets float32 training use TF32 tensor cores on GPUs that have them).
     """
+
+    def __post_init__(self):
+        if self.float32_matmul_precision not in ("highest", "high", "medium"):
+            raise ValueError(
+                "compress.float32_matmul_precision: expected 'highest', 'high' or 'medium', "
+                f"got {self.float32_matmul_precision!r}"
+            )
+        if not self.eval_batch_sizes or any(int(b) <= 0 for b in self.eval_batch_sizes):
+            raise ValueError(f"compress.eval_batch_sizes: expected positive ints, got {self.eval_batch_sizes!r}")
 
     output_dir: str = "runs/compress"
     eval_batch_sizes: list[int] = field(default_factory=lambda: [1, 8, 32])
@@ -63,6 +76,7 @@ class CompressOptions:
     eval_device: str = "auto"
     evaluate: bool = True
     save_float_model: bool = False
+    float32_matmul_precision: str = "high"
 
 
 class CompressCLI(LightningCLI):
@@ -77,6 +91,7 @@ class CompressCLI(LightningCLI):
         parser.link_arguments("compress.output_dir", "trainer.default_root_dir")
 
     def before_fit(self) -> None:
+        torch.set_float32_matmul_precision(self.compress_options().float32_matmul_precision)
         check_recipe(self.model, self.trainer.callbacks)
 
     def compress_options(self) -> CompressOptions:
@@ -100,20 +115,40 @@ def compression_target(pl_module: pl.LightningModule):
 
 
 def check_recipe(pl_module: pl.LightningModule, callbacks) -> None:
-    """Raise ``ValueError`` before training when a callback's plan does not fit the model."""
+    """Raise ``ValueError`` before training when a callback's plan does not fit the model.
+
+    Every callback with a compression ``plan`` (BlockPruning, QuantizationAware) must target at
+    least one layer, and a W4A16 group size must divide the ``in_features`` of each targeted layer
+    (the library would pad K with zero channels; a recipe asking for that is refused as a mistake).
+    Sparse layers whose sizes are not multiples of the block export as dense layers: logged.
+    """
+    from compress.configs import BlockSparseConfig, W4A16Config
+    from compress.plan import Plan
+
     model = compression_target(pl_module)
     for callback in callbacks:
-        if not type(callback).__module__.startswith("compress."):
+        plan = getattr(callback, "plan", None)
+        if not isinstance(plan, Plan):
             continue
-        from compress import plan as plan_lib
-
-        check = getattr(callback, "check_model", None)
-        if callable(check):
-            check(model)
-            continue
-        plan = plan_lib.plan_of(callback) if hasattr(plan_lib, "plan_of") else None
-        if plan is not None:
-            plan_lib.validate(model, plan)
+        where = type(callback).__name__
+        targets = plan.targets(model)
+        if not targets:
+            linears = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
+            raise ValueError(f"{where}: its plan matches no eligible linear layer of the model; linear layers: {linears[:12]}")
+        for name, configs in targets.items():
+            layer = model.get_submodule(name)
+            for config in configs:
+                if isinstance(config, W4A16Config) and config.group_size is not None:
+                    if layer.in_features % config.group_size:
+                        raise ValueError(
+                            f"{where}: W4A16 group_size={config.group_size} does not divide in_features="
+                            f"{layer.in_features} of layer {name!r}; choose a group size dividing every "
+                            "targeted layer's in_features (32, 64, 128) or null for per-channel scales"
+                        )
+                if isinstance(config, BlockSparseConfig):
+                    if layer.in_features % config.block or layer.out_features % config.block:
+                        log.warning("%s: layer %r (%dx%d) is not a multiple of %d blocks; it will export dense",
+                                    where, name, layer.out_features, layer.in_features, config.block)
 
 
 # --- run -----------------------------------------------------------------------------------------
@@ -180,8 +215,10 @@ def eval_options(options: CompressOptions, datamodule) -> "EvalOptions":
 
 
 def save_float_model(model, path: Path) -> Path:
-    """Save a plain ``transformers`` model dir (safetensors + config.json)."""
-    model.save_pretrained(path)
+    """Save a plain (uncompressed) model dir with ``compress.save_compressed`` (atomic, checksummed)."""
+    import compress
+
+    path = compress.save_compressed(model, path)
     log.info("saved the float model to %s", path)
     return path
 
@@ -196,7 +233,8 @@ def build_report(named_models: list[tuple[str, Any, str]], datamodule, options: 
     loader = datamodule.val_dataloader()
     results = [evaluate_model(name, model, loader, settings, source) for name, model, source in named_models]
     device = settings.resolved_device()
-    report = Report(results, device_label(settings), str(settings.resolved_dtype()).replace("torch.", ""), environment(device))
+    dtype = str(settings.resolved_dtype()).replace("torch.", "")
+    report = Report(results, device_label(settings), dtype, environment(device))
     paths = write_report(report, options.output_dir, stem)
     log.info("report written: %s", ", ".join(str(p) for p in paths.values()))
     return report, paths
@@ -208,22 +246,23 @@ def run(args: list[str]) -> int:
 
     cli = CompressCLI(args=args, run=False)
     options = options_from(cli.config_init)
+    torch.set_float32_matmul_precision(options.float32_matmul_precision)
     check_recipe(cli.model, cli.trainer.callbacks)
     snapshot = FloatWeightsSnapshot()
     cli.trainer.callbacks.insert(0, snapshot)
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     if not cli.trainer.is_global_zero:
         return 0
-    output_dir = Path(options.output_dir)
     exporter = export_callback(cli.trainer.callbacks)
-    models = [(FLOAT_MODEL_NAME, snapshot.model, "fine-tuned weights, fake quantization and masks off")]
     if exporter is None or options.save_float_model:
-        save_float_model(snapshot.model, output_dir / "float")
+        save_float_model(snapshot.model, Path(options.output_dir) / "float")
+    models = [(FLOAT_MODEL_NAME, snapshot.model, "fine-tuned weights; fake quantization and masks off")]
     if exporter is not None:
         export_dir = Path(exporter.dirpath)
-        models.append((f"compressed ({export_dir.name})", compress.load_compressed(export_dir), str(export_dir)))
+        label = export_dir.parent.name if export_dir.name == "compressed" and export_dir.parent.name else export_dir.name
+        models.append((f"compressed ({label})", compress.load_compressed(export_dir), str(export_dir)))
     if options.evaluate:
-        report, paths = build_report(models, cli.datamodule, options)
+        _, paths = build_report(models, cli.datamodule, options)
         sys.stdout.write(Path(paths["markdown"]).read_text())
     return 0
 
@@ -231,6 +270,105 @@ def run(args: list[str]) -> int:
 def fit(command: str, args: list[str]) -> int:
     """``compress fit`` / ``compress validate``: LightningCLI's own subcommands."""
     CompressCLI(args=[command, *args])
+    return 0
+
+
+# --- export --------------------------------------------------------------------------------------
+
+
+def _split_option(args: list[str], name: str) -> tuple[list[str], list[str]]:
+    """Remove ``--name V [V ...]`` / ``--name=V`` from ``args``; return (values, remaining args)."""
+    values, rest, index = [], [], 0
+    while index < len(args):
+        arg = args[index]
+        if arg == f"--{name}":
+            index += 1
+            while index < len(args) and not args[index].startswith("--"):
+                values.append(args[index])
+                index += 1
+            continue
+        if arg.startswith(f"--{name}="):
+            values.append(arg.split("=", 1)[1])
+        else:
+            rest.append(arg)
+        index += 1
+    return values, rest
+
+
+def export(args: list[str]) -> int:
+    """``compress export --config RECIPE --ckpt_path CKPT [--export_dir DIR]``.
+
+    Rebuilds the recipe's model, lets each compression callback prepare it exactly as in training,
+    loads the Lightning checkpoint's weights and compression buffers (masks, scales) into it,
+    converts to inference modules and saves. ``--export_dir`` defaults to the Export callback's
+    ``dirpath``, else ``<compress.output_dir>/compressed``.
+    """
+    import compress
+
+    ckpt, rest = _split_option(args, "ckpt_path")
+    export_dir, rest = _split_option(rest, "export_dir")
+    if len(ckpt) != 1:
+        raise ValueError(f"compress export: expected one --ckpt_path CHECKPOINT, got {ckpt or 'none'}")
+    cli = CompressCLI(args=rest, run=False)
+    options = options_from(cli.config_init)
+    callbacks = [cb for cb in cli.trainer.callbacks if hasattr(cb, "plan")]
+    if not callbacks:
+        raise ValueError("compress export: the recipe has no compression callback (BlockPruning, QuantizationAware)")
+    check_recipe(cli.model, callbacks)
+    for callback in callbacks:
+        callback.setup(cli.trainer, cli.model, "fit")
+    state = torch.load(ckpt[0], map_location="cpu", weights_only=False)
+    if "state_dict" not in state:
+        raise ValueError(f"{ckpt[0]}: expected a Lightning checkpoint with a 'state_dict', got keys {sorted(state)[:8]}")
+    cli.model.load_state_dict(state["state_dict"])
+    exporter = export_callback(cli.trainer.callbacks)
+    default_dir = exporter.dirpath if exporter is not None else str(Path(options.output_dir) / "compressed")
+    model = compress.convert(compression_target(cli.model))
+    path = compress.save_compressed(model, export_dir[0] if export_dir else default_dir)
+    log.info("exported %s to %s", ckpt[0], path)
+    sys.stdout.write(f"{path}\n")
+    return 0
+
+
+# --- evaluate ------------------------------------------------------------------------------------
+
+_IGNORED_BY_EVALUATE = ("model", "trainer", "seed_everything", "ckpt_path", "optimizer", "lr_scheduler")
+
+
+def evaluate_parser():
+    """Parser of ``compress evaluate``: the recipe's ``data`` and ``compress`` sections + model dirs."""
+    from jsonargparse import ActionConfigFile, ArgumentParser
+
+    parser = ArgumentParser(description="Evaluate saved model dirs on a recipe's data; write a report.")
+    parser.add_argument("--config", action=ActionConfigFile, help="the recipe (its data and compress sections)")
+    parser.add_argument("--models", type=list[str], required=True, help="saved model dirs, baseline first")
+    parser.add_argument("--names", type=Optional[list[str]], default=None, help="report names (default: dir names)")
+    parser.add_subclass_arguments(pl.LightningDataModule, "data", required=True)
+    parser.add_class_arguments(CompressOptions, "compress")
+    for key in _IGNORED_BY_EVALUATE:
+        parser.add_argument(f"--{key}", type=Any, default=None, help="recipe section, not used by evaluate")
+    return parser
+
+
+def evaluate(args: list[str]) -> int:
+    """``compress evaluate --config RECIPE --models DIR [DIR ...]``: compare saved models in one report."""
+    from compress.evaluate import load_model_dir
+
+    models, rest = _split_option(args, "models")
+    names, rest = _split_option(rest, "names")
+    parser = evaluate_parser()
+    listed = [f"--models={json.dumps(models)}"] + ([f"--names={json.dumps(names)}"] if names else [])
+    config = parser.parse_args([*rest, *listed])
+    if config.names is not None and len(config.names) != len(config.models):
+        raise ValueError(f"--names: expected one name per model ({len(config.models)}), got {len(config.names)}")
+    if not config.models:
+        raise ValueError("--models: expected at least one model dir")
+    init = parser.instantiate_classes(config)
+    options = options_from(init)
+    labels = config.names or [Path(m).name for m in config.models]
+    loaded = [(label, load_model_dir(path), str(path)) for label, path in zip(labels, config.models)]
+    _, paths = build_report(loaded, init.data, options)
+    sys.stdout.write(Path(paths["markdown"]).read_text())
     return 0
 
 
@@ -269,13 +407,9 @@ def _dispatch(command: str, rest: list[str]) -> int:
     if command in ("fit", "validate"):
         return fit(command, rest)
     if command == "export":
-        from compress.cli_tools import export_main
-
-        return export_main(rest)
+        return export(rest)
     if command == "evaluate":
-        from compress.cli_tools import evaluate_main
-
-        return evaluate_main(rest)
+        return evaluate(rest)
     sys.stderr.write(f"compress: unknown command {command!r}; expected run, fit, validate, export or evaluate\n{USAGE}")
     return 2
 

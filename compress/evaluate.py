@@ -255,10 +255,10 @@ def load_model_dir(path: str | Path) -> nn.Module:
     path = Path(path)
     if not path.is_dir():
         raise FileNotFoundError(f"model dir: expected a directory, got {path}")
-    import compress
+    from compress.checkpoint import MANIFEST, load_compressed
 
-    if compress.checkpoint.is_compressed_dir(path):
-        return compress.load_compressed(path)
+    if (path / MANIFEST).is_file():
+        return load_compressed(path)
     return _load_plain_transformers(path)
 
 

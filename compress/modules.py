@@ -14,8 +14,8 @@ BSRLinear      ``crow_indices`` (N/32+1,) int32, ``col_indices``    ``kernels.bs
 =============  ===================================================  ================================
 
 ``bias`` (N,) is a buffer in the model dtype. Scales and indices must keep their dtype when the
-model is cast (``model.half().cuda()`` after export): :meth:`_InferenceLinear._apply` lets a cast
-move the ``float32`` buffers to another device but never changes their dtype, while ``bias`` and
+model is cast (``model.half().cuda()`` after export): :class:`compress._float32.Float32Buffers` lets
+a cast move the ``float32`` buffers to another device but never changes their dtype, while ``bias`` and
 BSR ``values`` follow the model dtype.
 
 On CUDA inputs in fp16/bf16 the forward calls the Triton launcher; everywhere else it calls the
@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from compress import _kernels
+from compress._float32 import Float32Buffers
 from compress.configs import BlockSparseConfig, W4A16Config, W8A8Config
 from compress.quant import (
     dequantize_groupwise,
@@ -55,10 +56,8 @@ def _log_once(cls_name: str, reason: str) -> None:
         logger.info("%s: %s; using the pure-PyTorch reference (kernels/reference.py)", cls_name, reason)
 
 
-class _InferenceLinear(nn.Module):
+class _InferenceLinear(Float32Buffers):
     """Shared plumbing: dtype-stable float32 buffers, kernel-or-reference dispatch, bias buffer."""
-
-    _float32_buffers: tuple[str, ...] = ()
 
     def __init__(self, in_features: int, out_features: int, bias: bool):
         super().__init__()
@@ -67,17 +66,6 @@ class _InferenceLinear(nn.Module):
                 raise ValueError(f"{name}: expected a positive int, got {value!r}")
         self.in_features, self.out_features = in_features, out_features
         self.register_buffer("bias", torch.zeros(out_features) if bias else None)
-
-    def _apply(self, fn, recurse=True):
-        """Apply ``fn`` (``.to``, ``.half``, ``.cuda``...) but keep the float32 buffers float32."""
-        kept = {name: self._buffers.pop(name) for name in self._float32_buffers if self._buffers.get(name) is not None}
-        try:
-            super()._apply(fn, recurse)
-        finally:
-            for name, buffer in kept.items():
-                moved = fn(buffer)
-                self._buffers[name] = moved if moved.dtype == buffer.dtype else buffer.to(moved.device)
-        return self
 
     def _use_kernel(self, x: torch.Tensor) -> bool:
         """True for CUDA fp16/bf16 inputs; logs (once) why the reference runs otherwise."""

@@ -25,17 +25,18 @@ import math
 
 import torch
 import torch.distributed as dist
-from torch import nn
 
+from compress._float32 import Float32Buffers
 from compress.quant import INT8_QMAX, safe_scale
 
 OBSERVER_KINDS = ("absmax", "percentile", "moving_average")
 
 
-class Observer(nn.Module):
+class Observer(Float32Buffers):
     """Base class; subclasses define :meth:`batch_statistic` and :meth:`combine`."""
 
     kind = "base"
+    _float32_buffers = ("channel_absmax", "stat")
 
     def __init__(self, num_channels: int):
         super().__init__()

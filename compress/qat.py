@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from compress._float32 import Float32Buffers
 from compress.configs import BlockSparseConfig, W4A16Config, W8A8Config, is_config
 from compress.modules import padded_in_features
 from compress.observers import Observer, make_observer
@@ -66,8 +67,13 @@ def split_configs(configs) -> tuple[W8A8Config | W4A16Config | None, BlockSparse
     return quant, sparse
 
 
-class CompressedLinear(nn.Linear):
-    """Fake-quantized, block-masked linear layer for training (see the module docstring)."""
+class CompressedLinear(Float32Buffers, nn.Linear):
+    """Fake-quantized, block-masked linear layer for training (see the module docstring).
+
+    ``act_scale`` and ``input_smoothing`` stay float32 when the model is cast (``.half()``).
+    """
+
+    _float32_buffers = ("act_scale", "input_smoothing")
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, configs=(), device=None, dtype=None):
         super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)

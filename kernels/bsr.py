@@ -62,19 +62,34 @@ class BsrConfig:
 
 
 def choose_config(m: int, n: int, k: int, nnz: int) -> BsrConfig:
-    """Pick the kernel and tiles from the shape alone (so the choice is CUDA-graph safe)."""
+    """Pick the kernel and tiles from the shape alone (so the choice is CUDA-graph safe).
+
+    The table was tuned on an H100 with ``scripts/tune_bsr.py`` (4096x4096 and 8192x28672, 50% and
+    90% block sparsity, M in {1, 16, 64, 256, 2048, 8192}); see docs/benchmarks/kernels.md.
+    """
     block_rows = n // BSR_BLOCK
+    short_rows = k <= 4096  # few stored blocks per row: gather more of them per step
     if m <= 4:
-        # Memory bound: enough programs to cover every SM several times over.
-        block_n = 8 if block_rows * m < 512 else 16
-        return BsrConfig("gemv", 1, block_n, 8, 4, 2)
+        # Memory bound: 8 outputs per program keeps >= 4 programs per SM streaming; 16 blocks per step
+        # cover a whole 90%-sparse row in one step (fewer dependent index -> data round trips).
+        return BsrConfig("gemv", 1, 8, 16, 4, 3)
     if m <= 16:
-        return BsrConfig("gemm", 16, 16 if block_rows < 264 else 32, 4, 4, 3)
+        return BsrConfig("gemm", 16, 32, 8 if short_rows else 4, 4, 3)
     if m <= 64:
-        return BsrConfig("gemm", 64 if m > 32 else 32, 32, 4, 4, 3)
+        block_m = 64 if m > 32 else 32
+        return BsrConfig("gemm", block_m, 32, 8, 4, 3) if short_rows else BsrConfig("gemm", block_m, 32, 2, 4, 4)
     if m <= 256:
-        return BsrConfig("gemm", 64, 32, 4, 4, 3)
-    return BsrConfig("gemm", 128, 32, 2, 4, 3)
+        block_m = 64 if block_rows * triton.cdiv(m, 128) < 4 * 132 else 128
+        return BsrConfig("gemm", block_m, 32, 4 if short_rows else 2, 4, 3)
+    return BsrConfig("gemm", 256, 32, 2, 4, 3)
+
+
+@triton.jit
+def _runs_of_block(offsets, BLOCK: tl.constexpr):
+    """Tell the compiler that ``offsets`` are runs of BLOCK consecutive values, each starting at a
+    multiple of BLOCK (true for ``32 * index + (arange % 32)``). Triton cannot see this through the
+    gathered block indices, and without it the gathers become 2-byte loads instead of 16-byte ones."""
+    return tl.max_contiguous(tl.multiple_of(offsets, BLOCK), BLOCK)
 
 
 @triton.jit
@@ -99,9 +114,10 @@ def _bsr_gemv_kernel(
         blk = p + k_block
         valid = blk < end
         col = tl.load(col_ptr + blk, mask=valid, other=0).to(tl.int32)
-        xv = tl.load(x_row + col * BLOCK + k_in, mask=valid, other=0.0)  # (32 GROUP,)
-        w_ptrs = val_ptr + blk[None, :] * (BLOCK * BLOCK) + sub[:, None] * BLOCK + k_in[None, :]
-        w = tl.load(w_ptrs, mask=valid[None, :], other=0.0)  # (BLOCK_N, 32 GROUP)
+        x_k = _runs_of_block(col * BLOCK + k_in, BLOCK)  # x columns of the gathered blocks
+        w_k = _runs_of_block(blk * (BLOCK * BLOCK) + k_in, BLOCK)  # first row of each gathered block
+        xv = tl.load(x_row + x_k, mask=valid, other=0.0)  # (32 GROUP,)
+        w = tl.load(val_ptr + w_k[None, :] + sub[:, None] * BLOCK, mask=valid[None, :], other=0.0)  # (BLOCK_N, 32 GROUP)
         acc += tl.sum(w.to(tl.float32) * xv.to(tl.float32)[None, :], axis=1)
 
     offs_n = block_row * BLOCK + sub
@@ -138,9 +154,11 @@ def _bsr_gemm_kernel(
         blk = p + k_block  # (32 GROUP,)
         valid = blk < end
         col = tl.load(col_ptr + blk, mask=valid, other=0).to(tl.int32)
-        a_ptrs = x_ptr + offs_m[:, None] * stride_xm + (col * BLOCK + k_in)[None, :]
+        x_k = _runs_of_block(col * BLOCK + k_in, BLOCK)
+        w_k = _runs_of_block(blk * (BLOCK * BLOCK) + k_in, BLOCK)
+        a_ptrs = x_ptr + offs_m[:, None] * stride_xm + x_k[None, :]
         a = tl.load(a_ptrs, mask=m_mask[:, None] & valid[None, :], other=0.0)  # (BLOCK_M, 32 GROUP)
-        b_ptrs = val_ptr + blk[:, None] * (BLOCK * BLOCK) + sub[None, :] * BLOCK + k_in[:, None]
+        b_ptrs = val_ptr + w_k[:, None] + sub[None, :] * BLOCK
         b = tl.load(b_ptrs, mask=valid[:, None], other=0.0)  # (32 GROUP, BLOCK_N) = blocks transposed
         if DOT_IN_FP32:  # interpreter only: its tl.dot multiplies the raw bits of bf16 operands
             a = a.to(tl.float32)

@@ -29,7 +29,10 @@ BSR_BLOCK = 32
 
 def safe_scale(absmax: torch.Tensor, qmax: int) -> torch.Tensor:
     """``absmax / qmax`` in float32, with zero scales replaced by 1 (their values quantize to 0)."""
-    scale = absmax.float() / qmax
+    # tensor / tensor, not tensor / Python number: on CUDA PyTorch turns division by a scalar into a
+    # multiplication by its reciprocal, which differs from IEEE division in the last bit for some values
+    absmax = absmax.float()
+    scale = absmax / torch.full_like(absmax, qmax)
     return torch.where(scale == 0, torch.ones_like(scale), scale)
 
 

@@ -43,6 +43,7 @@ from kernels._checks import interpreting, check_activation, check_bias, check_sa
 from kernels._splitk import splitk_reduce
 
 GROUP_SIZES = (32, 64, 128)
+DEQUANT_MIN_M = 128  # from here on, dequantize once and let cuBLAS run the fp16 GEMM (see docs/kernels-notes.md)
 
 
 class TileConfig(NamedTuple):
@@ -58,6 +59,7 @@ class TileConfig(NamedTuple):
     scale_after_dot: bool = False
     magic_unpack: bool = False
     expanded_load: bool = False
+    path: str = "tiled"  # "tiled" (tl.dot), "gemv" (fp32 FMAs, M <= 4), "dequant" (dequantize, then cuBLAS)
 
 
 @triton.jit
@@ -101,7 +103,7 @@ def _w4a16_matmul_kernel(
     x_ptr, qw_ptr, s_ptr, bias_ptr, out_ptr,  # x (M, K), qweight (K/8, N), scales (K/G, N), bias (N,), out
     M, N, K, group_size,
     stride_xm, stride_xk, stride_qk, stride_qn, stride_sg, stride_sn, stride_os, stride_om,
-    SPLIT_K, ADD_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
+    SPLIT_K, ADD_BIAS: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
     SCALE_AFTER_DOT: tl.constexpr, MAGIC_UNPACK: tl.constexpr, EXPANDED_LOAD: tl.constexpr,
     FP32_OPERANDS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
@@ -119,7 +121,10 @@ def _w4a16_matmul_kernel(
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rows = (offs_m % M).to(tl.int64)  # wrapped: loads need no M/N mask, stores are masked
-    cols = (offs_n % N).to(tl.int64)
+    if EVEN_N:  # N % BLOCK_N == 0: tell the compiler the columns are contiguous, so loads are 16 bytes wide
+        cols = tl.max_contiguous(tl.multiple_of(offs_n, BLOCK_N), BLOCK_N)
+    else:
+        cols = offs_n % N
     offs_k = tl.arange(0, BLOCK_K)
     offs_kp = tl.arange(0, BLOCK_K // 8)
 
@@ -173,8 +178,94 @@ def _w4a16_matmul_kernel(
     tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def _w4a16_gemv_kernel(
+    x_ptr, qw_ptr, s_ptr, bias_ptr, out_ptr,
+    M, N, K, group_size,
+    stride_xm, stride_xk, stride_qk, stride_qn, stride_sg, stride_sn, stride_os, stride_om,
+    SPLIT_K, ADD_BIAS: tl.constexpr, EVEN_N: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """Tiny-M path: no tensor cores, no layout change. For nibble plane j of a (BLOCK_K/8, BLOCK_N) packed
+    tile, w_j = float(q + 8 as the low mantissa bits of 2^23) - (2^23 + 8), scaled, FMA'd into a
+    (BLOCK_M, BLOCK_K/8, BLOCK_N) fp32 accumulator that is reduced over K once, at the end."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    pid_m = tl.program_id(2)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows = (offs_m % M).to(tl.int64)
+    if EVEN_N:  # contiguous columns: 16-byte loads
+        cols = tl.max_contiguous(tl.multiple_of(offs_n, BLOCK_N), BLOCK_N)
+    else:
+        cols = offs_n % N
+    offs_r = tl.arange(0, BLOCK_K // 8)
+
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    tiles_per_split = tl.cdiv(k_tiles, SPLIT_K)
+    k_first = pid_k * tiles_per_split * BLOCK_K
+    k_last = min(K, k_first + tiles_per_split * BLOCK_K)
+    acc = tl.zeros((BLOCK_M, BLOCK_K // 8, BLOCK_N), dtype=tl.float32)
+    for k0 in range(k_first, k_last, BLOCK_K):
+        r = k0 // 8 + offs_r  # packed rows of this tile
+        r_ok = r < K // 8
+        packed = tl.load(qw_ptr + r[:, None] * stride_qk + cols[None, :] * stride_qn, mask=r_ok[:, None], other=0)
+        biased = packed ^ -0x77777778  # 0x88888888: each nibble q -> q + 8 in 0..15
+        scale = tl.load(s_ptr + (k0 // group_size) * stride_sg + cols * stride_sn).to(tl.float32)
+        for j in tl.static_range(8):
+            bits = ((biased >> (4 * j)) & 0xF) | 0x4B000000  # fp32 2^23 + (q + 8)
+            w = (bits.to(tl.float32, bitcast=True) - 8388616.0) * scale[None, :]  # (BK/8, BN) exact q * s
+            xj = tl.load(x_ptr + rows[:, None] * stride_xm + (r * 8 + j)[None, :] * stride_xk,
+                         mask=r_ok[None, :], other=0.0).to(tl.float32)  # (BM, BK/8): channels 8r + j
+            acc += xj[:, :, None] * w[None, :, :]
+    y = tl.sum(acc, axis=1)  # (BM, BN)
+    if ADD_BIAS:
+        y += tl.load(bias_ptr + cols).to(tl.float32)[None, :]
+    out_ptrs = out_ptr + pid_k * stride_os + offs_m[:, None].to(tl.int64) * stride_om + offs_n[None, :]
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    tl.store(out_ptrs, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _dequantize_kernel(
+    qw_ptr, s_ptr, w_ptr,  # qweight (K/8, N), scales (K/G, N), W^T out (K, N) contiguous in x's dtype
+    N, K, group_size, stride_qk, stride_qn, stride_sg, stride_sn,
+    MAGIC_UNPACK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """Large-M path, first step: W^T[k, n] = q[k, n] * scales[k // G, n] in x's dtype (BLOCK_K divides G)."""
+    k0 = tl.program_id(0) * BLOCK_K
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_kp = k0 // 8 + tl.arange(0, BLOCK_K // 8)
+    n_ok = offs_n < N
+    packed = tl.load(qw_ptr + offs_kp[:, None] * stride_qk + offs_n[None, :] * stride_qn,
+                     mask=(offs_kp[:, None] < K // 8) & n_ok[None, :], other=0)
+    scale = tl.load(s_ptr + (k0 // group_size) * stride_sg + offs_n * stride_sn, mask=n_ok, other=0.0)
+    q = _unpack_int4(packed, BLOCK_K, BLOCK_N, tl.float32, MAGIC_UNPACK)
+    w = q * scale.to(tl.float32)[None, :]
+    offs_k = k0 + tl.arange(0, BLOCK_K)
+    out = w_ptr + offs_k[:, None].to(tl.int64) * N + offs_n[None, :]
+    tl.store(out, w.to(w_ptr.dtype.element_ty), mask=(offs_k[:, None] < K) & n_ok[None, :])
+
+
+def dequantize(qweight, scales, group_size: int, dtype: torch.dtype) -> torch.Tensor:
+    """Triton dequantization: (K/8, N) packed + (K/G, N) scales -> W^T (K, N) in ``dtype``."""
+    k, n = qweight.shape[0] * 8, qweight.shape[1]
+    w_t = torch.empty((k, n), dtype=dtype, device=qweight.device)
+    block_k = min(64, group_size) if group_size != k else 64
+    block_n = 128
+    grid = (triton.cdiv(k, block_k), triton.cdiv(n, block_n))
+    _dequantize_kernel[grid](
+        qweight, scales, w_t, n, k, group_size,
+        qweight.stride(0), qweight.stride(1), scales.stride(0), scales.stride(1),
+        MAGIC_UNPACK=False, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=4,
+    )
+    return w_t
+
+
 def pick_config(m: int, n: int, k: int, group_size: int) -> TileConfig:
     """Tile shape by M bucket; BLOCK_K never crosses a scale group."""
+    if m >= DEQUANT_MIN_M:
+        return TileConfig(0, 0, 0, path="dequant")
     if m <= 16:
         cfg = TileConfig(16, 64, 128, num_warps=4, num_stages=4, scale_after_dot=True)
     elif m <= 64:
@@ -226,8 +317,40 @@ def launch(x2, qweight, scales, group_size: int, bias=None, config: TileConfig |
     if m == 0:
         return y
     cfg = config or pick_config(m, n, k, group_size)
+    if cfg.path == "dequant":
+        w_t = dequantize(qweight, scales, group_size, x2.dtype)  # (K, N)
+        if bias is None:
+            return torch.matmul(x2, w_t, out=y)
+        return torch.addmm(bias.to(x2.dtype), x2, w_t, out=y)
     bias = bias.contiguous() if bias is not None else None
     out = y if cfg.split_k == 1 else torch.empty((cfg.split_k, m, n), dtype=torch.float32, device=x2.device)
+    if cfg.path == "gemv":
+        _launch_gemv(x2, qweight, scales, group_size, bias, out, cfg)
+    else:
+        _launch_tiled(x2, qweight, scales, group_size, bias, out, cfg)
+    if cfg.split_k > 1:
+        splitk_reduce(out, bias, y)
+    return y
+
+
+def _launch_gemv(x2, qweight, scales, group_size, bias, out, cfg: TileConfig) -> None:
+    m, k = x2.shape
+    n = qweight.shape[1]
+    grid = (triton.cdiv(n, cfg.block_n), cfg.split_k, triton.cdiv(m, cfg.block_m))
+    _w4a16_gemv_kernel[grid](
+        x2, qweight, scales, bias if bias is not None else scales, out,
+        m, n, k, group_size,
+        x2.stride(0), x2.stride(1), qweight.stride(0), qweight.stride(1), scales.stride(0), scales.stride(1),
+        m * n if cfg.split_k > 1 else 0, out.stride(-2),
+        cfg.split_k, ADD_BIAS=bias is not None and cfg.split_k == 1, EVEN_N=n % cfg.block_n == 0,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+
+
+def _launch_tiled(x2, qweight, scales, group_size, bias, out, cfg: TileConfig) -> None:
+    m, k = x2.shape
+    n = qweight.shape[1]
     grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n), cfg.split_k)
     _w4a16_matmul_kernel[grid](
         x2, qweight, scales, bias if bias is not None else scales, out,
@@ -235,14 +358,12 @@ def launch(x2, qweight, scales, group_size: int, bias=None, config: TileConfig |
         x2.stride(0), x2.stride(1), qweight.stride(0), qweight.stride(1), scales.stride(0), scales.stride(1),
         m * n if cfg.split_k > 1 else 0, out.stride(-2),
         cfg.split_k, ADD_BIAS=bias is not None and cfg.split_k == 1, EVEN_K=k % (cfg.block_k * cfg.split_k) == 0,
+        EVEN_N=n % cfg.block_n == 0,
         SCALE_AFTER_DOT=cfg.scale_after_dot, MAGIC_UNPACK=cfg.magic_unpack, EXPANDED_LOAD=cfg.expanded_load,
         FP32_OPERANDS=interpreting() and x2.dtype == torch.bfloat16,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
-    if cfg.split_k > 1:
-        splitk_reduce(out, bias, y)
-    return y
 
 
 @torch.library.custom_op("compress_kernels::w4a16_matmul", mutates_args=())

@@ -137,14 +137,14 @@ def _w8a8_matmul_kernel(
 
 def pick_config(m: int, n: int, k: int) -> TileConfig:
     """Tile shape by M bucket: weight-streaming tiles at small M, tensor-core tiles at large M."""
-    if m <= 16:
-        cfg = TileConfig(16, 64, 256, num_warps=4, num_stages=4)
-    elif m <= 64:
-        cfg = TileConfig(64, 64, 256, num_warps=4, num_stages=4)
+    if m <= 16:  # no split-K: the reduce launch costs more than the idle SMs (sweep, docs/kernels-notes.md)
+        return TileConfig(16, 64, 256, split_k=1, num_warps=4, num_stages=5)
+    if m <= 64:
+        cfg = TileConfig(32, 64, 256, num_warps=4, num_stages=4)
     elif m <= 256:
         cfg = TileConfig(128, 128, 128, num_warps=8, num_stages=4)
     else:
-        cfg = TileConfig(128, 256, 128, num_warps=8, num_stages=3)
+        cfg = TileConfig(256, 128, 128, num_warps=8, num_stages=3)
     return cfg._replace(split_k=_split_k_for(m, n, k, cfg))
 
 

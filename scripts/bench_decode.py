@@ -537,6 +537,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--compile-mode", default=None, help="torch.compile mode (default: inductor's default)")
     parser.add_argument("--time-budget", type=float, default=float("inf"),
                         help="seconds; variants not started by then are skipped (and listed as skipped)")
+    parser.add_argument("--fail-fast", action="store_true", help="stop at the first failing variant")
     parser.add_argument("--out", type=Path, default=None, help="JSON report path")
     args = parser.parse_args(argv)
     return finish_args(parser, args)
@@ -571,7 +572,7 @@ def run(args: argparse.Namespace) -> dict:
                               compile_backend=args.compile_backend, compile_mode=args.compile_mode,
                               model={k: getattr(config, k) for k in ("hidden_size", "intermediate_size",
                                                                    "num_attention_heads", "vocab_size")}),
-                  results=[], skipped=[])
+                  results=[], skipped=[], failed=[])
     configure_compiler()
     reset_compiler()
     started = time.perf_counter()
@@ -580,7 +581,14 @@ def run(args: argparse.Namespace) -> dict:
             report["skipped"].append(dict(variant=name, reason=f"time budget of {args.time_budget:.0f} s spent"))
             continue
         logger.info("variant %s ...", name)
-        report["results"].append(bench_variant(name, config, args))
+        try:
+            report["results"].append(bench_variant(name, config, args))
+        except Exception as error:  # noqa: BLE001 - one broken variant must not cost the others' figures
+            if args.fail_fast:
+                raise
+            logger.exception("variant %s failed", name)
+            report["failed"].append(dict(variant=name, error=f"{type(error).__name__}: {error}"[:2000]))
+            release_memory(args.device)
         report["ratios"] = ratios(report["results"])
         report["targets"] = targets(report["ratios"])
         report["elapsed_s"] = time.perf_counter() - started
@@ -601,8 +609,10 @@ def main(argv=None) -> dict:
         print(f"target {target}: {'n/a' if ok is None else ('met' if ok else 'NOT met')}")
     for skipped in report["skipped"]:
         print(f"skipped {skipped['variant']}: {skipped['reason']}")
+    for failed in report["failed"]:
+        print(f"FAILED {failed['variant']}: {failed['error'][:300]}")
     return report
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(1 if main()["failed"] else 0)

@@ -67,9 +67,9 @@ def random_block_mask(n, k, sparsity_pct, gen, device):
     """(N/32, K/32) bool mask with exactly round(p * blocks) blocks absent."""
     rows, cols = n // BSR_BLOCK, k // BSR_BLOCK
     total = rows * cols
-    keep = torch.ones(total, dtype=torch.bool)
-    keep[torch.randperm(total, generator=gen)[: round(sparsity_pct / 100 * total)]] = False
-    return keep.reshape(rows, cols).to(device)
+    keep = torch.ones(total, dtype=torch.bool, device=device)
+    keep[torch.randperm(total, generator=gen, device=device)[: round(sparsity_pct / 100 * total)]] = False
+    return keep.reshape(rows, cols)
 
 
 def bsr_parts_from_mask(mask, dtype, gen, device):
@@ -79,27 +79,27 @@ def bsr_parts_from_mask(mask, dtype, gen, device):
     crow[1:] = torch.cumsum(counts, 0).to(torch.int32)
     col = mask.nonzero()[:, 1].to(torch.int32).contiguous()  # row-major order = sorted within a row
     nnz = col.shape[0]
-    values = (torch.randn(nnz, BSR_BLOCK, BSR_BLOCK, generator=gen) * 0.02).to(device=device, dtype=dtype)
+    values = (torch.randn(nnz, BSR_BLOCK, BSR_BLOCK, generator=gen, device=device) * 0.02).to(dtype)
     return crow, col, values
 
 
 def make_weight_set(kind, k, n, gen, device, sparsity_pct=None):
     """One set of weight operands for ``kind`` in {'fp16', 'int8', 'int4', 'bsr'}."""
     if kind == "fp16":
-        return {"w": (torch.randn(n, k, generator=gen) * 0.02).to(device=device, dtype=torch.float16)}
+        return {"w": (torch.randn(n, k, generator=gen, device=device) * 0.02).to(torch.float16)}
     if kind == "int8":
-        w_q = torch.randint(-127, 128, (n, k), generator=gen, dtype=torch.int8).to(device)
-        w_scale = (torch.rand(n, generator=gen) * 1e-3 + 1e-4).to(device)
+        w_q = torch.randint(-127, 128, (n, k), generator=gen, dtype=torch.int8, device=device)
+        w_scale = torch.rand(n, generator=gen, device=device) * 1e-3 + 1e-4
         return {"w_q": w_q, "w_scale": w_scale}
     if kind == "int4":
-        qweight = torch.randint(-2**31, 2**31 - 1, (k // 8, n), generator=gen, dtype=torch.int32).to(device)
-        scales = (torch.rand(k // GROUP_SIZE, n, generator=gen) * 1e-2 + 1e-3).to(device=device, dtype=torch.float16)
+        qweight = torch.randint(-2**31, 2**31 - 1, (k // 8, n), generator=gen, dtype=torch.int32, device=device)
+        scales = (torch.rand(k // GROUP_SIZE, n, generator=gen, device=device) * 1e-2 + 1e-3).to(torch.float16)
         return {"qweight": qweight, "scales": scales}
     if kind == "int4_tinygemm":
-        w_u8 = torch.randint(0, 256, (n, k // 2), generator=gen, dtype=torch.uint8).to(device)
+        w_u8 = torch.randint(0, 256, (n, k // 2), generator=gen, dtype=torch.uint8, device=device)
         packed = torch.ops.aten._convert_weight_to_int4pack(w_u8, 8) if device.type == "cuda" else w_u8
-        sz = torch.rand(k // GROUP_SIZE, n, 2, generator=gen) * 1e-2
-        return {"packed": packed, "scales_zeros": sz.to(device=device, dtype=torch.bfloat16)}
+        sz = torch.rand(k // GROUP_SIZE, n, 2, generator=gen, device=device) * 1e-2
+        return {"packed": packed, "scales_zeros": sz.to(torch.bfloat16)}
     if kind == "bsr":
         mask = random_block_mask(n, k, sparsity_pct, gen, device)
         crow, col, values = bsr_parts_from_mask(mask, torch.float16, gen, device)
@@ -315,13 +315,13 @@ def bench_point(spec, weight_sets, k, n, m, opts, device, gen):
     record = {"kernel": spec.name, "K": k, "N": n, "M": m, "sparsity": spec.sparsity}
     per_set = weight_bytes(weight_sets[0]) + m * (k + n) * 2
     count = n_sets(per_set, opts.rotate_mb)
-    xs = [torch.randn(m, k, generator=gen).to(device=device, dtype=spec.x_dtype) for _ in range(min(count, 8))]
+    xs = [torch.randn(m, k, generator=gen, device=device).to(spec.x_dtype) for _ in range(min(count, 8))]
     call = spec.cpu_call if opts.cpu else spec.gpu_call
     calls = [(lambda x=xs[i % len(xs)], ws=weight_sets[i % len(weight_sets)]: call(x, ws)) for i in range(count)]
-    x_check = xs[0][:CHECK_ROWS]  # correctness on a few rows keeps the fp32 reference cheap
-    ref = _reference_for(spec, x_check, weight_sets[0])
+    # correctness at this M (so with this M's tiles), on a few rows to keep the fp32 reference cheap
+    ref = _reference_for(spec, xs[0][:CHECK_ROWS], weight_sets[0])
     if ref is not None:
-        record["rel_err"] = rel_error(call(x_check, weight_sets[0]), ref)
+        record["rel_err"] = rel_error(call(xs[0], weight_sets[0])[:CHECK_ROWS], ref)
     use_graph = opts.graphs and m <= GRAPH_MAX_M
     ms, graphed = time_cpu(calls) if opts.cpu else time_gpu(calls, use_graph, opts.warmup_ms, opts.rep_ms)
     flops = 2.0 * m * n * k
@@ -346,7 +346,7 @@ def run_sweep(opts: SweepOptions, progress=True) -> list[dict]:
     started = time.monotonic()
     results = []
     for k, n in opts.shapes:
-        gen = torch.Generator().manual_seed(k * 100003 + n)
+        gen = torch.Generator(device=device).manual_seed(k * 100003 + n)
         for spec in specs:
             weight_sets, err = _weights_for(spec, k, n, opts, device, gen)
             for m in opts.ms:
@@ -487,8 +487,8 @@ def _ratio_text(r):
     return "err" if "error" in r else "-"
 
 
-def markdown(report: dict) -> str:
-    """The docs summary: environment, the targets (met / not met), then ratios per shape."""
+def markdown(report: dict, notes: str = "") -> str:
+    """The docs summary: environment, the targets (met / not met), ratios per shape, then ``notes``."""
     env, results, targets = report["environment"], report["results"], report["targets"]
     lines = ["# Kernel benchmark", "",
              "Generated by `scripts/bench_kernels.py --markdown` from "
@@ -496,7 +496,14 @@ def markdown(report: dict) -> str:
              "shape and M in the same run (>1 is faster than cuBLAS); `torch_bsr_*` is "
              "`torch.sparse._triton_ops.bsr_dense_mm`, `tinygemm` is `aten._weight_int4pack_mm` (bf16 x).", "",
              f"GPU: **{env.get('gpu')}**; torch {env.get('torch')}, Triton {env.get('triton')}, "
-             f"CUDA {env.get('cuda')}; {env.get('date')}.", "", "## Targets", "",
+             f"CUDA {env.get('cuda')}; {env.get('date')}; sweep {env.get('sweep_seconds')} s.", "",
+             "Method: `triton.testing.do_bench` medians (L2 flushed before each timed call); each kernel "
+             "rotates over weight/input sets totalling >= "
+             f"{env.get('settings', {}).get('rotate_mb')} MB; at M <= {env.get('settings', {}).get('graph_max_m')} "
+             "the rotation is one CUDA graph and its replay time is divided by the number of calls. Anchors that "
+             "need it are padded: `torch._int_mm` to 32 rows at M <= 16, `bsr_dense_mm` to a multiple of 16 "
+             "columns. Block masks are uniformly random with exactly p% of the 32x32 blocks absent, shared by "
+             "`torch_bsr_p` and `ours_dds_p`.", "", "## Targets", "",
              "| target | goal | worst ratio (where) | cells met | status |", "|---|---|---|---|---|"]
     for t in targets:
         status = {True: "met", False: "**not met**", None: "not measured"}[t["met"]]
@@ -514,6 +521,8 @@ def markdown(report: dict) -> str:
     errors = sorted({f"{r['kernel']}: {r['error']}" for r in results if "error" in r})
     if errors:
         lines += ["", "## Not measured", ""] + [f"- {e}" for e in errors[:40]]
+    if notes:
+        lines += ["", notes.strip()]
     return "\n".join(lines) + "\n"
 
 
@@ -545,6 +554,7 @@ def build_parser():
     p.add_argument("--out", type=Path, default=None, help="write the JSON results here")
     p.add_argument("--markdown", type=Path, default=None, help="write the Markdown summary here")
     p.add_argument("--from-json", type=Path, default=None, help="no timing: read an earlier --out file")
+    p.add_argument("--notes", type=Path, default=None, help="Markdown file appended to the --markdown summary")
     p.add_argument("--rotate-mb", type=float, default=200.0, help="bytes of weights+inputs to rotate over")
     p.add_argument("--warmup-ms", type=float, default=10.0)
     p.add_argument("--rep-ms", type=float, default=40.0)
@@ -578,7 +588,8 @@ def main(argv=None) -> dict:
         report.setdefault("json_path", str(args.out))
     if args.markdown is not None:
         args.markdown.parent.mkdir(parents=True, exist_ok=True)
-        args.markdown.write_text(markdown(report))
+        notes = args.notes.read_text() if args.notes is not None else ""
+        args.markdown.write_text(markdown(report, notes))
     return report
 
 

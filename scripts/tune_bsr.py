@@ -52,7 +52,7 @@ def time_config(cfg, sets, xs, n, use_graph, warmup_ms, rep_ms):
 
 
 def tune_case(k, n, m, pct, args):
-    gen = torch.Generator().manual_seed(k + n + pct)
+    gen = torch.Generator(device="cuda").manual_seed(k + n + pct)
     first = bk.make_weight_set("bsr", k, n, gen, torch.device("cuda"), pct)
     count = bk.n_sets(bk.weight_bytes(first) + m * (k + n) * 2, args.rotate_mb)
     sets = [first] + [bk.make_weight_set("bsr", k, n, gen, torch.device("cuda"), pct) for _ in range(count - 1)]

@@ -129,30 +129,32 @@ def markdown(results) -> str:
     return "\n".join(lines)
 
 
+T4 = w4.TileConfig
 SWEEP_W4 = {  # M bucket -> configs (split_k None = heuristic)
+    "gemv": [
+        T4(1, 64, 128, None, num_warps=4, num_stages=4, path="gemv"),
+        T4(1, 128, 128, None, num_warps=4, num_stages=4, path="gemv"),
+        T4(1, 32, 128, None, num_warps=2, num_stages=4, path="gemv"),
+        T4(1, 128, 128, None, num_warps=8, num_stages=3, path="gemv"),
+        T4(1, 64, 128, 8, num_warps=4, num_stages=4, path="gemv"),
+        T4(1, 256, 64, None, num_warps=8, num_stages=4, path="gemv"),
+        T4(16, 64, 128, None, num_warps=4, num_stages=4, scale_after_dot=True),
+    ],
     "small": [
-        w4.TileConfig(16, 64, 128, None, num_warps=4, num_stages=4, scale_after_dot=True),
-        w4.TileConfig(16, 64, 128, None, num_warps=4, num_stages=4, scale_after_dot=True, magic_unpack=True),
-        w4.TileConfig(16, 32, 128, None, num_warps=4, num_stages=4, scale_after_dot=True, magic_unpack=True),
-        w4.TileConfig(16, 128, 128, None, num_warps=4, num_stages=4, scale_after_dot=True, magic_unpack=True),
-        w4.TileConfig(16, 64, 128, 1, num_warps=4, num_stages=4, scale_after_dot=True, magic_unpack=True),
-        w4.TileConfig(16, 64, 128, None, num_warps=4, num_stages=4, scale_after_dot=False, magic_unpack=True),
-        w4.TileConfig(16, 128, 128, None, num_warps=8, num_stages=3, scale_after_dot=True, magic_unpack=True),
-        w4.TileConfig(16, 64, 128, None, num_warps=4, num_stages=4, scale_after_dot=True, magic_unpack=True,
-                      expanded_load=True),
+        T4(16, 64, 128, None, num_warps=4, num_stages=4, scale_after_dot=True),
+        T4(16, 64, 128, None, num_warps=4, num_stages=6, scale_after_dot=True),
+        T4(16, 128, 128, None, num_warps=8, num_stages=4, scale_after_dot=True),
+        T4(16, 32, 64, None, num_warps=4, num_stages=4, path="gemv"),
+        T4(4, 64, 128, None, num_warps=4, num_stages=4, path="gemv"),
     ],
     "mid": [
-        w4.TileConfig(64, 64, 128, None, num_warps=4, num_stages=4, scale_after_dot=True),
-        w4.TileConfig(64, 64, 128, None, num_warps=4, num_stages=4, scale_after_dot=False, magic_unpack=True),
-        w4.TileConfig(64, 128, 64, None, num_warps=4, num_stages=4, scale_after_dot=False, magic_unpack=True),
-        w4.TileConfig(32, 128, 128, None, num_warps=4, num_stages=4, scale_after_dot=True, magic_unpack=True),
+        T4(64, 64, 128, None, num_warps=4, num_stages=4, scale_after_dot=True),
+        T4(64, 128, 128, None, num_warps=4, num_stages=4, scale_after_dot=True),
+        T4(64, 64, 128, None, num_warps=4, num_stages=5, scale_after_dot=True),
     ],
     "large": [
-        w4.TileConfig(128, 256, 64, 1, num_warps=8, num_stages=3),
-        w4.TileConfig(128, 256, 64, 1, num_warps=8, num_stages=3, magic_unpack=True),
-        w4.TileConfig(128, 128, 64, 1, num_warps=8, num_stages=4, magic_unpack=True),
-        w4.TileConfig(128, 128, 128, 1, num_warps=8, num_stages=3, magic_unpack=True),
-        w4.TileConfig(128, 256, 64, 1, num_warps=8, num_stages=3, magic_unpack=True, expanded_load=True),
+        T4(128, 128, 64, 1, num_warps=8, num_stages=4, magic_unpack=True),
+        T4(0, 0, 0, 1, path="dequant"),
     ],
 }
 SWEEP_W8 = {
@@ -175,13 +177,12 @@ SWEEP_W8 = {
         w8.TileConfig(128, 256, 64, 1, num_warps=8, num_stages=4),
     ],
 }
-SWEEP_CELLS = [((4096, 4096), 1, "small"), ((8192, 28672), 16, "small"), ((4096, 11008), 16, "small"),
-               ((4096, 4096), 64, "mid"), ((8192, 8192), 64, "mid"), ((4096, 4096), 2048, "large"),
-               ((8192, 8192), 8192, "large")]
+SWEEP_CELLS = [((4096, 4096), 1, "gemv"), ((8192, 28672), 1, "gemv"), ((4096, 4096), 16, "small")]
+SWEEP_W8["gemv"] = SWEEP_W8["small"]
 
 
 def with_split(cfg, module, m, n, k):
-    if cfg.split_k is not None:
+    if cfg.split_k is not None or getattr(cfg, "path", "") == "dequant":
         return cfg
     return cfg._replace(split_k=module._split_k_for(m, n, k, cfg._replace(split_k=1)))
 
@@ -225,7 +226,7 @@ def sweep_markdown(rows) -> str:
         c = r["cfg"]
         desc = f"{c['block_m']}x{c['block_n']}x{c['block_k']} sk{c['split_k']} w{c['num_warps']} s{c['num_stages']}"
         if r["kernel"] == "w4a16":
-            desc += f" sad{int(c['scale_after_dot'])} magic{int(c['magic_unpack'])} exp{int(c['expanded_load'])}"
+            desc += f" sad{int(c['scale_after_dot'])} magic{int(c['magic_unpack'])} exp{int(c['expanded_load'])} {c['path']}"
         us = f"{r['us']:.1f}" if isinstance(r["us"], float) else f"err {r['us']}"
         lines.append(f"| {r['kernel']} | {r['k']}x{r['n']} | {r['m']} | {desc} | {us} | {ratio(r['fp16_us'], r['us'])} |")
     return "\n".join(lines)

@@ -110,6 +110,11 @@ def test_composed_run_prunes_quantizes_calibrates_and_exports(tmp_path):
         assert torch.equal(loaded(x), task.model(x))
 
 
+def test_static_qat_without_calibration_fails_before_training():
+    with pytest.raises(ValueError, match="Calibration"):
+        _trainer([QuantizationAware(W8A8Config(activation="static"))], max_steps=2).fit(TinyTask(), loader())
+
+
 def test_qat_is_off_before_its_start_step():
     task = TinyTask()
     flags = []
@@ -162,16 +167,20 @@ def test_ddp_ranks_end_with_identical_masks_and_scales(tmp_path):
                             cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
     assert result.returncode == 0, result.stderr[-3000:]
     rank0, rank1 = (torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1))
-    assert set(rank0) == set(rank1) == {"up", "down"}
+    assert set(rank0) == set(rank1) == {"up", "down", "exported"}
+    for key, tensor in rank0.pop("exported").items():
+        assert torch.equal(tensor, rank1["exported"][key]), key
+    loaded = compress.load_compressed(tmp_path / "export", model=PreNormMLP())
+    assert type(loaded.up).__name__ == "W8A8Linear"
     for name in rank0:
         for key in ("mask", "act_scale", "smoothing", "weight"):
             assert torch.equal(rank0[name][key], rank1[name][key]), (name, key)
-        assert rank0[name]["act_scale"].item() > 0 and not rank0[name]["mask"].all()
+        assert rank0[name]["act_scale"].item() > 0 and name in rank1 and not rank0[name]["mask"].all()
 
 
 def test_callbacks_build_from_yaml_with_jsonargparse():
     jsonargparse = pytest.importorskip("jsonargparse")
-    parser = jsonargparse.ArgumentParser()
+    parser = jsonargparse.ArgumentParser(exit_on_error=False)
     parser.add_argument("--callbacks", type=list[pl.Callback])
     config = yaml.safe_load("""
     callbacks:
@@ -194,6 +203,6 @@ def test_callbacks_build_from_yaml_with_jsonargparse():
     assert built[1].plan.rules["*"][0] == W8A8Config(activation="static")
     assert built[2].plan.rules["*attention*"][0] == W4A16Config(group_size=64)
     assert built[0].plan.rules["*intermediate*"][0].sparsity == 0.5
-    with pytest.raises(Exception):
+    with pytest.raises(jsonargparse.ArgumentError, match="num_batches"):
         parser.parse_object({"callbacks": [{"class_path": "compress.callbacks.Calibration",
                                             "init_args": {"num_batches": "many"}}]})

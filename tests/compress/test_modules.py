@@ -190,3 +190,25 @@ def test_minilm_bsr_layout_is_exact(minilm_activations):
             masked.weight.copy_(linear.weight * expand_mask(mask, linear.weight.shape))
             masked.bias.copy_(linear.bias)
             assert sqnr_db(masked(x), _pruned_bsr(linear, 0.5)(x)) > 100, name
+
+
+@pytest.mark.parametrize("make", [lambda l: W8A8Linear.from_float(l, W8A8Config()),
+                                  lambda l: W8A8Linear.from_float(l, W8A8Config("static"), act_scale=torch.tensor(0.03)),
+                                  lambda l: W4A16Linear.from_float(l, W4A16Config(32)),
+                                  lambda l: W4A16Linear.from_float(l, W4A16Config(None)),
+                                  lambda l: BSRLinear.from_float(l)])
+def test_kernel_dispatch_under_the_triton_interpreter(make, monkeypatch):
+    """The forward's kernel branch (run on CPU by TRITON_INTERPRET=1) agrees with the reference branch."""
+    from compress import _kernels
+    from kernels._checks import interpreting
+
+    if _kernels._package is None or not interpreting():
+        pytest.skip("needs the project's Triton kernels and TRITON_INTERPRET=1 (set by conftest without a GPU)")
+    torch.manual_seed(0)
+    module = make(nn.Linear(64, 64)).half()
+    x = torch.randn(2, 3, 64, dtype=torch.float16)
+    expected = module(x)
+    monkeypatch.setattr(type(module), "_use_kernel", lambda self, x: True)
+    got = module(x)
+    assert got.shape == expected.shape and got.dtype == torch.float16
+    torch.testing.assert_close(got, expected, atol=2e-2, rtol=2e-2)

@@ -163,3 +163,23 @@ def test_bsr_shape_not_multiple_of_32_is_left_dense_with_a_logged_reason(caplog)
     assert type(model[0]) is nn.Linear and "left dense" in caplog.text
     zero_blocks = model[0].weight.reshape(40, 2, 32).abs().sum(dim=2) == 0
     assert zero_blocks.any()
+
+
+@pytest.mark.parametrize("plan", [W8A8Config(), W4A16Config(32), [BlockSparseConfig(0.5), W8A8Config()],
+                                  BlockSparseConfig(0.5)])
+def test_prepare_convert_agreement_in_fp16(plan):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 96), nn.ReLU(), nn.Linear(96, 64))
+    compress.prepare(model, plan)
+    prune_one_shot(model)
+    for layer in compressed_layers(model).values():
+        if layer.quant_config is not None:
+            layer.enable_fake_quant(True)
+    model.half()
+    x = torch.randn(5, 64).half()
+    with torch.no_grad():
+        qat_out = model(x)
+        compress.convert(model)
+        exported_out = model(x)
+    assert exported_out.dtype == torch.float16
+    torch.testing.assert_close(exported_out, qat_out, atol=2e-3, rtol=2e-3)  # fp16 rounding

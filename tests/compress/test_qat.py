@@ -119,3 +119,14 @@ def test_to_float_keeps_the_masked_weight():
     assert type(plain) is nn.Linear and plain.weight is layer.weight
     x = torch.randn(2, 96)
     assert torch.equal(plain(x), layer(x))
+
+
+def test_half_keeps_scales_and_observer_statistics_float32():
+    _, layer = _layer([W8A8Config(activation="static")])
+    layer.observe(True)
+    layer(torch.randn(4, 96))
+    layer.freeze_observer()
+    layer.half()
+    assert layer.weight.dtype == torch.float16
+    assert layer.act_scale.dtype == torch.float32 and layer.input_smoothing.dtype == torch.float32
+    assert layer.observer.stat.dtype == torch.float32 and layer.observer.channel_absmax.dtype == torch.float32

@@ -43,10 +43,13 @@ def test_matches_reference(dtype, m, k, n, group_size):
         TileConfig(32, 32, 64, split_k=1, scale_after_dot=False, magic_unpack=False),
         TileConfig(16, 32, 32, split_k=2, scale_after_dot=True, magic_unpack=True, expanded_load=True),
         TileConfig(32, 32, 64, split_k=1, scale_after_dot=False, magic_unpack=False, expanded_load=True),
+        TileConfig(4, 32, 64, split_k=1, path="gemv"),
+        TileConfig(2, 16, 32, split_k=3, path="gemv"),
+        TileConfig(0, 0, 0, path="dequant"),
     ],
 )
 def test_every_kernel_variant(dtype, cfg):
-    m, k, n, g = 5, 192, 40, 64
+    m, k, n, g = 5, 192, 64, 64  # N a multiple of every BLOCK_N here: the contiguous-column path
     x = torch.randn(m, k, device=DEVICE).to(dtype)
     qweight, _, scales = random_int4_weight(k, n, g, scale_dtype=dtype, device=DEVICE)  # scales in x's dtype
     bias = torch.randn(n, device=DEVICE)
@@ -58,7 +61,8 @@ def test_per_channel_group_with_k_not_a_tile_multiple():
     m, k, n = 3, 200, 24  # G = K = 200: BLOCK_K does not divide K, tails are masked
     x = torch.randn(m, k, device=DEVICE).half()
     qweight, _, scales = random_int4_weight(k, n, k, device=DEVICE)
-    for cfg in (None, TileConfig(16, 32, 64, split_k=2, scale_after_dot=True),
+    for cfg in (None, TileConfig(16, 32, 64, split_k=2, scale_after_dot=True), TileConfig(4, 32, 64, 2, path="gemv"),
+                TileConfig(0, 0, 0, path="dequant"),
                 TileConfig(16, 32, 64, split_k=2, magic_unpack=True, expanded_load=True)):
         y = launch(x, qweight, scales, k, config=cfg)
         assert rel_error(y, reference.w4a16_matmul_ref(x, qweight, scales, k)) <= TOL[torch.float16]
@@ -91,9 +95,10 @@ def test_empty_and_batched_inputs():
 
 def test_pick_config_buckets():
     small = pick_config(1, 4096, 4096, 128)
-    large = pick_config(4096, 4096, 4096, 128)
+    mid = pick_config(256, 4096, 4096, 128)  # from M = 128 on: dequantize + cuBLAS
     assert small.block_m <= 16 and small.split_k >= 1 and small.block_k <= 128
-    assert large.block_m >= 128 and large.split_k == 1
+    assert mid.path == "dequant" and pick_config(64, 4096, 4096, 128).path == "tiled"
+    assert pick_config(4096, 4096, 4096, 128).path == "dequant"
     assert pick_config(1, 4096, 4096, 32).block_k <= 32  # a K tile never crosses a scale group
 
 
