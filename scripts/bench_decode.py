@@ -21,6 +21,10 @@ Variants (``--variants``), each built from the same seeded weights, one at a tim
               uses it). It takes bf16 activations only, so this model /
               runs in bf16; same symmetric int4 weights as ours.
 
+  no-linears  not a scheme: the decoder linears return zeros, so this times the rest of a step
+              (attention over the cache, norms, rotary embedding, ``lm_head``): the floor that
+              every linear-layer scheme adds to.
+
 ``lm_head`` and the embeddings stay in fp16 (bf16 for int4-aten) in every variant.
 
 Harness. The decode step is our own short loop over the model's parts (embedding, rotary
@@ -71,7 +75,7 @@ LLAMA2_7B = dict(hidden_size=4096, intermediate_size=11008, num_attention_heads=
                  vocab_size=32000, rms_norm_eps=1e-5)
 TINY_LLAMA = dict(hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=4,
                   vocab_size=512, rms_norm_eps=1e-5)
-ALL_VARIANTS = ("fp16", "w4a16", "int4-aten", "w8a8", "dds90", "dds50", "fp16-eager")
+ALL_VARIANTS = ("fp16", "w4a16", "int4-aten", "w8a8", "dds90", "dds50", "fp16-eager", "no-linears")
 INT4_GROUP = 128
 INIT_STD = 0.02
 
@@ -190,6 +194,21 @@ def swap_decoder_linears(model: nn.Module, make: Callable[[nn.Linear], nn.Module
     return count
 
 
+class SkippedLinear(nn.Module):
+    """Stands in for a linear layer and returns zeros: times everything in a step except the linears."""
+
+    def __init__(self, in_features: int, out_features: int):
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+
+    @classmethod
+    def from_float(cls, linear: nn.Linear) -> "SkippedLinear":
+        return cls(linear.in_features, linear.out_features)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.new_zeros(*x.shape[:-1], self.out_features)
+
+
 # ---- variants ----------------------------------------------------------------------------------
 def apply_w4a16(model: nn.Module, seed: int) -> None:
     import compress
@@ -221,6 +240,10 @@ def apply_int4_aten(model: nn.Module, seed: int) -> None:
     swap_decoder_linears(model, TinygemmInt4Linear.from_float)
 
 
+def apply_no_linears(model: nn.Module, seed: int) -> None:
+    swap_decoder_linears(model, SkippedLinear.from_float)
+
+
 @dataclass(frozen=True)
 class Variant:
     dtype: torch.dtype
@@ -236,6 +259,7 @@ VARIANTS = {
     "dds50": Variant(torch.float16, True, lambda m, s: apply_random_block_sparsity(m, 0.5, s)),
     "dds90": Variant(torch.float16, True, lambda m, s: apply_random_block_sparsity(m, 0.9, s)),
     "int4-aten": Variant(torch.bfloat16, True, apply_int4_aten),
+    "no-linears": Variant(torch.float16, True, apply_no_linears),
 }
 
 
@@ -413,7 +437,10 @@ def bench_variant(name: str, config, args) -> dict:
                   compiled=variant.compiled, weight_bytes=weight_bytes(model), batches=[])
     try:
         for batch in args.batch:
-            result["batches"].append(bench_batch(model, variant, batch, args))
+            figures = bench_batch(model, variant, batch, args)
+            # decoder weights streamed per second: how close a step is to the memory-bandwidth floor
+            figures["decoder_weight_tb_per_s"] = result["weight_bytes"] / (figures["ms_per_step"] * 1e-3) / 1e12
+            result["batches"].append(figures)
             reset_compiler()
     finally:
         del model

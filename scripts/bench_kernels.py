@@ -12,9 +12,11 @@ What is timed (every figure is ``y = x @ W.T`` for x (M, K) and a weight of N x 
 
 How (DESIGN.md, "how to measure"): ``triton.testing.do_bench`` medians (it also flushes L2 before
 each timed call); each kernel rotates over several weight / input sets, together at least
-``--rotate-mb`` (default 4x the 50 MB L2), so no weight stays cached between calls; at M <= 256 the
-rotation (one call per set) is captured in a CUDA graph and the replay time is divided by the number
-of calls, so launch overhead does not hide the kernel. Ratios are to cuBLAS fp16 on the same shape
+``--rotate-mb`` (default 4x the 50 MB L2), so no weight stays cached between calls; the rotation (one
+call per set) is captured in a CUDA graph (at every M by default, ``--graph-max-m`` limits it) and
+the replay time is divided by the number of calls, so launch overhead does not hide the kernel (an
+eager first run showed Python launch overhead, 0.5 ms for ``bsr_dense_mm``, swamping small shapes
+even at M = 2048). An op that cannot be captured is timed eagerly and marked ``graph: false``. Ratios are to cuBLAS fp16 on the same shape
 and M in the same run (>1 means faster than cuBLAS). TFLOP/s counts the dense 2 M N K; GB/s counts
 the kernel's own weight bytes plus x and y.
 
@@ -49,7 +51,7 @@ SHAPES = [(1024, 1024), (4096, 4096), (4096, 11008), (11008, 4096), (8192, 8192)
 MS = [1, 16, 64, 256, 2048, 8192]
 SPARSITIES = (50, 75, 90)
 GROUP_SIZE = 128
-GRAPH_MAX_M = 256
+GRAPH_MAX_M = 1 << 30  # graphs at every M unless --graph-max-m says otherwise
 MAX_SETS = 128
 CHECK_ROWS = 64
 BSR_BLOCK = 32
@@ -278,6 +280,7 @@ class SweepOptions:
     rep_ms: float = 40.0
     time_budget_s: float = 540.0
     graphs: bool = True
+    graph_max_m: int = GRAPH_MAX_M
     cpu: bool = False
 
 
@@ -322,7 +325,7 @@ def bench_point(spec, weight_sets, k, n, m, opts, device, gen):
     ref = _reference_for(spec, xs[0][:CHECK_ROWS], weight_sets[0])
     if ref is not None:
         record["rel_err"] = rel_error(call(xs[0], weight_sets[0])[:CHECK_ROWS], ref)
-    use_graph = opts.graphs and m <= GRAPH_MAX_M
+    use_graph = opts.graphs and m <= opts.graph_max_m
     ms, graphed = time_cpu(calls) if opts.cpu else time_gpu(calls, use_graph, opts.warmup_ms, opts.rep_ms)
     flops = 2.0 * m * n * k
     moved = weight_bytes(weight_sets[0]) + m * (k + n) * 2
@@ -499,8 +502,9 @@ def markdown(report: dict, notes: str = "") -> str:
              f"CUDA {env.get('cuda')}; {env.get('date')}; sweep {env.get('sweep_seconds')} s.", "",
              "Method: `triton.testing.do_bench` medians (L2 flushed before each timed call); each kernel "
              "rotates over weight/input sets totalling >= "
-             f"{env.get('settings', {}).get('rotate_mb')} MB; at M <= {env.get('settings', {}).get('graph_max_m')} "
-             "the rotation is one CUDA graph and its replay time is divided by the number of calls. Anchors that "
+             f"{env.get('settings', {}).get('rotate_mb')} MB; up to M = {env.get('settings', {}).get('graph_max_m')} "
+             "the rotation is one CUDA graph and its replay time is divided by the number of calls (`graph` in the "
+             "JSON says where capture failed and the op was timed eagerly). Anchors that "
              "need it are padded: `torch._int_mm` to 32 rows at M <= 16, `bsr_dense_mm` to a multiple of 16 "
              "columns. Block masks are uniformly random with exactly p% of the 32x32 blocks absent, shared by "
              "`torch_bsr_p` and `ours_dds_p`.", "", "## Targets", "",
@@ -560,6 +564,7 @@ def build_parser():
     p.add_argument("--rep-ms", type=float, default=40.0)
     p.add_argument("--time-budget-s", type=float, default=540.0, help="skip what is left after this long")
     p.add_argument("--no-graph", action="store_true", help="never use CUDA graphs")
+    p.add_argument("--graph-max-m", type=int, default=GRAPH_MAX_M, help="use CUDA graphs up to this M")
     p.add_argument("--cpu-check", action="store_true", help="tiny shapes on the CPU with reference ops")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--list", action="store_true", help="print the kernel names and exit")
@@ -606,13 +611,13 @@ def _measure(args, names) -> dict:
     opts = SweepOptions(kernels=select(names, args.kernels.split(",")), shapes=shapes, ms=ms,
                         rotate_mb=args.rotate_mb if not args.cpu_check else 0.1,
                         warmup_ms=args.warmup_ms, rep_ms=args.rep_ms, time_budget_s=args.time_budget_s,
-                        graphs=not args.no_graph, cpu=args.cpu_check)
+                        graphs=not args.no_graph, graph_max_m=args.graph_max_m, cpu=args.cpu_check)
     started = time.monotonic()
     results = run_sweep(opts, progress=not args.no_progress)
     env = environment(args.cpu_check)
     env["sweep_seconds"] = round(time.monotonic() - started, 1)
     env["settings"] = {"rotate_mb": opts.rotate_mb, "warmup_ms": opts.warmup_ms, "rep_ms": opts.rep_ms,
-                       "graph_max_m": GRAPH_MAX_M if opts.graphs else 0, "cpu_check": opts.cpu}
+                       "graph_max_m": opts.graph_max_m if opts.graphs else 0, "cpu_check": opts.cpu}
     return {"environment": env, "results": results, "targets": evaluate_targets(results)}
 
 

@@ -1,0 +1,155 @@
+"""The ``compress`` CLI: callback composition end to end on a tiny model, export, evaluate, bad recipes."""
+import json
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+
+import compress
+from compress.cli import main
+from compress.data import DigitsData
+
+TINY_BERT = {
+    "model_type": "bert", "vocab_size": DigitsData.VOCAB_SIZE, "hidden_size": 64, "num_hidden_layers": 1,
+    "num_attention_heads": 2, "intermediate_size": 128, "max_position_embeddings": 80, "type_vocab_size": 1,
+}
+
+
+def tiny_recipe(out_dir, callbacks, **compress_options):
+    """A recipe for a tiny Bert on 64 digits: 4 optimizer steps per epoch, 2 epochs."""
+    return {
+        "seed_everything": 0,
+        "model": {"class_path": "compress.tasks.SequenceClassificationTask",
+                  "init_args": {"config": TINY_BERT, "num_labels": 10, "learning_rate": 1e-3}},
+        "data": {"class_path": "compress.data.DigitsData", "init_args": {"batch_size": 16, "max_train_samples": 64}},
+        "trainer": {"max_epochs": 2, "accelerator": "cpu", "devices": 1, "enable_progress_bar": False,
+                    "enable_model_summary": False, "limit_val_batches": 2, "callbacks": callbacks},
+        "compress": {"output_dir": str(out_dir), "eval_batch_sizes": [1, 2], "latency_warmup": 0,
+                     "latency_repeats": 1, "max_eval_batches": 2, **compress_options},
+    }
+
+
+def write_recipe(path, recipe):
+    path.write_text(yaml.safe_dump(recipe))
+    return str(path)
+
+
+def pruning(sparsity=0.5, start=0, end=4):
+    return {"class_path": "compress.callbacks.BlockPruning",
+            "init_args": {"sparsity": sparsity, "start_step": start, "end_step": end, "frequency": 2}}
+
+
+def qat(config_class="W8A8Config", start=2, **config_args):
+    return {"class_path": "compress.callbacks.QuantizationAware",
+            "init_args": {"config": {"class_path": f"compress.configs.{config_class}", "init_args": config_args},
+                          "start_step": start}}
+
+
+def export(dirpath):
+    return {"class_path": "compress.callbacks.Export", "init_args": {"dirpath": str(dirpath)}}
+
+
+@pytest.fixture(scope="module")
+def sparse_w8a8_run(tmp_path_factory):
+    """One ``compress run`` with pruning + W8A8 QAT + export (shared by the tests below)."""
+    root = tmp_path_factory.mktemp("run")
+    recipe = tiny_recipe(root / "out", [pruning(), qat(), export(root / "out" / "compressed")], save_float_model=True)
+    path = write_recipe(root / "recipe.yaml", recipe)
+    assert main(["run", "--config", path]) == 0
+    return root, path
+
+
+def test_run_composes_pruning_qat_and_export(sparse_w8a8_run):
+    root, _ = sparse_w8a8_run
+    model = compress.load_compressed(root / "out" / "compressed")
+    layers = [m for m in model.modules() if isinstance(m, compress.W8A8Linear)]
+    assert len(layers) == 6  # q, k, v, attention output, intermediate, output of the one layer
+    for layer in layers:
+        n, k = layer.w_q.shape
+        blocks = layer.w_q.reshape(n // 32, 32, k // 32, 32).abs().amax(dim=(1, 3))
+        assert (blocks == 0).float().mean().item() == pytest.approx(0.5)  # 50% of the 32x32 blocks pruned
+
+
+def test_run_writes_a_report_comparing_float_and_compressed(sparse_w8a8_run):
+    root, _ = sparse_w8a8_run
+    report = json.loads((root / "out" / "report.json").read_text())
+    names = [m["name"] for m in report["models"]]
+    assert names == ["float weights of this run", "compressed (out)"]
+    float_model, compressed = report["models"]
+    assert compressed["compression"].startswith("W8A8Linear x6")
+    assert compressed["linear_weight_bytes"] < float_model["linear_weight_bytes"] / 2
+    assert [p["batch_size"] for p in compressed["latency"]] == [1, 2]
+    assert (root / "out" / "report.md").read_text().count("| float weights of this run |") == 1
+    assert (root / "out" / "report.png").stat().st_size > 0
+
+
+def test_float_model_dir_holds_the_pruned_float_weights(sparse_w8a8_run):
+    root, _ = sparse_w8a8_run
+    float_model = compress.load_compressed(root / "out" / "float")
+    compressed = compress.load_compressed(root / "out" / "compressed")
+    name = "bert.encoder.layer.0.intermediate.dense"
+    weight = float_model.get_submodule(name).weight
+    dequantized = compressed.get_submodule(name).dequantized_weight()
+    def zero_blocks(w):
+        return w.detach().reshape(w.shape[0] // 32, 32, w.shape[1] // 32, 32).abs().amax(dim=(1, 3)) == 0
+
+    assert torch.equal(zero_blocks(weight), zero_blocks(dequantized))
+    assert zero_blocks(weight).float().mean().item() == pytest.approx(0.5)
+    assert torch.allclose(weight, dequantized, atol=float(weight.abs().max()) / 127)
+
+
+def test_export_from_the_lightning_checkpoint_matches_the_export_callback(sparse_w8a8_run):
+    root, recipe = sparse_w8a8_run
+    checkpoints = sorted((root / "out").rglob("*.ckpt"))
+    assert checkpoints, "the run should have written a Lightning checkpoint"
+    target = root / "from_ckpt"
+    assert main(["export", "--config", recipe, "--ckpt_path", str(checkpoints[-1]), "--export_dir", str(target)]) == 0
+    ours = load_file(str(target / "model.safetensors"))
+    reference = load_file(str(root / "out" / "compressed" / "model.safetensors"))
+    assert ours.keys() == reference.keys()
+    assert all(torch.equal(ours[k], reference[k]) for k in ours)
+
+
+def test_evaluate_compares_saved_model_dirs(sparse_w8a8_run, tmp_path):
+    root, recipe = sparse_w8a8_run
+    models = [str(root / "out" / "float"), str(root / "out" / "compressed")]
+    code = main(["evaluate", "--config", recipe, "--models", *models, "--names", "dense", "w8a8",
+                 "--compress.output_dir", str(tmp_path)])
+    assert code == 0
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert [m["name"] for m in report["models"]] == ["dense", "w8a8"]
+    assert report["models"][1]["source"] == models[1]
+    assert "| w8a8 |" in (tmp_path / "report.md").read_text()
+
+
+def test_unknown_recipe_key_fails_while_parsing(tmp_path, capsys):
+    recipe = tiny_recipe(tmp_path / "out", [])
+    recipe["model"]["init_args"]["hidden_sise"] = 3
+    with pytest.raises(SystemExit):
+        main(["run", "--config", write_recipe(tmp_path / "r.yaml", recipe)])
+    assert "hidden_sise" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_sparsity_outside_the_unit_interval_fails_before_training(tmp_path, capsys):
+    recipe = tiny_recipe(tmp_path / "out", [pruning(sparsity=1.5)])
+    with pytest.raises((ValueError, SystemExit)) as error:
+        main(["run", "--config", write_recipe(tmp_path / "r.yaml", recipe)])
+    message = str(error.value) + capsys.readouterr().err
+    assert "sparsity" in message and "[0, 1)" in message
+    assert not list(tmp_path.rglob("*.ckpt"))
+
+
+def test_group_size_that_does_not_divide_in_features_fails_before_training(tmp_path):
+    recipe = tiny_recipe(tmp_path / "out", [qat("W4A16Config", group_size=128)])  # in_features 64 and 128
+    with pytest.raises(ValueError, match=r"group_size=128 does not divide in_features=64"):
+        main(["run", "--config", write_recipe(tmp_path / "r.yaml", recipe)])
+    assert not list(tmp_path.rglob("*.ckpt")) and not list(tmp_path.rglob("metrics.csv"))
+
+
+def test_usage_and_unknown_command(capsys):
+    assert main(["--help"]) == 0
+    assert "compress run" in capsys.readouterr().out
+    assert main(["bogus"]) == 2
+    assert "unknown command" in capsys.readouterr().err

@@ -1,0 +1,102 @@
+"""Evaluation: weight memory, latency timing, metrics of a model, loading saved model dirs."""
+import pytest
+import torch
+from torch import nn
+
+import compress
+from compress.data import DigitsData
+from compress.evaluate import (
+    EvalOptions,
+    cast_for_inference,
+    describe_compression,
+    evaluate_model,
+    load_model_dir,
+    measure_latency,
+    tensor_bytes,
+    weight_memory,
+)
+from compress.tasks import SequenceClassificationTask
+
+TINY_BERT = {
+    "model_type": "bert", "vocab_size": DigitsData.VOCAB_SIZE, "hidden_size": 64, "num_hidden_layers": 1,
+    "num_attention_heads": 2, "intermediate_size": 128, "max_position_embeddings": 80, "type_vocab_size": 1,
+}
+
+
+def tiny_bert():
+    torch.manual_seed(0)
+    return SequenceClassificationTask(config=TINY_BERT, num_labels=10).model
+
+
+def test_weight_memory_counts_linear_layers_and_the_whole_model():
+    model = nn.Sequential(nn.Embedding(10, 4), nn.Linear(4, 8))
+    linear, total = weight_memory(model)
+    assert linear == (4 * 8 + 8) * 4
+    assert total == linear + 10 * 4 * 4
+
+
+def test_weight_memory_of_a_w8a8_layer_is_int8_plus_scales():
+    layer = compress.W8A8Linear.from_float(nn.Linear(64, 32))
+    linear, total = weight_memory(nn.Sequential(layer))
+    assert linear == total == 32 * 64 * 1 + 32 * 4 + 32 * 4  # int8 weight, float32 scales and bias
+
+
+def test_tensor_bytes_of_a_bsr_tensor():
+    dense = torch.zeros(64, 64)
+    dense[:32, :32] = 1.0
+    dense[32:, 32:] = 2.0
+    bsr = dense.to_sparse_bsr((32, 32))
+    expected = 3 * 8 + 2 * 8 + 2 * 32 * 32 * 4  # crow (int64), col (int64), values (float32)
+    assert tensor_bytes(bsr) == expected
+
+
+def test_cast_for_inference_keeps_quantization_scales_float32():
+    model = nn.Sequential(nn.Linear(32, 32), compress.W8A8Linear.from_float(nn.Linear(32, 32)))
+    cast_for_inference(model, torch.device("cpu"), torch.float16)
+    assert model[0].weight.dtype == torch.float16
+    assert model[1].w_scale.dtype == torch.float32 and model[1].bias.dtype == torch.float16
+    assert not model.training
+
+
+def test_measure_latency_times_every_batch_size():
+    options = EvalOptions(batch_sizes=(1, 3), seq_len=12, warmup=1, repeats=2, device="cpu")
+    points = measure_latency(tiny_bert().eval(), options, torch.device("cpu"))
+    assert [p.batch_size for p in points] == [1, 3]
+    assert all(p.seq_len == 12 and p.latency_ms > 0 for p in points)
+
+
+def test_eval_options_reject_bad_values():
+    with pytest.raises(ValueError, match="batch_sizes"):
+        EvalOptions(batch_sizes=(0,))
+    with pytest.raises(ValueError, match="dtype"):
+        EvalOptions(dtype="int8")
+    assert EvalOptions(device="cpu").resolved_dtype() == torch.float32
+
+
+def test_evaluate_model_on_digits():
+    data = DigitsData(batch_size=32)
+    data.setup()
+    options = EvalOptions(batch_sizes=(1, 2), seq_len=DigitsData.SEQ_LEN, warmup=0, repeats=1,
+                          max_eval_batches=2, device="cpu")
+    result = evaluate_model("tiny", tiny_bert(), data.val_dataloader(), options, source="test")
+    assert result.primary_metric == "accuracy" and result.higher_is_better
+    assert 0.0 <= result.metrics["accuracy"] <= 1.0 and "f1" in result.metrics
+    assert [p.batch_size for p in result.latency] == [1, 2]
+    assert 0 < result.linear_weight_bytes < result.total_weight_bytes
+    assert result.compression == "dense"
+
+
+def test_load_model_dir_reads_compressed_and_plain_dirs(tmp_path):
+    model = tiny_bert()
+    compress.prepare(model, compress.W8A8Config())
+    compress.convert(model)
+    compress.save_compressed(model, tmp_path / "w8a8")
+    loaded = load_model_dir(tmp_path / "w8a8")
+    assert "W8A8Linear x" in describe_compression(loaded)
+    plain = tiny_bert()
+    plain.save_pretrained(tmp_path / "plain")
+    reloaded = load_model_dir(tmp_path / "plain")
+    assert type(reloaded).__name__ == "BertForSequenceClassification"
+    assert torch.equal(reloaded.classifier.weight, plain.classifier.weight)
+    with pytest.raises(FileNotFoundError):
+        load_model_dir(tmp_path / "missing")

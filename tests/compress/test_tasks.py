@@ -1,0 +1,117 @@
+"""Task modules: models from a config or pretrained weights, metrics, optimizer and a short fit."""
+import math
+from pathlib import Path
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from transformers.modeling_outputs import CausalLMOutput, SequenceClassifierOutput
+
+from compress.data import DigitsData
+from compress.paths import MINILM_NAME, resolve_model_path
+from compress.tasks import (
+    CausalLMTask,
+    ClassificationMetrics,
+    PerplexityMetrics,
+    SequenceClassificationTask,
+    metrics_for,
+)
+
+TINY_BERT = {
+    "model_type": "bert", "vocab_size": DigitsData.VOCAB_SIZE, "hidden_size": 64, "num_hidden_layers": 1,
+    "num_attention_heads": 2, "intermediate_size": 128, "max_position_embeddings": 80, "type_vocab_size": 1,
+}
+TINY_LLAMA = {
+    "model_type": "llama", "vocab_size": 50, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+    "num_attention_heads": 2, "num_key_value_heads": 2, "max_position_embeddings": 64,
+}
+
+
+def test_classification_task_from_config():
+    task = SequenceClassificationTask(config=TINY_BERT, num_labels=10)
+    assert type(task.model).__name__ == "BertForSequenceClassification"
+    assert task.model.config.num_labels == 10 and task.model.config.hidden_size == 64
+    batch = {"input_ids": torch.randint(0, 19, (3, 65)), "labels": torch.tensor([0, 5, 9])}
+    loss = task.training_step(batch, 0)
+    assert torch.isfinite(loss) and loss.requires_grad
+
+
+def test_model_source_must_be_exactly_one():
+    with pytest.raises(ValueError, match="exactly one"):
+        SequenceClassificationTask()
+    with pytest.raises(ValueError, match="exactly one"):
+        SequenceClassificationTask(model_name_or_path="x", config=TINY_BERT)
+    with pytest.raises(ValueError, match="model_type"):
+        SequenceClassificationTask(config={"hidden_size": 8})
+    with pytest.raises(ValueError, match="num_labels"):
+        SequenceClassificationTask(config=TINY_BERT, num_labels=1)
+    with pytest.raises(ValueError, match="learning_rate"):
+        SequenceClassificationTask(config=TINY_BERT, learning_rate=0.0)
+
+
+def test_minilm_name_resolves_to_env_then_package(monkeypatch, tmp_path):
+    monkeypatch.setenv("MINILM_DIR", str(tmp_path))
+    assert resolve_model_path(MINILM_NAME) == str(tmp_path)
+    monkeypatch.delenv("MINILM_DIR")
+    assert resolve_model_path("some/hub-id") == "some/hub-id"
+    packaged = resolve_model_path(MINILM_NAME)
+    assert (Path(packaged) / "config.json").is_file()
+
+
+def test_pretrained_minilm_loads_in_float32(monkeypatch):
+    monkeypatch.delenv("MINILM_DIR", raising=False)
+    task = SequenceClassificationTask(model_name_or_path=MINILM_NAME, num_labels=2)
+    assert task.model.config.hidden_size == 384
+    assert all(p.dtype == torch.float32 for p in task.model.parameters())
+
+
+def test_classification_metrics_binary_and_multiclass():
+    binary = ClassificationMetrics(2)
+    logits = torch.tensor([[2.0, 0.0], [0.0, 1.0], [0.0, 3.0], [1.0, 0.0]])  # predicts 0, 1, 1, 0
+    binary.update(SequenceClassifierOutput(logits=logits), {"labels": torch.tensor([0, 1, 0, 1])})
+    result = binary.compute()
+    assert result["accuracy"] == pytest.approx(0.5)
+    assert result["f1"] == pytest.approx(0.5)  # precision 1/2, recall 1/2 for class 1
+    multi = ClassificationMetrics(3)
+    multi.update(SequenceClassifierOutput(logits=torch.eye(3)), {"labels": torch.tensor([0, 1, 1])})
+    assert multi.compute()["accuracy"] == pytest.approx(2 / 3)
+
+
+def test_perplexity_weights_batches_by_predicted_tokens():
+    metrics = PerplexityMetrics()
+    first = {"labels": torch.zeros(1, 5, dtype=torch.long)}  # 4 predicted tokens
+    second = {"labels": torch.tensor([[1, 2, -100, -100]])}  # 1 predicted token
+    metrics.update(CausalLMOutput(loss=torch.tensor(1.0)), first)
+    metrics.update(CausalLMOutput(loss=torch.tensor(3.0)), second)
+    expected = (4 * 1.0 + 1 * 3.0) / 5
+    assert metrics.compute()["perplexity"] == pytest.approx(math.exp(expected), rel=1e-5)
+
+
+def test_metrics_for_picks_the_head():
+    assert isinstance(metrics_for(SequenceClassificationTask(config=TINY_BERT, num_labels=4).model), ClassificationMetrics)
+    assert isinstance(metrics_for(CausalLMTask(config=TINY_LLAMA).model), PerplexityMetrics)
+    with pytest.raises(ValueError, match="ForSequenceClassification"):
+        metrics_for(torch.nn.Linear(2, 2))
+
+
+def test_short_fit_logs_metrics_and_warms_up_the_learning_rate(tmp_path):
+    task = SequenceClassificationTask(config=TINY_BERT, num_labels=10, learning_rate=1e-3, warmup_ratio=0.5)
+    data = DigitsData(batch_size=16, max_train_samples=64)
+    trainer = pl.Trainer(max_epochs=1, limit_val_batches=2, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path)
+    trainer.fit(task, datamodule=data)
+    assert {"val_accuracy", "val_f1", "val_loss", "train_loss"} <= set(trainer.callback_metrics)
+    assert 0.0 <= float(trainer.callback_metrics["val_accuracy"]) <= 1.0
+    scheduler = trainer.lr_scheduler_configs[0].scheduler
+    # 4 steps, 2 of warm-up: the learning rate went up to the peak and back down to 0
+    assert scheduler.get_last_lr()[0] == pytest.approx(0.0)
+    assert trainer.optimizers[0].param_groups[1]["weight_decay"] == 0.0  # biases and norms
+
+
+def test_causal_lm_task_step():
+    task = CausalLMTask(config=TINY_LLAMA)
+    ids = torch.randint(0, 50, (2, 16))
+    loss = task.training_step({"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids}, 0)
+    assert torch.isfinite(loss)
+    task.validation_step({"input_ids": ids, "labels": ids}, 0)
+    assert task.val_metrics.compute()["perplexity"] > 1.0

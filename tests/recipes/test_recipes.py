@@ -1,0 +1,58 @@
+"""The shipped recipes: they parse, their compression plans fit their models, and the quickstart runs.
+
+The quickstart test runs the real ``recipes/quickstart.yaml`` end to end with a CI-sized override
+(one epoch, fewer timing repeats) in a temporary working directory.
+"""
+import json
+from pathlib import Path
+
+import pytest
+
+import compress
+from compress.cli import CompressCLI, check_recipe, main
+from compress.paths import repo_root
+
+RECIPES = repo_root() / "recipes"
+OURS = ["quickstart.yaml", *sorted(p.name for p in RECIPES.glob("minilm-sst2-*.yaml"))]
+
+
+def test_the_minilm_variants_are_all_there():
+    expected = {"dense", "w8a8-qat", "w4a16-qat", "sparse50", "sparse50-w8a8"}
+    assert {name.removeprefix("minilm-sst2-").removesuffix(".yaml") for name in OURS[1:]} == expected
+
+
+@pytest.mark.parametrize("name", OURS)
+def test_recipe_parses_and_prints_its_config(name, capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["fit", "--config", str(RECIPES / name), "--print_config"])
+    assert done.value.code in (0, None)
+    printed = capsys.readouterr().out
+    assert "class_path: compress.tasks.SequenceClassificationTask" in printed
+    assert "output_dir: runs/" in printed
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [n for n in OURS if n != "minilm-sst2-dense.yaml" and n.startswith("minilm")])
+def test_minilm_plans_fit_the_model(name, monkeypatch):
+    monkeypatch.delenv("MINILM_DIR", raising=False)  # the packaged copy has the same shapes
+    cli = CompressCLI(args=["--config", str(RECIPES / name)], run=False)
+    check_recipe(cli.model, cli.trainer.callbacks)  # raises on a plan that does not fit
+    assert any(type(cb).__module__ == "compress.callbacks" for cb in cli.trainer.callbacks)
+
+
+@pytest.mark.slow
+def test_quickstart_end_to_end(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    overrides = ["--trainer.max_epochs=1", "--compress.latency_repeats=3", "--compress.latency_warmup=1"]
+    assert main(["run", "--config", str(RECIPES / "quickstart.yaml"), *overrides]) == 0
+    out = Path("runs/quickstart")
+    report = json.loads((out / "report.json").read_text())
+    float_model, compressed = report["models"]
+    assert float_model["metrics"]["accuracy"] > 0.3  # 10 classes: chance is 0.1
+    assert compressed["compression"].startswith("W8A8Linear x12")
+    assert [p["batch_size"] for p in compressed["latency"]] == [1, 8, 32]
+    assert (out / "report.md").is_file() and (out / "report.png").is_file()
+    model = compress.load_compressed(out / "compressed")
+    layer = model.get_submodule("bert.encoder.layer.0.intermediate.dense")
+    blocks = layer.w_q.reshape(512 // 32, 32, 128 // 32, 32).abs().amax(dim=(1, 3))
+    assert (blocks == 0).float().mean().item() == pytest.approx(0.5)
