@@ -15,24 +15,37 @@ accumulated in fp32 and stored in ``x``'s dtype.
 
 Two kernels, picked by the launcher from the shape (see ``choose_config``):
 
-* ``_bsr_gemv_kernel`` (small M, memory bound): one program per (output row m, BLOCK_N outputs of
+* ``_bsr_gemv_kernel`` (M <= 4, memory bound): one program per (output row m, BLOCK_N outputs of
   one block row), with BLOCK_N in {8, 16, 32}. Splitting a block row's 32 outputs over several
   programs keeps every SM streaming weights even when N/32 is small, without atomics (the sub-rows
   ``i`` of a block are contiguous in ``values``). Each step gathers GROUP stored blocks: a
   (BLOCK_N, 32 GROUP) weight tile and the matching 32 GROUP entries of ``x``, multiplied on the
   CUDA cores and reduced along K.
-* ``_bsr_gemm_kernel`` (larger M, compute bound): one program per (BLOCK_M rows of x, BLOCK_N
+* ``_bsr_gemm_kernel`` (M > 4, tensor cores): one program per (BLOCK_M rows of x, BLOCK_N
   outputs of one block row). Each step gathers GROUP stored blocks into one K-tile of width
   32 GROUP: ``x[m_tile, gathered columns]`` (BLOCK_M, 32 GROUP) times the transposed blocks
   (32 GROUP, BLOCK_N), one ``tl.dot`` with fp32 accumulation. Programs with the same M tile are
   launched together (the block-row index varies fastest), so that x tile stays in L2 while every
   block row reads it.
 
+The tile table in ``choose_config`` was tuned on an H100 (``scripts/tune_bsr.py``). Measured there
+(docs/benchmarks/kernels.md): small M streams weights at 2.1-2.4 TB/s on large layers; at large M
+the gathered x tiles (only 32 outputs wide) make the kernel L2-bandwidth bound at about 220 TFLOP/s
+of executed work, whatever the sparsity.
+
 Entry points: ``bsr_matmul(x, weight, bias)`` for a ``torch.sparse_bsr`` weight and
 ``bsr_matmul_parts(x, crow, col, values, out_features, bias)`` for the parts the inference module
 keeps as buffers. Both validate and call the custom op ``compress_kernels::bsr_matmul`` (with a
 fake implementation), so callers compile under ``torch.compile`` and capture in CUDA graphs: the
-launch depends only on shapes, never on the index values, and does no host synchronisation.
+launch depends only on shapes, never on the index values, and does no host synchronisation (so the
+index *values* are not checked: K comes from ``x`` and ``col_indices`` must be < K/32). Keep the
+parts as plain tensors (buffers, e.g. ``.clone()`` of ``W.to_sparse_bsr(...).values()``): tensors
+returned straight by a sparse tensor's ``.values()`` trip Dynamo (IndexError in
+``torch/_dynamo/pgo.py``, seen with torch 2.13).
+
+Interpreter note: Triton's CPU interpreter multiplies the raw bits of bf16 ``tl.dot`` operands
+(bf16 is stored as uint16 there), so under ``TRITON_INTERPRET=1`` bf16 tiles are upcast to fp32
+before the dot (``DOT_IN_FP32``); on the GPU the dot runs in bf16.
 """
 from __future__ import annotations
 
@@ -61,7 +74,7 @@ class BsrConfig:
     num_stages: int
 
 
-def choose_config(m: int, n: int, k: int, nnz: int) -> BsrConfig:
+def choose_config(m: int, n: int, k: int) -> BsrConfig:
     """Pick the kernel and tiles from the shape alone (so the choice is CUDA-graph safe).
 
     The table was tuned on an H100 with ``scripts/tune_bsr.py`` (4096x4096 and 8192x28672, 50% and
@@ -177,7 +190,7 @@ def launch_bsr(x2, crow_indices, col_indices, values, bias, y, config: BsrConfig
     m, k = x2.shape
     n = y.shape[1]
     if config is None:
-        config = choose_config(m, n, k, values.shape[0])
+        config = choose_config(m, n, k)
     bias_arg = bias if bias is not None else y  # never read when HAS_BIAS is False
     common = dict(HAS_BIAS=bias is not None, BLOCK_N=config.block_n, GROUP=config.group, BLOCK=BSR_BLOCK,
                   num_warps=config.num_warps, num_stages=config.num_stages)

@@ -41,6 +41,7 @@ import triton.language as tl
 
 from kernels._checks import interpreting, check_activation, check_bias, check_same_device, check_shape, check_tensor
 from kernels._splitk import splitk_reduce
+from kernels.w4a16_gemv import launch_skinny
 
 GROUP_SIZES = (32, 64, 128)
 DEQUANT_MIN_M = 128  # from here on, dequantize once and let cuBLAS run the fp16 GEMM (see docs/kernels-notes.md)
@@ -59,7 +60,9 @@ class TileConfig(NamedTuple):
     scale_after_dot: bool = False
     magic_unpack: bool = False
     expanded_load: bool = False
-    path: str = "tiled"  # "tiled" (tl.dot), "gemv" (fp32 FMAs, M <= 4), "dequant" (dequantize, then cuBLAS)
+    path: str = "tiled"  # "skinny" (kernels.w4a16_gemv, M <= 64), "tiled" (tl.dot), "gemv" (fp32 FMAs, M <= 4),
+    # "dequant" (dequantize, then cuBLAS)
+    asm_unpack: bool = True  # skinny path: inline-PTX unpack (False: plain Triton ops; always so in the interpreter)
 
 
 @triton.jit
@@ -266,17 +269,39 @@ def pick_config(m: int, n: int, k: int, group_size: int) -> TileConfig:
     """Tile shape by M bucket; BLOCK_K never crosses a scale group."""
     if m >= DEQUANT_MIN_M:
         return TileConfig(0, 0, 0, path="dequant")
-    if m <= 16:
-        cfg = TileConfig(16, 64, 128, num_warps=4, num_stages=4, scale_after_dot=True)
-    elif m <= 64:
-        cfg = TileConfig(64, 64, 128, num_warps=4, num_stages=4, scale_after_dot=True)
-    elif m <= 256:
-        cfg = TileConfig(128, 128, 64, num_warps=8, num_stages=4)
-    else:
-        cfg = TileConfig(128, 256, 64, num_warps=8, num_stages=3)
+    if m <= 64:
+        return _skinny_config(m, n, k, group_size)
+    cfg = TileConfig(128, 128, 64, num_warps=8, num_stages=4)
     if group_size != k:
         cfg = cfg._replace(block_k=min(cfg.block_k, group_size))
     return cfg._replace(split_k=_split_k_for(m, n, k, cfg))
+
+
+def _skinny_config(m: int, n: int, k: int, group_size: int) -> TileConfig:
+    """M <= 64: the two-nibbles-per-op kernel of :mod:`kernels.w4a16_gemv` (see docs/kernels-notes.md)."""
+    block_m = 16 if m <= 16 else (32 if m <= 32 else 64)
+    block_k = 128 if group_size == k else min(128, group_size)
+    cfg = TileConfig(block_m, 64, block_k, num_warps=4, num_stages=4, path="skinny")
+    return cfg._replace(split_k=_balanced_split_k(m, n, k, cfg))
+
+
+def _balanced_split_k(m: int, n: int, k: int, cfg: TileConfig, sms: int = 132) -> int:
+    """Smallest power-of-two K split giving >= 2 programs per SM with whole waves >= 85% full.
+
+    A wave here is one program per SM; a last, partly filled wave leaves SMs idle while the rest stream.
+    Each split keeps at least two K tiles, so the software pipeline has something to overlap."""
+    tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
+    k_tiles = triton.cdiv(k, cfg.block_k)
+    best, best_fill, split = 1, 0.0, 1
+    while split <= 16 and (split == 1 or k_tiles // split >= 2):
+        programs = tiles * split
+        fill = programs / (triton.cdiv(programs, sms) * sms)
+        if programs >= 2 * sms and fill >= 0.85:
+            return split
+        if fill > best_fill:  # under one wave, fill grows with the split: the most programs win
+            best, best_fill = split, fill
+        split *= 2
+    return best
 
 
 def _split_k_for(m: int, n: int, k: int, cfg: TileConfig, target_programs: int = 264) -> int:
@@ -324,7 +349,10 @@ def launch(x2, qweight, scales, group_size: int, bias=None, config: TileConfig |
         return torch.addmm(bias.to(x2.dtype), x2, w_t, out=y)
     bias = bias.contiguous() if bias is not None else None
     out = y if cfg.split_k == 1 else torch.empty((cfg.split_k, m, n), dtype=torch.float32, device=x2.device)
-    if cfg.path == "gemv":
+    if cfg.path == "skinny":
+        fp32_operands = interpreting() and x2.dtype == torch.bfloat16
+        launch_skinny(x2, qweight, scales, group_size, bias, out, cfg, cfg.asm_unpack and not interpreting(), fp32_operands)
+    elif cfg.path == "gemv":
         _launch_gemv(x2, qweight, scales, group_size, bias, out, cfg)
     else:
         _launch_tiled(x2, qweight, scales, group_size, bias, out, cfg)

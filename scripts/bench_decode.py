@@ -8,22 +8,21 @@ single-token decode steps are timed at each ``--batch``. tokens/s = batch * step
 
 Variants (``--variants``), each built from the same seeded weights, one at a time (freed after):
 
-  fp16-eager  plain eager PyTorch, no compile, no graph (the naive baseline)
-  fp16        cuBLAS fp16 linears                                   \
-  w4a16       ours: ``compress.convert(model, W4A16Config(128))``     |  the same harness:
-  w8a8        ours: ``compress.convert(model, W8A8Config())`` (dynamic)|  torch.compile of the
-  dds50/dds90 ours: 32x32 block-sparse weights (random masks, exactly  |  decoder layer + one CUDA
-              50% / 90% of the blocks of every matrix pruned: speed    |  graph per decode step
-              only) through ``compress.prepare`` / ``set_mask`` /      |
-              ``compress.convert`` -> ``BSRLinear``                    |
-  int4-aten   PyTorch's tinygemm int4 kernel                           |
-              (``aten._weight_int4pack_mm``, group 128, as torchao      |
-              uses it). It takes bf16 activations only, so this model /
-              runs in bf16; same symmetric int4 weights as ours.
+* ``fp16-eager``: plain eager PyTorch, no compile, no graph (the naive baseline).
+* ``fp16``: cuBLAS fp16 linears.
+* ``w4a16`` (ours): ``compress.convert(model, W4A16Config(group_size=128))``.
+* ``w8a8`` (ours): ``compress.convert(model, W8A8Config())``, dynamic per-token activations.
+* ``dds50`` / ``dds90`` (ours): ``compress.prepare(model, BlockSparseConfig(p))``, random 32x32
+  block masks pruning exactly ``floor(p * blocks)`` blocks of every matrix (speed only), then
+  ``compress.convert`` to ``BSRLinear``.
+* ``int4-aten``: PyTorch's tinygemm int4 kernel (``aten._weight_int4pack_mm``, group 128, as
+  torchao uses it) with the same symmetric int4 weights as ours; it takes bf16 activations only,
+  so this variant's model runs in bf16.
+* ``no-linears``: not a scheme; the decoder linears return zeros, so this times the rest of a step
+  (attention over the cache, norms, rotary embedding, ``lm_head``): the floor every scheme adds to.
 
-  no-linears  not a scheme: the decoder linears return zeros, so this times the rest of a step
-              (attention over the cache, norms, rotary embedding, ``lm_head``): the floor that
-              every linear-layer scheme adds to.
+Every variant but ``fp16-eager`` runs in the same harness: ``torch.compile`` of the decoder layer
+and one CUDA graph per decode step.
 
 ``lm_head`` and the embeddings stay in fp16 (bf16 for int4-aten) in every variant.
 

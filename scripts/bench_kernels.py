@@ -490,6 +490,11 @@ def _ratio_text(r):
     return "err" if "error" in r else "-"
 
 
+def _graph_scope(env) -> str:
+    limit = env.get("settings", {}).get("graph_max_m", 0)
+    return "at every M" if limit >= GRAPH_MAX_M else f"up to M = {limit}"
+
+
 def markdown(report: dict, notes: str = "") -> str:
     """The docs summary: environment, the targets (met / not met), ratios per shape, then ``notes``."""
     env, results, targets = report["environment"], report["results"], report["targets"]
@@ -502,7 +507,7 @@ def markdown(report: dict, notes: str = "") -> str:
              f"CUDA {env.get('cuda')}; {env.get('date')}; sweep {env.get('sweep_seconds')} s.", "",
              "Method: `triton.testing.do_bench` medians (L2 flushed before each timed call); each kernel "
              "rotates over weight/input sets totalling >= "
-             f"{env.get('settings', {}).get('rotate_mb')} MB; up to M = {env.get('settings', {}).get('graph_max_m')} "
+             f"{env.get('settings', {}).get('rotate_mb')} MB; {_graph_scope(env)} "
              "the rotation is one CUDA graph and its replay time is divided by the number of calls (`graph` in the "
              "JSON says where capture failed and the op was timed eagerly). Anchors that "
              "need it are padded: `torch._int_mm` to 32 rows at M <= 16, `bsr_dense_mm` to a multiple of 16 "

@@ -63,7 +63,7 @@ def tune_case(k, n, m, pct, args):
     dense_sets = [torch.randn(n, k, device="cuda", dtype=torch.float16) for _ in range(bk.n_sets(n * k * 2, args.rotate_mb))]
     cublas = bk.time_gpu([lambda w=w: F.linear(xs[0], w) for w in dense_sets], use_graph, args.warmup_ms, args.rep_ms)[0]
     rows = []
-    current = choose_config(m, n, k, first["values"].shape[0])
+    current = choose_config(m, n, k)
     for cfg in dict.fromkeys([current] + candidates(m)):
         try:
             y = torch.empty(xs[0][:64].shape[0], n, device="cuda", dtype=torch.float16)

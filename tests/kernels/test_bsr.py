@@ -5,7 +5,6 @@ small shapes; GPU-marked tests run full sizes, torch.compile(fullgraph=True) and
 Weights are random, block sparse with an exact share of absent 32x32 blocks; outputs are compared
 with the fp32-accumulated reference to the output dtype's rounding.
 """
-import os
 
 import pytest
 import torch
@@ -139,12 +138,14 @@ def test_every_config_matches_reference(config):
     torch.testing.assert_close(y, bsr_matmul_ref(x, crow, col, values, n, bias), **TOL[torch.float16])
 
 
-@pytest.mark.parametrize("m", [1, 4, 16, 64, 256, 2048, 8192])
-def test_choose_config_is_valid(m):
-    cfg = choose_config(m, 4096, 4096, 1638)
+@pytest.mark.parametrize("k,n", [(1024, 1024), (4096, 4096), (11008, 4096), (8192, 28672)])
+@pytest.mark.parametrize("m", [1, 4, 5, 16, 17, 64, 256, 2048, 8192])
+def test_choose_config_is_valid(m, k, n):
+    cfg = choose_config(m, n, k)
     assert cfg.kernel in ("gemv", "gemm")
-    assert cfg.block_n in (8, 16, 32) and 4096 % cfg.block_n == 0
+    assert cfg.block_n in (8, 16, 32) and n % cfg.block_n == 0
     assert (cfg.block_m == 1) == (cfg.kernel == "gemv")
+    assert cfg.kernel == "gemv" or (cfg.block_m >= 16 and cfg.block_m >= min(m, 64) // 2)
 
 
 def test_custom_op_fake_and_schema():
