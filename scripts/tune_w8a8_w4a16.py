@@ -13,7 +13,9 @@ replayed under ``triton.testing.do_bench`` (median) and the time divided by R. G
 gaps, rotation defeats L2 reuse. Results go to ``$OUT`` (or ``--out``) as JSON and a Markdown table.
 
 ``--sweep`` additionally times explicit ``TileConfig`` variants at chosen shapes, to pick the
-heuristics in ``kernels.w4a16.pick_config`` / ``kernels.w8a8.pick_config``.
+heuristics in ``kernels.w4a16.pick_config`` / ``kernels.w8a8.pick_config``. ``--sweep skinny`` times
+only the W4A16 small-M variants (``kernels/w4a16_gemv.py``: tile, warps, stages, split-K, inline-PTX
+vs plain unpack) against the previous default; ``--methods fp16,w4a16,int4pk`` limits the table.
 """
 from __future__ import annotations
 
@@ -86,7 +88,10 @@ def make_weights(k, n, r, dev="cuda"):
     return sets
 
 
-def bench_cell(k, n, m, wsets):
+METHODS = ("fp16", "w8a8", "int_mm", "w4a16", "int4pk")
+
+
+def bench_cell(k, n, m, wsets, methods=METHODS):
     """All methods at one (K, N, M); returns {method: microseconds or error string}."""
     xs = [torch.randn(m, k, device="cuda", dtype=torch.float16) for _ in wsets]
     xb = [x.bfloat16() for x in xs]
@@ -99,6 +104,9 @@ def bench_cell(k, n, m, wsets):
         "int4pk": (torch.ops.aten._weight_int4pack_mm, [(x, w["int4pk"], GROUP, w["sz"]) for x, w in zip(xb, wsets)]),
     }
     for name, (fn, arg_sets) in cases.items():
+        if name not in methods:
+            row[name] = "skipped"
+            continue
         if name == "int4pk" and isinstance(wsets[0]["int4pk"], str):
             row[name] = wsets[0]["int4pk"]
             continue
@@ -119,7 +127,7 @@ def markdown(results) -> str:
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
-        t = {k: (f"{v:.1f}" if isinstance(v, float) else "err") for k, v in r["us"].items()}
+        t = {k: (f"{v:.1f}" if isinstance(v, float) else ("-" if v == "skipped" else "err")) for k, v in r["us"].items()}
         b = r["us"]["fp16"]
         lines.append(
             f"| {r['k']}x{r['n']} | {r['m']} | {t['fp16']} | {t['w8a8']} | {t['int_mm']} | {t['w4a16']} | {t['int4pk']} "
@@ -181,6 +189,51 @@ SWEEP_CELLS = [((4096, 4096), 1, "gemv"), ((8192, 28672), 1, "gemv"), ((4096, 40
 SWEEP_W8["gemv"] = SWEEP_W8["small"]
 
 
+def skinny_variants(m, n, k):
+    """Small-M W4A16 variants around ``pick_config``'s choice, plus the previous default (tiled)."""
+    base = w4.pick_config(m, n, k, GROUP)
+    split = lambda cfg: cfg._replace(split_k=w4._balanced_split_k(m, n, k, cfg))  # noqa: E731
+    return [
+        base,
+        base._replace(asm_unpack=False),
+        split(base._replace(block_n=128, num_warps=8)),
+        split(base._replace(block_n=128, num_warps=4)),
+        split(base._replace(block_n=32, num_warps=2)),
+        base._replace(num_stages=3),
+        base._replace(num_stages=6),
+        base._replace(split_k=max(1, base.split_k // 2)),
+        base._replace(split_k=min(16, base.split_k * 2)),
+        with_split(T4(min(16, base.block_m) if m <= 16 else 64, 64, 128, None, num_warps=4, num_stages=4,
+                      scale_after_dot=True), w4, m, n, k),
+    ]
+
+
+SKINNY_CELLS = [((8192, 28672), 1), ((4096, 4096), 1), ((8192, 28672), 16), ((4096, 4096), 16),
+                ((8192, 8192), 64), ((11008, 4096), 1)]  # most telling first: a short run keeps these
+
+
+def sweep_skinny(deadline):
+    rows = []
+    for (k, n), m in SKINNY_CELLS:
+        if time.time() > deadline:
+            rows.append(dict(skipped=f"{k}x{n} M={m}: out of time"))
+            continue
+        wsets = make_weights(k, n, rotations(k, n))
+        xs = [torch.randn(m, k, device="cuda", dtype=torch.float16) for _ in wsets]
+        base = time_graph(F.linear, [(x, w["w16"]) for x, w in zip(xs, wsets)])
+        for cfg in skinny_variants(m, n, k):
+            args = [(x, w["qweight"], w["scales"], GROUP, None, cfg) for x, w in zip(xs, wsets)]
+            try:
+                us = time_graph(w4.launch, args)
+            except Exception as err:  # noqa: BLE001
+                us = repr(err)[:160]
+            rows.append(dict(kernel="w4a16", k=k, n=n, m=m, cfg=cfg._asdict(), us=us, fp16_us=base))
+            print(sweep_markdown(rows[-1:]).splitlines()[-1], flush=True)  # a killed run still shows these
+        del wsets, xs
+        torch.cuda.empty_cache()
+    return rows
+
+
 def with_split(cfg, module, m, n, k):
     if cfg.split_k is not None or getattr(cfg, "path", "") == "dequant":
         return cfg
@@ -225,7 +278,9 @@ def sweep_markdown(rows) -> str:
             continue
         c = r["cfg"]
         desc = f"{c['block_m']}x{c['block_n']}x{c['block_k']} sk{c['split_k']} w{c['num_warps']} s{c['num_stages']}"
-        if r["kernel"] == "w4a16":
+        if r["kernel"] == "w4a16" and c["path"] == "skinny":
+            desc += f" skinny asm{int(c['asm_unpack'])}"
+        elif r["kernel"] == "w4a16":
             desc += f" sad{int(c['scale_after_dot'])} magic{int(c['magic_unpack'])} exp{int(c['expanded_load'])} {c['path']}"
         us = f"{r['us']:.1f}" if isinstance(r["us"], float) else f"err {r['us']}"
         lines.append(f"| {r['kernel']} | {r['k']}x{r['n']} | {r['m']} | {desc} | {us} | {ratio(r['fp16_us'], r['us'])} |")
@@ -235,9 +290,11 @@ def sweep_markdown(rows) -> str:
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
-    parser.add_argument("--sweep", action="store_true")
+    parser.add_argument("--sweep", nargs="?", const="all", choices=["all", "skinny"], default=None)
+    parser.add_argument("--methods", default=",".join(METHODS), help="table columns to time, e.g. fp16,w4a16,int4pk")
     parser.add_argument("--no-table", action="store_true")
     parser.add_argument("--budget-s", type=float, default=200.0, help="stop starting new work after this")
+    parser.add_argument("--sweep-budget-s", type=float, default=120.0, help="sweep cells start until budget + this")
     parser.add_argument("--shapes", default="all", help="'all' or e.g. 4096x4096,8192x8192")
     parser.add_argument("--ms", default=",".join(map(str, MS)))
     args = parser.parse_args()
@@ -248,6 +305,7 @@ def main():
     print(meta, flush=True)
     shapes = SHAPES if args.shapes == "all" else [tuple(map(int, s.split("x"))) for s in args.shapes.split(",")]
     ms = [int(v) for v in args.ms.split(",")]
+    methods = tuple(args.methods.split(","))
     results = []
     if not args.no_table:
         for k, n in shapes:
@@ -256,7 +314,7 @@ def main():
                 if time.time() > deadline:
                     print(f"out of time at {k}x{n} M={m}", flush=True)
                     break
-                results.append(dict(k=k, n=n, m=m, r=len(wsets), us=bench_cell(k, n, m, wsets)))
+                results.append(dict(k=k, n=n, m=m, r=len(wsets), us=bench_cell(k, n, m, wsets, methods)))
                 print(markdown(results[-1:]).splitlines()[-1], flush=True)
             del wsets
             torch.cuda.empty_cache()
@@ -266,7 +324,8 @@ def main():
         with open(os.path.join(args.out, "kernel_times.md"), "w") as f:
             f.write(table + "\n")
     if args.sweep:
-        rows = sweep(deadline + 120)
+        sweep_deadline = deadline + args.sweep_budget_s
+        rows = sweep_skinny(sweep_deadline) if args.sweep == "skinny" else sweep(sweep_deadline)
         with open(os.path.join(args.out, "sweep.json"), "w") as f:
             json.dump(dict(meta=meta, rows=rows), f, indent=1)
         with open(os.path.join(args.out, "sweep.md"), "w") as f:

@@ -57,12 +57,45 @@ def test_every_kernel_variant(dtype, cfg):
     assert rel_error(y, reference.w4a16_matmul_ref(x, qweight, scales, g, bias)) <= TOL[dtype]
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    "m,n,g,cfg",
+    [
+        (1, 64, 32, TileConfig(16, 32, 32, split_k=3, path="skinny")),  # 3 splits over 6 K tiles
+        (5, 80, 64, TileConfig(16, 64, 64, split_k=1, path="skinny")),  # N not a BLOCK_N multiple
+        (16, 96, 64, TileConfig(16, 32, 64, split_k=2, num_warps=2, path="skinny")),
+        (20, 64, 32, TileConfig(32, 32, 32, split_k=4, path="skinny")),  # 4 splits over 6 tiles: one empty
+        (40, 48, 64, TileConfig(64, 32, 64, split_k=1, path="skinny")),
+    ],
+)
+def test_skinny_path(dtype, m, n, g, cfg):
+    k = 192
+    x = torch.randn(m, k, device=DEVICE).to(dtype)
+    qweight, _, scales = random_int4_weight(k, n, g, device=DEVICE)
+    bias = torch.randn(n, device=DEVICE).to(dtype) if m % 2 else None
+    y = launch(x, qweight, scales, g, bias, config=cfg)
+    assert y.shape == (m, n) and y.dtype == dtype
+    assert rel_error(y, reference.w4a16_matmul_ref(x, qweight, scales, g, bias)) <= TOL[dtype]
+
+
+def test_skinny_split_balance():
+    from kernels.w4a16 import _balanced_split_k
+
+    cfg = TileConfig(16, 64, 128, path="skinny")
+    for k, n in [(4096, 4096), (11008, 4096), (8192, 8192), (8192, 28672)]:
+        split = _balanced_split_k(1, n, k, cfg)
+        programs = (n // 64) * split
+        assert programs >= 264 and programs / (-(-programs // 132) * 132) >= 0.85
+        assert (k // 128) // split >= 2  # every split keeps two K tiles to pipeline
+    assert _balanced_split_k(1, 1024, 1024, cfg) == 4  # under one wave: as many programs as K allows
+
+
 def test_per_channel_group_with_k_not_a_tile_multiple():
     m, k, n = 3, 200, 24  # G = K = 200: BLOCK_K does not divide K, tails are masked
     x = torch.randn(m, k, device=DEVICE).half()
     qweight, _, scales = random_int4_weight(k, n, k, device=DEVICE)
     for cfg in (None, TileConfig(16, 32, 64, split_k=2, scale_after_dot=True), TileConfig(4, 32, 64, 2, path="gemv"),
-                TileConfig(0, 0, 0, path="dequant"),
+                TileConfig(0, 0, 0, path="dequant"), TileConfig(16, 32, 64, split_k=2, path="skinny"),
                 TileConfig(16, 32, 64, split_k=2, magic_unpack=True, expanded_load=True)):
         y = launch(x, qweight, scales, k, config=cfg)
         assert rel_error(y, reference.w4a16_matmul_ref(x, qweight, scales, k)) <= TOL[torch.float16]
@@ -97,7 +130,8 @@ def test_pick_config_buckets():
     small = pick_config(1, 4096, 4096, 128)
     mid = pick_config(256, 4096, 4096, 128)  # from M = 128 on: dequantize + cuBLAS
     assert small.block_m <= 16 and small.split_k >= 1 and small.block_k <= 128
-    assert mid.path == "dequant" and pick_config(64, 4096, 4096, 128).path == "tiled"
+    assert mid.path == "dequant" and pick_config(64, 4096, 4096, 128).path == "skinny"
+    assert small.path == "skinny" and pick_config(65, 4096, 4096, 128).path == "tiled"
     assert pick_config(4096, 4096, 4096, 128).path == "dequant"
     assert pick_config(1, 4096, 4096, 32).block_k <= 32  # a K tile never crosses a scale group
 
@@ -156,6 +190,22 @@ def test_gpu_full_size(dtype, m, group_size):
     bias = torch.randn(n, device="cuda").to(dtype)
     y = w4a16_matmul(x, qweight, scales, group_size, bias)
     assert rel_error(y, reference.w4a16_matmul_ref(x, qweight, scales, group_size, bias)) <= TOL[dtype]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m", [1, 7, 16, 33, 64])
+def test_gpu_skinny_inline_ptx_matches_plain_unpack(dtype, m):
+    k, n, g = 2048, 1000, 128  # N not a multiple of BLOCK_N: wrapped columns, masked stores
+    x = torch.randn(m, k, device="cuda").to(dtype)
+    qweight, _, scales = random_int4_weight(k, n, g, device="cuda")
+    bias = torch.randn(n, device="cuda").to(dtype)
+    cfg = pick_config(m, n, k, g)
+    assert cfg.path == "skinny" and cfg.asm_unpack
+    y_asm = launch(x, qweight, scales, g, bias, config=cfg)
+    y_plain = launch(x, qweight, scales, g, bias, config=cfg._replace(asm_unpack=False))
+    torch.testing.assert_close(y_asm, y_plain, rtol=0, atol=0)  # the same exact int4 operands
+    assert rel_error(y_asm, reference.w4a16_matmul_ref(x, qweight, scales, g, bias)) <= TOL[dtype]
 
 
 @pytest.mark.gpu
