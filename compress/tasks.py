@@ -99,8 +99,12 @@ def build_model(auto_class, model_name_or_path: str | None, config: dict | None,
         raise ValueError(f"dtype: expected one of {sorted(_DTYPES)}, got {dtype!r}")
     if model_name_or_path is not None:
         path = resolve_model_path(model_name_or_path)
-        return auto_class.from_pretrained(path, dtype=_DTYPES[dtype], **model_kwargs)
-    return auto_class.from_config(build_config(config, **model_kwargs)).to(_DTYPES[dtype])
+        model = auto_class.from_pretrained(path, dtype=_DTYPES[dtype], **model_kwargs)
+    else:
+        model = auto_class.from_config(build_config(config, **model_kwargs)).to(_DTYPES[dtype])
+    # from_pretrained returns the model in eval mode, and Lightning keeps submodules' modes:
+    # without this, dropout would stay off during fine-tuning.
+    return model.train()
 
 
 def build_config(config: dict, **overrides):

@@ -28,7 +28,8 @@ pipeline: the large-M path).
 
 Small M is memory bound (the packed weight is a quarter of the fp16 bytes): narrow N tiles plus
 split-K (fp32 partials summed by :mod:`kernels._splitk`) give every SM a stream of weight tiles.
-Tiles come from the heuristic ``pick_config`` on (M bucket, N, K, G); there is no autotuning, so the
+``path="skinny"`` selects the two-nibbles-per-op kernel of :mod:`kernels.w4a16_gemv` (not the default:
+measured slower on the H100). Tiles come from the heuristic ``pick_config`` on (M bucket, N, K, G); there is no autotuning, so the
 first call can be captured in a CUDA graph. Registered as ``torch.ops.compress_kernels.w4a16_matmul``.
 """
 from __future__ import annotations
@@ -63,6 +64,7 @@ class TileConfig(NamedTuple):
     path: str = "tiled"  # "skinny" (kernels.w4a16_gemv, M <= 64), "tiled" (tl.dot), "gemv" (fp32 FMAs, M <= 4),
     # "dequant" (dequantize, then cuBLAS)
     asm_unpack: bool = True  # skinny path: inline-PTX unpack (False: plain Triton ops; always so in the interpreter)
+    prefetch_scale: bool = False  # skinny path: load the next K tile's scales one iteration ahead
 
 
 @triton.jit
@@ -269,16 +271,21 @@ def pick_config(m: int, n: int, k: int, group_size: int) -> TileConfig:
     """Tile shape by M bucket; BLOCK_K never crosses a scale group."""
     if m >= DEQUANT_MIN_M:
         return TileConfig(0, 0, 0, path="dequant")
-    if m <= 64:
-        return _skinny_config(m, n, k, group_size)
-    cfg = TileConfig(128, 128, 64, num_warps=8, num_stages=4)
+    if m <= 16:  # the skinny path (kernels.w4a16_gemv) measured slower on the H100: see docs/kernels-notes.md
+        cfg = TileConfig(16, 64, 128, num_warps=4, num_stages=4, scale_after_dot=True)
+    elif m <= 64:
+        cfg = TileConfig(64, 64, 128, num_warps=4, num_stages=4, scale_after_dot=True)
+    else:
+        cfg = TileConfig(128, 128, 64, num_warps=8, num_stages=4)
     if group_size != k:
         cfg = cfg._replace(block_k=min(cfg.block_k, group_size))
     return cfg._replace(split_k=_split_k_for(m, n, k, cfg))
 
 
-def _skinny_config(m: int, n: int, k: int, group_size: int) -> TileConfig:
-    """M <= 64: the two-nibbles-per-op kernel of :mod:`kernels.w4a16_gemv` (see docs/kernels-notes.md)."""
+def skinny_config(m: int, n: int, k: int, group_size: int) -> TileConfig:
+    """M <= 64: the two-nibbles-per-op kernel of :mod:`kernels.w4a16_gemv` (see docs/kernels-notes.md).
+
+    Not the default: on the H100 it measured slower than the tiled kernel (call 4); kept for the sweep."""
     block_m = 16 if m <= 16 else (32 if m <= 32 else 64)
     block_k = 128 if group_size == k else min(128, group_size)
     cfg = TileConfig(block_m, 64, block_k, num_warps=4, num_stages=4, path="skinny")

@@ -5,8 +5,9 @@ Same operands and contract as :mod:`kernels.w4a16` (``qweight`` (K/8, N) int32, 
 
     y[m, n] = sum_g scales[g, n] * sum_{k in group g} x[m, k] * q[k, n]      (+ bias[n])
 
-Why a separate kernel: at small M the weight stream is the whole cost, and the earlier kernels were
-bound by instruction issue, not by memory: their SASS spent 6-14 instructions per nibble (a shift, a
+Why a separate kernel: at small M the weight stream is the whole cost, and the earlier kernels looked
+bound by instruction issue (a hypothesis the H100 later refuted, see docs/kernels-notes.md, call 4:
+this kernel is correct but slower than the tiled one and is not the default): their SASS spent 6-14 instructions per nibble (a shift, a
 mask, an int -> float convert or a magic subtract per nibble, a re-pack of halves, scalar shared-memory
 stores of the unpacked tile). 234 M nibbles (8192 x 28672) at ~12 instructions each is ~110 us on
 132 SMs x 128 lanes, while the bytes need ~40 us. This kernel unpacks one packed word (8 nibbles) in
@@ -22,7 +23,7 @@ the subtraction is exact. The pair lands in k order (2b, 2b+1) in one register, 
 BLOCK_N) operand is assembled by ``tl.join`` / ``tl.permute`` / ``tl.reshape`` without re-packing,
 stored to shared memory once and fed to ``tl.dot`` (mma) with M padded to 16. Scales multiply the
 fp32 partial product of each K tile (a tile never crosses a scale group), so there is no per-element
-scale work. x rows past M are masked, not re-read.
+scale work (``PREFETCH_SCALE`` loads the next tile's scales one iteration early). x rows past M are masked.
 
 Triton's CPU interpreter cannot run inline PTX, so under ``TRITON_INTERPRET=1`` (``ASM_UNPACK=False``)
 the same tile is built with plain integer ops (shift, mask, sign fix, convert): the same values, so the
@@ -104,12 +105,20 @@ def _unpack_plain(packed, DTYPE: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.c
 
 
 @triton.jit
+def _load_scale(s_ptrs, k, stride_sg, GROUP_K: tl.constexpr):
+    """fp32 scales (BLOCK_N,) of the group holding input channel k (GROUP_K = 0: per channel, row 0)."""
+    if GROUP_K == 0:
+        return tl.load(s_ptrs).to(tl.float32)
+    return tl.load(s_ptrs + (k // GROUP_K) * stride_sg).to(tl.float32)  # GROUP_K a power of two: a shift
+
+
+@triton.jit
 def w4a16_skinny_kernel(
     x_ptr, qw_ptr, s_ptr, bias_ptr, out_ptr,  # x (M, K), qweight (K/8, N), scales (K/G, N), bias (N,), out
     M, N, K,
     stride_xm, stride_xk, stride_qk, stride_qn, stride_sg, stride_sn, stride_os, stride_om,
     SPLIT_K, GROUP_K: tl.constexpr, ADD_BIAS: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
-    ASM_UNPACK: tl.constexpr, FP32_OPERANDS: tl.constexpr,
+    ASM_UNPACK: tl.constexpr, FP32_OPERANDS: tl.constexpr, PREFETCH_SCALE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     """Program (n tile, K split, m tile) -> fp32 partial (or final) outputs of a BLOCK_M x BLOCK_N tile."""
@@ -136,6 +145,10 @@ def w4a16_skinny_kernel(
     s_ptrs = s_ptr + cols * stride_sn  # (BN,)
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if PREFETCH_SCALE:  # one tile ahead; clamped, so an empty split reads in bounds
+        scale_next = _load_scale(s_ptrs, min(k_first, K - 1), stride_sg, GROUP_K)
+    else:
+        scale_next = tl.zeros((BLOCK_N,), dtype=tl.float32)
     for k0 in range(k_first, k_last, BLOCK_K):
         if EVEN_K:
             a = tl.load(x_ptrs, mask=m_ok[:, None], other=0.0)
@@ -143,10 +156,11 @@ def w4a16_skinny_kernel(
         else:
             a = tl.load(x_ptrs, mask=m_ok[:, None] & ((k0 + offs_k)[None, :] < K), other=0.0)
             packed = tl.load(q_ptrs, mask=(k0 // 8 + offs_r)[:, None] < K // 8, other=0)
-        if GROUP_K == 0:  # per channel: one scale row
-            scale = tl.load(s_ptrs).to(tl.float32)
-        else:  # GROUP_K a power of two: a shift, not a division
-            scale = tl.load(s_ptrs + (k0 // GROUP_K) * stride_sg).to(tl.float32)
+        if PREFETCH_SCALE:  # the next tile's scales are in flight while this tile computes
+            scale = scale_next
+            scale_next = _load_scale(s_ptrs, min(k0 + BLOCK_K, k_last - 1), stride_sg, GROUP_K)
+        else:
+            scale = _load_scale(s_ptrs, k0, stride_sg, GROUP_K)
         if FP32_OPERANDS:
             a = a.to(tl.float32)
         if ASM_UNPACK:
@@ -180,6 +194,7 @@ def launch_skinny(x2, qweight, scales, group_size, bias, out, cfg, asm_unpack: b
         m * n if cfg.split_k > 1 else 0, out.stride(-2),
         cfg.split_k, GROUP_K=0 if group_size == k else group_size, ADD_BIAS=bias is not None and cfg.split_k == 1, EVEN_K=k % (cfg.block_k * cfg.split_k) == 0,
         EVEN_N=n % cfg.block_n == 0, ASM_UNPACK=asm_unpack, FP32_OPERANDS=fp32_operands,
+        PREFETCH_SCALE=cfg.prefetch_scale,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )

@@ -190,12 +190,14 @@ SWEEP_W8["gemv"] = SWEEP_W8["small"]
 
 
 def skinny_variants(m, n, k):
-    """Small-M W4A16 variants around ``pick_config``'s choice, plus the previous default (tiled)."""
-    base = w4.pick_config(m, n, k, GROUP)
+    """Small-M W4A16 variants around ``skinny_config``'s choice, plus the current default (tiled)."""
+    base = w4.skinny_config(m, n, k, GROUP)
     split = lambda cfg: cfg._replace(split_k=w4._balanced_split_k(m, n, k, cfg))  # noqa: E731
     return [
         base,
         base._replace(asm_unpack=False),
+        base._replace(prefetch_scale=True),
+        split(base._replace(block_n=128, num_warps=4, prefetch_scale=True)),
         split(base._replace(block_n=128, num_warps=8)),
         split(base._replace(block_n=128, num_warps=4)),
         split(base._replace(block_n=32, num_warps=2)),
@@ -203,8 +205,7 @@ def skinny_variants(m, n, k):
         base._replace(num_stages=6),
         base._replace(split_k=max(1, base.split_k // 2)),
         base._replace(split_k=min(16, base.split_k * 2)),
-        with_split(T4(min(16, base.block_m) if m <= 16 else 64, 64, 128, None, num_warps=4, num_stages=4,
-                      scale_after_dot=True), w4, m, n, k),
+        w4.pick_config(m, n, k, GROUP),
     ]
 
 

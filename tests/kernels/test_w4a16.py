@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from kernels import reference
-from kernels.w4a16 import TileConfig, launch, pick_config, w4a16_matmul
+from kernels.w4a16 import TileConfig, launch, pick_config, skinny_config, w4a16_matmul
 from tests.kernels.helpers import random_int4_weight, rel_error
 
 TOL = {torch.float16: 2e-3, torch.bfloat16: 1e-2}
@@ -66,6 +66,8 @@ def test_every_kernel_variant(dtype, cfg):
         (16, 96, 64, TileConfig(16, 32, 64, split_k=2, num_warps=2, path="skinny")),
         (20, 64, 32, TileConfig(32, 32, 32, split_k=4, path="skinny")),  # 4 splits over 6 tiles: one empty
         (40, 48, 64, TileConfig(64, 32, 64, split_k=1, path="skinny")),
+        (3, 80, 32, TileConfig(16, 64, 32, split_k=4, path="skinny", prefetch_scale=True)),  # an empty split too
+        (17, 64, 64, TileConfig(32, 32, 64, split_k=2, path="skinny", prefetch_scale=True)),
     ],
 )
 def test_skinny_path(dtype, m, n, g, cfg):
@@ -130,8 +132,8 @@ def test_pick_config_buckets():
     small = pick_config(1, 4096, 4096, 128)
     mid = pick_config(256, 4096, 4096, 128)  # from M = 128 on: dequantize + cuBLAS
     assert small.block_m <= 16 and small.split_k >= 1 and small.block_k <= 128
-    assert mid.path == "dequant" and pick_config(64, 4096, 4096, 128).path == "skinny"
-    assert small.path == "skinny" and pick_config(65, 4096, 4096, 128).path == "tiled"
+    assert mid.path == "dequant" and pick_config(64, 4096, 4096, 128).path == "tiled"
+    assert skinny_config(64, 4096, 4096, 128).path == "skinny" and skinny_config(1, 4096, 4096, 32).block_k <= 32
     assert pick_config(4096, 4096, 4096, 128).path == "dequant"
     assert pick_config(1, 4096, 4096, 32).block_k <= 32  # a K tile never crosses a scale group
 
@@ -200,7 +202,7 @@ def test_gpu_skinny_inline_ptx_matches_plain_unpack(dtype, m):
     x = torch.randn(m, k, device="cuda").to(dtype)
     qweight, _, scales = random_int4_weight(k, n, g, device="cuda")
     bias = torch.randn(n, device="cuda").to(dtype)
-    cfg = pick_config(m, n, k, g)
+    cfg = skinny_config(m, n, k, g)
     assert cfg.path == "skinny" and cfg.asm_unpack
     y_asm = launch(x, qweight, scales, g, bias, config=cfg)
     y_plain = launch(x, qweight, scales, g, bias, config=cfg._replace(asm_unpack=False))
