@@ -455,10 +455,19 @@ def reset_compiler() -> None:
     counters.clear()
 
 
-def configure_compiler() -> None:
-    """Fail loudly, not fall back to eager, if the layers ever stop sharing their graph."""
-    if hasattr(torch._dynamo.config, "fail_on_recompile_limit_hit"):
-        torch._dynamo.config.fail_on_recompile_limit_hit = True
+@contextlib.contextmanager
+def strict_recompiles():
+    """Fail loudly, not fall back to eager, if the layers ever stop sharing their graph (restored after)."""
+    config = torch._dynamo.config
+    if not hasattr(config, "fail_on_recompile_limit_hit"):
+        yield
+        return
+    previous = config.fail_on_recompile_limit_hit
+    config.fail_on_recompile_limit_hit = True
+    try:
+        yield
+    finally:
+        config.fail_on_recompile_limit_hit = previous
 
 
 def release_memory(device: torch.device) -> None:
@@ -599,9 +608,16 @@ def run(args: argparse.Namespace) -> dict:
                               model={k: getattr(config, k) for k in ("hidden_size", "intermediate_size",
                                                                    "num_attention_heads", "vocab_size")}),
                   results=[], skipped=[], failed=[])
-    configure_compiler()
     reset_compiler()
     started = time.perf_counter()
+    with strict_recompiles():
+        run_variants(args, config, report, started)
+    finish_report(report, args.out, started)
+    return report
+
+
+def run_variants(args: argparse.Namespace, config, report: dict, started: float) -> None:
+    """Bench each variant in turn, writing the report after each one."""
     for name in args.variants:
         if time.perf_counter() - started > args.time_budget:
             report["skipped"].append(dict(variant=name, reason=f"time budget of {args.time_budget:.0f} s spent"))
@@ -615,15 +631,15 @@ def run(args: argparse.Namespace) -> dict:
             logger.exception("variant %s failed", name)
             report["failed"].append(dict(variant=name, error=f"{type(error).__name__}: {error}"[:2000]))
             release_memory(args.device)
-        report["ratios"] = ratios(report["results"])
-        report["targets"] = targets(report["ratios"])
-        report["elapsed_s"] = time.perf_counter() - started
-        write_report(args.out, report)
+        finish_report(report, args.out, started)
+
+
+def finish_report(report: dict, out: Path | None, started: float) -> None:
+    """Recompute ratios and target verdicts, stamp the elapsed time, write the JSON."""
     report["ratios"] = ratios(report["results"])
     report["targets"] = targets(report["ratios"])
     report["elapsed_s"] = time.perf_counter() - started
-    write_report(args.out, report)
-    return report
+    write_report(out, report)
 
 
 def main(argv=None) -> dict:
