@@ -55,7 +55,10 @@ class CompressOptions:
     ``eval_device``: ``"auto"`` (CUDA when available), ``"cpu"`` or ``"cuda"``; ``save_float_model``
     saves the run's fine-tuned float weights next to the compressed export;
     ``float32_matmul_precision`` is passed to ``torch.set_float32_matmul_precision`` (``"high"``
-    lets float32 training use TF32 tensor cores on GPUs that have them).
+    lets float32 training use TF32 tensor cores on GPUs that have them). ``latency_mode``: how the
+    report times a forward pass on CUDA: ``"cuda_graph"`` (default: replays of a captured CUDA
+    graph, no Python launch overhead), ``"compile"`` (``torch.compile`` then the same capture) or
+    ``"eager"``; on CPU timing is always eager (see :mod:`compress.evaluate`).
     """
 
     def __post_init__(self):
@@ -66,6 +69,10 @@ class CompressOptions:
             )
         if not self.eval_batch_sizes or any(int(b) <= 0 for b in self.eval_batch_sizes):
             raise ValueError(f"compress.eval_batch_sizes: expected positive ints, got {self.eval_batch_sizes!r}")
+        from compress.evaluate import LATENCY_MODES
+
+        if self.latency_mode not in LATENCY_MODES:
+            raise ValueError(f"compress.latency_mode: expected one of {list(LATENCY_MODES)}, got {self.latency_mode!r}")
 
     output_dir: str = "runs/compress"
     eval_batch_sizes: list[int] = field(default_factory=lambda: [1, 8, 32])
@@ -77,6 +84,7 @@ class CompressOptions:
     evaluate: bool = True
     save_float_model: bool = False
     float32_matmul_precision: str = "high"
+    latency_mode: str = "cuda_graph"
 
 
 class CompressCLI(LightningCLI):
@@ -211,6 +219,7 @@ def eval_options(options: CompressOptions, datamodule) -> "EvalOptions":
         repeats=options.latency_repeats,
         max_eval_batches=options.max_eval_batches,
         device=options.eval_device,
+        latency_mode=options.latency_mode,
     )
 
 
@@ -234,7 +243,7 @@ def build_report(named_models: list[tuple[str, Any, str]], datamodule, options: 
     results = [evaluate_model(name, model, loader, settings, source) for name, model, source in named_models]
     device = settings.resolved_device()
     dtype = str(settings.resolved_dtype()).replace("torch.", "")
-    report = Report(results, device_label(settings), dtype, environment(device))
+    report = Report(results, device_label(settings), dtype, environment(device), settings.resolved_latency_mode())
     paths = write_report(report, options.output_dir, stem)
     log.info("report written: %s", ", ".join(str(p) for p in paths.values()))
     return report, paths

@@ -7,7 +7,18 @@ For each model (the dense baseline and every compressed variant):
 * latency: ``warmup`` untimed forward passes, then ``repeats`` timed ones on a fixed batch of
   ``batch_size`` random token sequences of ``seq_len`` tokens (all attended); the reported figure
   is the median, throughput = ``batch_size / median``. On CUDA each pass is timed with CUDA events
-  (the host waits for the device), on CPU with ``time.perf_counter``;
+  (the host waits for the device), on CPU with ``time.perf_counter``. ``latency_mode`` picks what
+  is timed (the same harness for every model of a report):
+
+  - ``"cuda_graph"`` (default): ``model(**static_inputs)`` captured once per batch size in a
+    ``torch.cuda.CUDAGraph`` under ``torch.no_grad()`` (after warm-up forwards on a side stream, as
+    the ``torch.cuda.graphs`` docs ask), then graph replays are timed: no Python launch overhead,
+    as deployed with CUDA graphs / ``torch.compile``;
+  - ``"compile"``: the same capture of ``torch.compile(model)`` (default inductor, static shapes);
+  - ``"eager"``: plain ``model(**inputs)`` calls, Python overhead included.
+
+  On CPU every mode times eager (there is nothing to capture). When capture fails for a model, that
+  model is timed eager and its result says so (``latency_mode`` and ``latency_note``);
 * weight memory: bytes of every parameter and buffer of the linear layers (``nn.Linear`` and the
   compressed inference modules: packed int8 / int4 weights, scales, BSR indices and values), and
   of the whole model (shared tensors counted once).
@@ -34,11 +45,17 @@ from compress.tasks import metrics_for
 log = logging.getLogger(__name__)
 
 _DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+LATENCY_MODES = ("cuda_graph", "eager", "compile")
+GRAPH_WARMUP_MIN = 3  # warm-up forwards before a capture, at least (the torch.cuda.graphs docs use 3)
 
 
 @dataclass
 class EvalOptions:
-    """How to evaluate: batch sizes for timing, sequence length, warm-up and timed repeats."""
+    """How to evaluate: batch sizes for timing, sequence length, warm-up and timed repeats.
+
+    ``latency_mode``: one of :data:`LATENCY_MODES` (see the module docstring); on CPU it resolves
+    to ``"eager"``.
+    """
 
     batch_sizes: tuple[int, ...] = (1, 8, 32)
     seq_len: int = 64
@@ -47,6 +64,7 @@ class EvalOptions:
     max_eval_batches: int | None = None
     device: str = "auto"
     dtype: str = "auto"
+    latency_mode: str = "cuda_graph"
 
     def __post_init__(self):
         self.batch_sizes = tuple(self.batch_sizes)
@@ -59,6 +77,8 @@ class EvalOptions:
             raise ValueError(f"warmup: expected an int >= 0, got {self.warmup!r}")
         if self.dtype not in ("auto", *_DTYPES):
             raise ValueError(f"dtype: expected 'auto' or one of {sorted(_DTYPES)}, got {self.dtype!r}")
+        if self.latency_mode not in LATENCY_MODES:
+            raise ValueError(f"latency_mode: expected one of {list(LATENCY_MODES)}, got {self.latency_mode!r}")
 
     def resolved_device(self) -> torch.device:
         if self.device == "auto":
@@ -69,6 +89,10 @@ class EvalOptions:
         if self.dtype == "auto":
             return torch.float16 if self.resolved_device().type == "cuda" else torch.float32
         return _DTYPES[self.dtype]
+
+    def resolved_latency_mode(self) -> str:
+        """``latency_mode`` on CUDA; ``"eager"`` on CPU (CUDA graphs need a GPU)."""
+        return self.latency_mode if self.resolved_device().type == "cuda" else "eager"
 
 
 def is_inference_module(module: nn.Module) -> bool:
@@ -163,35 +187,116 @@ def _synchronize(device: torch.device) -> None:
 
 
 @torch.inference_mode()
-def median_latency_ms(model: nn.Module, inputs: dict, warmup: int, repeats: int, device: torch.device) -> float:
-    """Median milliseconds of ``model(**inputs)`` over ``repeats`` timed calls after ``warmup`` calls."""
+def eager_latency_ms(forward, inputs: dict, warmup: int, repeats: int, device: torch.device) -> float:
+    """Median milliseconds of ``forward(**inputs)`` over ``repeats`` timed calls after ``warmup`` calls."""
     for _ in range(warmup):
-        model(**inputs)
+        forward(**inputs)
     _synchronize(device)
     times = []
     for _ in range(repeats):
         if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            model(**inputs)
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
+            times.append(_cuda_event_ms(lambda: forward(**inputs)))
         else:
             start_s = time.perf_counter()
-            model(**inputs)
+            forward(**inputs)
             times.append((time.perf_counter() - start_s) * 1000.0)
     return statistics.median(times)
 
 
-def measure_latency(model: nn.Module, options: EvalOptions, device: torch.device, name: str = "") -> list[LatencyPoint]:
-    """Median latency at every batch size of ``options``."""
+def _cuda_event_ms(work) -> float:
+    """Device milliseconds of ``work()`` on the current stream, between two CUDA events."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    work()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end)
+
+
+@torch.no_grad()
+def capture_forward(forward, static_inputs: dict, warmup: int):
+    """``(graph, static_output)``: ``forward(**static_inputs)`` captured in a ``torch.cuda.CUDAGraph``.
+
+    Warm-up forwards (at least :data:`GRAPH_WARMUP_MIN`: lazy init, Triton autotuning and
+    ``torch.compile`` happen there, not in the capture) run on a side stream, as the
+    ``torch.cuda.graphs`` docs ask. ``graph.replay()`` reruns the captured kernels on the same
+    input tensors and refills ``static_output`` in place.
+    """
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(max(warmup, GRAPH_WARMUP_MIN)):
+            forward(**static_inputs)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_output = forward(**static_inputs)
+    return graph, static_output
+
+
+def graph_latency_ms(graph, warmup: int, repeats: int) -> float:
+    """Median milliseconds of ``graph.replay()`` over ``repeats`` timed replays after ``warmup``."""
+    for _ in range(warmup):
+        graph.replay()
+    torch.cuda.synchronize()
+    return statistics.median(_cuda_event_ms(graph.replay) for _ in range(repeats))
+
+
+def timed_forward(model: nn.Module, mode: str):
+    """What a latency mode calls: ``model`` itself, or ``torch.compile(model)`` (default inductor)."""
+    if mode != "compile":
+        return model
+    torch.compiler.reset()  # a fresh cache per model: its batch sizes do not count against another's recompiles
+    return torch.compile(model, dynamic=False)
+
+
+def latency_ms(forward, inputs: dict, options: EvalOptions, device: torch.device, mode: str) -> float:
+    """Median milliseconds of one forward pass in ``mode`` (``eager``, or a captured CUDA graph)."""
+    if mode == "eager":
+        return eager_latency_ms(forward, inputs, options.warmup, options.repeats, device)
+    graph, _ = capture_forward(forward, inputs, options.warmup)
+    return graph_latency_ms(graph, options.warmup, options.repeats)
+
+
+def measure_latency(model: nn.Module, options: EvalOptions, device: torch.device, name: str = "",
+                    mode: str = "eager") -> list[LatencyPoint]:
+    """Median latency in ``mode`` at every batch size of ``options`` (raises if a capture fails)."""
+    if mode not in LATENCY_MODES:
+        raise ValueError(f"mode: expected one of {list(LATENCY_MODES)}, got {mode!r}")
+    forward = timed_forward(model, mode)
     points = []
     for batch_size in tqdm(options.batch_sizes, desc=f"latency {name}".strip(), leave=False):
         inputs = latency_inputs(model, batch_size, options.seq_len, device)
-        ms = median_latency_ms(model, inputs, options.warmup, options.repeats, device)
+        ms = latency_ms(forward, inputs, options, device, mode)
         points.append(LatencyPoint(batch_size, options.seq_len, ms))
     return points
+
+
+def measure_latency_or_eager(model: nn.Module, options: EvalOptions, device: torch.device,
+                             name: str = "") -> tuple[list[LatencyPoint], str, str]:
+    """``(points, mode used, note)``: latency in ``options``' mode, or eager when that fails.
+
+    A failed capture or compile (any error: they come as ``RuntimeError``, CUDA or dynamo errors)
+    is logged as a warning and named in the note; the model is then timed eager, never silently.
+    """
+    mode = options.resolved_latency_mode()
+    if mode == "eager":
+        return measure_latency(model, options, device, name, "eager"), "eager", ""
+    try:
+        return measure_latency(model, options, device, name, mode), mode, ""
+    except Exception as error:  # noqa: BLE001 - any capture failure means: time this model eager
+        note = f"{mode} failed ({_root_cause(error)}); timed eager"
+        log.warning("latency of %s: %s", name or type(model).__name__, note)
+        _synchronize(device)
+        return measure_latency(model, options, device, name, "eager"), "eager", note
+
+
+def _root_cause(error: BaseException) -> str:
+    """``"Type: first line"`` of the innermost chained error (a failed capture re-raises on exit)."""
+    while (error.__cause__ or error.__context__) is not None:
+        error = error.__cause__ or error.__context__
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0][:200] if lines else ''}"
 
 
 def describe_compression(model: nn.Module) -> str:
@@ -211,9 +316,9 @@ def evaluate_model(name: str, model: nn.Module, dataloader, options: EvalOptions
     model = cast_for_inference(model, device, dtype)
     linear_bytes, total_bytes = weight_memory(model)  # as it runs: after the cast
     metrics_module = metrics_for(model)
-    log.info("evaluating %s on %s (%s)", name, device, dtype)
+    log.info("evaluating %s on %s (%s), latency mode %s", name, device, dtype, options.resolved_latency_mode())
     metrics = evaluate_metrics(model, dataloader, device, options.max_eval_batches, name)
-    latency = measure_latency(model, options, device, name)
+    latency, latency_mode, latency_note = measure_latency_or_eager(model, options, device, name)
     return ModelResult(
         name=name,
         metrics=metrics,
@@ -224,6 +329,8 @@ def evaluate_model(name: str, model: nn.Module, dataloader, options: EvalOptions
         total_weight_bytes=total_bytes,
         source=source,
         compression=describe_compression(model),
+        latency_mode=latency_mode,
+        latency_note=latency_note,
     )
 
 

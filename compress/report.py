@@ -4,7 +4,11 @@ A :class:`Report` holds one :class:`ModelResult` per model: task metrics on the 
 (``accuracy`` / ``f1`` or ``perplexity``), latency points (median milliseconds per forward pass and
 throughput in samples per second at each batch size) and weight memory (bytes of the parameters and
 buffers of the linear layers, and of the whole model). The first model is the baseline that speed-ups
-are relative to (``baseline latency / model latency`` at the same batch size).
+are relative to (``baseline latency / model latency`` at the same batch size). The report's
+``latency_mode`` names the timing harness (``cuda_graph``: CUDA graph replays, ``compile``: a
+``torch.compile`` forward captured in a CUDA graph, ``eager``: plain forward calls with their Python
+launch overhead); a model whose capture failed was timed eager, and its ``latency_mode`` and
+``latency_note`` say so (a note under the Markdown table).
 
 Writers, each a pure function of the report:
 
@@ -21,8 +25,13 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 1  # latency_mode / latency_note were added with defaults: version-1 files still read
 MIB = 1024 * 1024
+LATENCY_MODE_WORDS = {
+    "cuda_graph": "CUDA graph replays of the captured forward (no Python launch overhead)",
+    "compile": "CUDA graph replays of the torch.compile (inductor) forward",
+    "eager": "eager forward calls (Python launch overhead included; the only mode on CPU)",
+}
 
 
 @dataclass
@@ -55,6 +64,8 @@ class ModelResult:
     total_weight_bytes: int
     source: str = ""
     compression: str = "dense"
+    latency_mode: str = "eager"
+    latency_note: str = ""
 
     def latency_at(self, batch_size: int) -> LatencyPoint | None:
         return next((p for p in self.latency if p.batch_size == batch_size), None)
@@ -81,10 +92,13 @@ class Report:
     device: str
     dtype: str
     environment: dict[str, str] = field(default_factory=dict)
+    latency_mode: str = "eager"
 
     def __post_init__(self):
         if not self.models:
             raise ValueError("Report: expected at least one ModelResult, got none")
+        if self.latency_mode not in LATENCY_MODE_WORDS:
+            raise ValueError(f"Report: latency_mode expected one of {list(LATENCY_MODE_WORDS)}, got {self.latency_mode!r}")
         primaries = {m.primary_metric for m in self.models}
         if len(primaries) != 1:
             raise ValueError(f"Report: models must share one primary metric, got {sorted(primaries)}")
@@ -110,6 +124,7 @@ class Report:
             "device": self.device,
             "dtype": self.dtype,
             "environment": dict(self.environment),
+            "latency_mode": self.latency_mode,
             "baseline": self.baseline.name,
             "models": [m.to_dict() for m in self.models],
         }
@@ -120,7 +135,7 @@ class Report:
         if version != FORMAT_VERSION:
             raise ValueError(f"report format_version: expected {FORMAT_VERSION}, got {version!r}")
         models = [ModelResult.from_dict(m) for m in data["models"]]
-        return cls(models, data["device"], data["dtype"], data.get("environment", {}))
+        return cls(models, data["device"], data["dtype"], data.get("environment", {}), data.get("latency_mode", "eager"))
 
 
 def _metric_names(report: Report) -> list[str]:
@@ -163,16 +178,29 @@ def to_markdown(report: Report) -> str:
         "",
         f"Device: {report.device}; activations: {report.dtype}; sequence length: "
         f"{', '.join(map(str, seq_lens)) or '-'}; latency is the median of timed forward passes after "
-        f"warm-up, speed-up (in parentheses) is relative to `{report.baseline.name}`.",
+        f"warm-up, speed-up (in parentheses) is relative to `{report.baseline.name}`. "
+        f"Latency mode: {report.latency_mode}, {LATENCY_MODE_WORDS[report.latency_mode]}.",
         "",
         "| " + " | ".join(header) + " |",
         "|" + "|".join("---" for _ in header) + "|",
         *("| " + " | ".join(row) + " |" for row in rows),
         "",
+        *_latency_notes(report),
     ]
     if report.environment:
         lines += ["Environment: " + ", ".join(f"{k} {v}" for k, v in sorted(report.environment.items())), ""]
     return "\n".join(lines)
+
+
+def _latency_notes(report: Report) -> list[str]:
+    """One line per model timed in another mode than the report's (a failed capture), then a blank line."""
+    notes = [
+        f"Note: `{m.name}` latency timed {m.latency_mode}, not {report.latency_mode}"
+        + (f": {m.latency_note}." if m.latency_note else ".")
+        for m in report.models
+        if m.latency_mode != report.latency_mode
+    ]
+    return [*notes, ""] if notes else []
 
 
 def write_markdown(report: Report, path: str | Path) -> Path:
@@ -215,7 +243,7 @@ def plot_accuracy_vs_speed(report: Report, path: str | Path, batch_size: int | N
     direction = "higher is better" if report.baseline.higher_is_better else "lower is better"
     axes.set_xlabel(f"throughput at batch size {batch_size} (samples/s)")
     axes.set_ylabel(f"{metric} ({direction})")
-    axes.set_title(f"{metric} vs speed on {report.device} ({report.dtype})")
+    axes.set_title(f"{metric} vs speed on {report.device} ({report.dtype}, {report.latency_mode})")
     axes.grid(True, alpha=0.3)
     figure.tight_layout()
     path = Path(path)

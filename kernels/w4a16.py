@@ -65,6 +65,7 @@ class TileConfig(NamedTuple):
     # "dequant" (dequantize, then cuBLAS)
     asm_unpack: bool = True  # skinny path: inline-PTX unpack (False: plain Triton ops; always so in the interpreter)
     prefetch_scale: bool = False  # skinny path: load the next K tile's scales one iteration ahead
+    chunk: int = 1  # tiled path: K tiles per loop step (power of two); their scale rows come in one load
 
 
 @triton.jit
@@ -104,13 +105,38 @@ def _unpack_int4_rows(packed, offs_k, DTYPE: tl.constexpr, MAGIC: tl.constexpr):
 
 
 @triton.jit
+def _tile_product(acc, a, packed, scale, offs_k, SCALE_AFTER_DOT: tl.constexpr, MAGIC_UNPACK: tl.constexpr,
+                  EXPANDED_LOAD: tl.constexpr, FP32_OPERANDS: tl.constexpr, BLOCK_K: tl.constexpr,
+                  BLOCK_N: tl.constexpr):
+    """acc + x tile (BM, BK) @ dequantized weight tile (BK, BN) with one scale row (BN,), fp32."""
+    if FP32_OPERANDS:  # interpreter + bf16: its bf16 arithmetic is broken, fp32 is exact here
+        a = a.to(tl.float32)
+    if EXPANDED_LOAD:
+        q = _unpack_int4_rows(packed, offs_k, a.dtype, MAGIC_UNPACK)  # (BK, BN) exact ints
+    else:
+        q = _unpack_int4(packed, BLOCK_K, BLOCK_N, a.dtype, MAGIC_UNPACK)
+    if SCALE_AFTER_DOT:
+        if FP32_OPERANDS:
+            acc += tl.dot(a, q, input_precision="ieee", out_dtype=tl.float32) * scale[None, :]
+        else:
+            acc += tl.dot(a, q, out_dtype=tl.float32) * scale[None, :]
+    else:
+        w = (q.to(tl.float32) * scale[None, :]).to(a.dtype)
+        if FP32_OPERANDS:
+            acc = tl.dot(a, w, acc, input_precision="ieee", out_dtype=tl.float32)
+        else:
+            acc = tl.dot(a, w, acc, out_dtype=tl.float32)
+    return acc
+
+
+@triton.jit
 def _w4a16_matmul_kernel(
     x_ptr, qw_ptr, s_ptr, bias_ptr, out_ptr,  # x (M, K), qweight (K/8, N), scales (K/G, N), bias (N,), out
     M, N, K, group_size,
     stride_xm, stride_xk, stride_qk, stride_qn, stride_sg, stride_sn, stride_os, stride_om,
     SPLIT_K, ADD_BIAS: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
     SCALE_AFTER_DOT: tl.constexpr, MAGIC_UNPACK: tl.constexpr, EXPANDED_LOAD: tl.constexpr,
-    FP32_OPERANDS: tl.constexpr,
+    FP32_OPERANDS: tl.constexpr, CHUNK: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -145,36 +171,32 @@ def _w4a16_matmul_kernel(
     s_ptrs = s_ptr + cols * stride_sn  # (BN,)
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(k_first, k_last, BLOCK_K):
-        if EVEN_K:
-            a = tl.load(x_ptrs)
-            packed = tl.load(q_ptrs)
-        else:
-            a = tl.load(x_ptrs, mask=(k0 + offs_k)[None, :] < K, other=0.0)
-            if EXPANDED_LOAD:
-                packed = tl.load(q_ptrs, mask=(k0 + offs_k)[:, None] < K, other=0)
-            else:
-                packed = tl.load(q_ptrs, mask=(k0 // 8 + offs_kp)[:, None] < K // 8, other=0)
-        if FP32_OPERANDS:  # interpreter + bf16: its bf16 arithmetic is broken, fp32 is exact here
-            a = a.to(tl.float32)
-        scale = tl.load(s_ptrs + (k0 // group_size) * stride_sg).to(tl.float32)  # (BN,)
-        if EXPANDED_LOAD:
-            q = _unpack_int4_rows(packed, offs_k, a.dtype, MAGIC_UNPACK)  # (BK, BN) exact ints
-        else:
-            q = _unpack_int4(packed, BLOCK_K, BLOCK_N, a.dtype, MAGIC_UNPACK)
-        if SCALE_AFTER_DOT:
-            if FP32_OPERANDS:
-                acc += tl.dot(a, q, input_precision="ieee", out_dtype=tl.float32) * scale[None, :]
-            else:
-                acc += tl.dot(a, q, out_dtype=tl.float32) * scale[None, :]
-        else:
-            w = (q.to(tl.float32) * scale[None, :]).to(a.dtype)
-            if FP32_OPERANDS:
-                acc = tl.dot(a, w, acc, input_precision="ieee", out_dtype=tl.float32)
-            else:
-                acc = tl.dot(a, w, acc, out_dtype=tl.float32)
-        x_ptrs += BLOCK_K * stride_xk
-        q_ptrs += (BLOCK_K // 8) * stride_qk
+    offs_c = tl.arange(0, CHUNK)
+    for k0 in range(k_first, k_last, CHUNK * BLOCK_K):  # one step = CHUNK K tiles
+        # the step's CHUNK scale rows in one load, issued before any tile waits on it (clamped: a tile
+        # past k_last reads a valid row and contributes zero)
+        if CHUNK > 1:
+            chunk_k = tl.minimum(k0 + offs_c * BLOCK_K, K - 1)
+            scales = tl.load(s_ptrs[None, :] + (chunk_k // group_size)[:, None] * stride_sg).to(tl.float32)
+        for t in tl.static_range(CHUNK):
+            kt = k0 + t * BLOCK_K
+            if EVEN_K:
+                a = tl.load(x_ptrs)
+                packed = tl.load(q_ptrs)
+            else:  # masked against k_last (not K): with CHUNK > 1 a step may run past this split's range
+                a = tl.load(x_ptrs, mask=(kt + offs_k)[None, :] < k_last, other=0.0)
+                if EXPANDED_LOAD:
+                    packed = tl.load(q_ptrs, mask=(kt + offs_k)[:, None] < k_last, other=0)
+                else:
+                    packed = tl.load(q_ptrs, mask=(kt // 8 + offs_kp)[:, None] < k_last // 8, other=0)
+            if CHUNK == 1:  # the original order: tile loads, then its scale row
+                scale = tl.load(s_ptrs + (k0 // group_size) * stride_sg).to(tl.float32)  # (BN,)
+            else:  # row t of the (CHUNK, BN) tile: a sum of one value and zeros, exact
+                scale = tl.sum(tl.where((offs_c == t)[:, None], scales, 0.0), axis=0)
+            acc = _tile_product(acc, a, packed, scale, offs_k, SCALE_AFTER_DOT, MAGIC_UNPACK, EXPANDED_LOAD,
+                                FP32_OPERANDS, BLOCK_K, BLOCK_N)
+            x_ptrs += BLOCK_K * stride_xk
+            q_ptrs += (BLOCK_K // 8) * stride_qk
 
     if ADD_BIAS:  # with split-K the bias is added by the reduce pass
         acc += tl.load(bias_ptr + cols).to(tl.float32)[None, :]
@@ -392,10 +414,10 @@ def _launch_tiled(x2, qweight, scales, group_size, bias, out, cfg: TileConfig) -
         m, n, k, group_size,
         x2.stride(0), x2.stride(1), qweight.stride(0), qweight.stride(1), scales.stride(0), scales.stride(1),
         m * n if cfg.split_k > 1 else 0, out.stride(-2),
-        cfg.split_k, ADD_BIAS=bias is not None and cfg.split_k == 1, EVEN_K=k % (cfg.block_k * cfg.split_k) == 0,
-        EVEN_N=n % cfg.block_n == 0,
+        cfg.split_k, ADD_BIAS=bias is not None and cfg.split_k == 1,
+        EVEN_K=k % (cfg.block_k * cfg.chunk * cfg.split_k) == 0, EVEN_N=n % cfg.block_n == 0,
         SCALE_AFTER_DOT=cfg.scale_after_dot, MAGIC_UNPACK=cfg.magic_unpack, EXPANDED_LOAD=cfg.expanded_load,
-        FP32_OPERANDS=interpreting() and x2.dtype == torch.bfloat16,
+        FP32_OPERANDS=interpreting() and x2.dtype == torch.bfloat16, CHUNK=cfg.chunk,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )

@@ -7,7 +7,7 @@ import yaml
 from safetensors.torch import load_file
 
 import compress
-from compress.cli import main
+from compress.cli import CompressOptions, eval_options, main
 from compress.data import DigitsData
 
 TINY_BERT = {
@@ -82,6 +82,9 @@ def test_run_writes_a_report_comparing_float_and_compressed(sparse_w8a8_run):
     assert [p["batch_size"] for p in compressed["latency"]] == [1, 2]
     assert (root / "out" / "report.md").read_text().count("| float weights of this run |") == 1
     assert (root / "out" / "report.png").stat().st_size > 0
+    assert report["latency_mode"] == "eager"  # the recipe asks cuda_graph (default); CPU times eager
+    assert all(m["latency_mode"] == "eager" and m["latency_note"] == "" for m in report["models"])
+    assert "Latency mode: eager" in (root / "out" / "report.md").read_text()
 
 
 def test_float_model_dir_holds_the_pruned_float_weights(sparse_w8a8_run):
@@ -115,12 +118,30 @@ def test_evaluate_compares_saved_model_dirs(sparse_w8a8_run, tmp_path):
     root, recipe = sparse_w8a8_run
     models = [str(root / "out" / "float"), str(root / "out" / "compressed")]
     code = main(["evaluate", "--config", recipe, "--models", *models, "--names", "dense", "w8a8",
-                 "--compress.output_dir", str(tmp_path)])
+                 "--compress.output_dir", str(tmp_path), "--compress.latency_mode", "compile"])
     assert code == 0
     report = json.loads((tmp_path / "report.json").read_text())
+    assert report["latency_mode"] == "eager"  # compile asked for, CPU times eager
     assert [m["name"] for m in report["models"]] == ["dense", "w8a8"]
     assert report["models"][1]["source"] == models[1]
     assert "| w8a8 |" in (tmp_path / "report.md").read_text()
+
+
+def test_latency_mode_option_defaults_to_cuda_graph_and_reaches_eval_options():
+    assert CompressOptions().latency_mode == "cuda_graph"
+    settings = eval_options(CompressOptions(latency_mode="eager", latency_seq_len=16), datamodule=None)
+    assert settings.latency_mode == "eager" and settings.seq_len == 16
+
+
+def test_unknown_latency_mode_fails_listing_the_allowed_ones(tmp_path, capsys):
+    with pytest.raises(ValueError, match=r"compress.latency_mode: expected one of \['cuda_graph', 'eager', 'compile'\]"):
+        CompressOptions(latency_mode="graphs")
+    recipe = tiny_recipe(tmp_path / "out", [], latency_mode="cuda_graphs")
+    with pytest.raises((ValueError, SystemExit)) as error:
+        main(["run", "--config", write_recipe(tmp_path / "r.yaml", recipe)])
+    message = str(error.value) + capsys.readouterr().err
+    assert "latency_mode" in message and "cuda_graph" in message and "'eager'" in message
+    assert not list(tmp_path.rglob("*.ckpt"))
 
 
 def test_unknown_recipe_key_fails_while_parsing(tmp_path, capsys):

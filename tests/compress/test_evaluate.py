@@ -6,12 +6,17 @@ from torch import nn
 import compress
 from compress.data import DigitsData
 from compress.evaluate import (
+    LATENCY_MODES,
     EvalOptions,
+    capture_forward,
     cast_for_inference,
     describe_compression,
     evaluate_model,
+    graph_latency_ms,
+    latency_inputs,
     load_model_dir,
     measure_latency,
+    measure_latency_or_eager,
     tensor_bytes,
     weight_memory,
 )
@@ -26,6 +31,12 @@ TINY_BERT = {
 def tiny_bert():
     torch.manual_seed(0)
     return SequenceClassificationTask(config=TINY_BERT, num_labels=10).model
+
+
+def tiny_w8a8_bert():
+    model = tiny_bert()
+    compress.prepare(model, compress.W8A8Config())
+    return compress.convert(model)
 
 
 def test_weight_memory_counts_linear_layers_and_the_whole_model():
@@ -73,6 +84,48 @@ def test_eval_options_reject_bad_values():
     assert EvalOptions(device="cpu").resolved_dtype() == torch.float32
 
 
+def test_latency_mode_defaults_to_cuda_graph_and_rejects_unknown_modes():
+    assert EvalOptions().latency_mode == "cuda_graph"
+    with pytest.raises(ValueError, match="latency_mode") as error:
+        EvalOptions(latency_mode="graph")
+    assert all(mode in str(error.value) for mode in LATENCY_MODES) and "'graph'" in str(error.value)
+
+
+@pytest.mark.parametrize("mode", LATENCY_MODES)
+def test_latency_mode_resolves_to_eager_on_cpu(mode):
+    assert EvalOptions(device="cpu", latency_mode=mode).resolved_latency_mode() == "eager"
+
+
+def test_cpu_latency_is_timed_eager_without_a_note():
+    options = EvalOptions(batch_sizes=(2,), seq_len=8, warmup=0, repeats=1, device="cpu", latency_mode="cuda_graph")
+    points, mode, note = measure_latency_or_eager(tiny_bert().eval(), options, torch.device("cpu"))
+    assert mode == "eager" and note == ""
+    assert [p.batch_size for p in points] == [2] and points[0].latency_ms > 0
+
+
+def test_failed_capture_falls_back_to_eager_and_says_why(monkeypatch, caplog):
+    def failing_capture(forward, static_inputs, warmup):
+        try:
+            raise RuntimeError("operation not permitted when stream is capturing")
+        finally:  # as torch.cuda.graph's exit does: ending the broken capture raises again
+            raise RuntimeError("operation failed due to a previous error during capture")
+
+    monkeypatch.setattr("compress.evaluate.capture_forward", failing_capture)
+    monkeypatch.setattr(EvalOptions, "resolved_latency_mode", lambda self: "cuda_graph")
+    options = EvalOptions(batch_sizes=(1, 2), seq_len=8, warmup=0, repeats=1, device="cpu")
+    with caplog.at_level("WARNING", logger="compress.evaluate"):
+        points, mode, note = measure_latency_or_eager(tiny_bert().eval(), options, torch.device("cpu"), "tiny")
+    assert mode == "eager" and [p.batch_size for p in points] == [1, 2]
+    assert note == "cuda_graph failed (RuntimeError: operation not permitted when stream is capturing); timed eager"
+    assert any("tiny" in r.getMessage() and "cuda_graph failed" in r.getMessage() for r in caplog.records)
+
+
+def test_measure_latency_rejects_an_unknown_mode():
+    options = EvalOptions(batch_sizes=(1,), seq_len=8, warmup=0, repeats=1, device="cpu")
+    with pytest.raises(ValueError, match="expected one of"):
+        measure_latency(tiny_bert().eval(), options, torch.device("cpu"), mode="graphs")
+
+
 def test_evaluate_model_on_digits():
     data = DigitsData(batch_size=32)
     data.setup()
@@ -84,6 +137,7 @@ def test_evaluate_model_on_digits():
     assert [p.batch_size for p in result.latency] == [1, 2]
     assert 0 < result.linear_weight_bytes < result.total_weight_bytes
     assert result.compression == "dense"
+    assert result.latency_mode == "eager" and result.latency_note == ""
 
 
 def test_load_model_dir_reads_compressed_and_plain_dirs(tmp_path):
@@ -100,3 +154,41 @@ def test_load_model_dir_reads_compressed_and_plain_dirs(tmp_path):
     assert torch.equal(reloaded.classifier.weight, plain.classifier.weight)
     with pytest.raises(FileNotFoundError):
         load_model_dir(tmp_path / "missing")
+
+
+def _on_gpu(model):
+    return cast_for_inference(model, torch.device("cuda"), torch.float16)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("make_model", [tiny_bert, tiny_w8a8_bert], ids=["dense", "w8a8"])
+def test_cuda_graph_replay_matches_eager_and_is_timed(make_model):
+    model = _on_gpu(make_model())
+    inputs = latency_inputs(model, batch_size=4, seq_len=32, device=torch.device("cuda"))
+    with torch.no_grad():
+        eager = model(**inputs).logits.clone()
+    graph, static_output = capture_forward(model, inputs, warmup=2)
+    static_output.logits.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    # same kernels on the same inputs; tolerance only for a cuBLAS algorithm choice under capture
+    torch.testing.assert_close(static_output.logits, eager, rtol=1e-3, atol=1e-3)
+    assert graph_latency_ms(graph, warmup=1, repeats=3) > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("make_model", [tiny_bert, tiny_w8a8_bert], ids=["dense", "w8a8"])
+def test_cuda_graph_mode_captures_every_batch_size(make_model):
+    options = EvalOptions(batch_sizes=(1, 8), seq_len=32, warmup=1, repeats=3, device="cuda")
+    points, mode, note = measure_latency_or_eager(_on_gpu(make_model()), options, torch.device("cuda"))
+    assert (mode, note) == ("cuda_graph", "")
+    assert [p.batch_size for p in points] == [1, 8] and all(p.latency_ms > 0 for p in points)
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_compile_mode_captures_the_compiled_w8a8_forward():
+    options = EvalOptions(batch_sizes=(2,), seq_len=32, warmup=1, repeats=3, device="cuda", latency_mode="compile")
+    points, mode, note = measure_latency_or_eager(_on_gpu(tiny_w8a8_bert()), options, torch.device("cuda"))
+    assert (mode, note) == ("compile", "")
+    assert points[0].latency_ms > 0

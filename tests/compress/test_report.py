@@ -5,6 +5,7 @@ import struct
 import pytest
 
 from compress.report import (
+    LATENCY_MODE_WORDS,
     LatencyPoint,
     ModelResult,
     Report,
@@ -62,6 +63,47 @@ def test_markdown_table_has_one_row_per_model_with_figures(report):
     assert "Test GPU" in text and "float16" in text
 
 
+def _timed_in(report, mode):
+    report.latency_mode = mode
+    for model in report.models:
+        model.latency_mode = mode
+    return report
+
+
+def test_markdown_header_states_the_latency_mode(report):
+    _timed_in(report, "cuda_graph")
+    text = to_markdown(report)
+    header_line = next(line for line in text.splitlines() if line.startswith("Device:"))
+    assert "Latency mode: cuda_graph" in header_line and LATENCY_MODE_WORDS["cuda_graph"] in header_line
+    assert "Note:" not in text
+
+
+def test_markdown_notes_a_model_timed_eager_after_a_failed_capture(report):
+    _timed_in(report, "cuda_graph")
+    report.models[1].latency_mode = "eager"
+    report.models[1].latency_note = "cuda_graph failed (RuntimeError: capture broke); timed eager"
+    notes = [line for line in to_markdown(report).splitlines() if line.startswith("Note:")]
+    assert len(notes) == 1
+    assert "`w8a8`" in notes[0] and "timed eager, not cuda_graph" in notes[0] and "capture broke" in notes[0]
+
+
+def test_report_rejects_an_unknown_latency_mode(report):
+    with pytest.raises(ValueError, match="latency_mode") as error:
+        Report(report.models, "cpu", "float32", latency_mode="graphs")
+    assert all(mode in str(error.value) for mode in LATENCY_MODE_WORDS)
+
+
+def test_json_without_latency_mode_reads_as_eager(report, tmp_path):
+    data = report.to_dict()
+    del data["latency_mode"]
+    for model in data["models"]:
+        del model["latency_mode"], model["latency_note"]
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(data))
+    again = read_json(path)
+    assert again.latency_mode == "eager" and all(m.latency_mode == "eager" for m in again.models)
+
+
 def test_json_round_trip(report, tmp_path):
     paths = write_report(report, tmp_path)
     data = json.loads(paths["json"].read_text())
@@ -69,6 +111,15 @@ def test_json_round_trip(report, tmp_path):
     assert data["models"][1]["latency"][0]["throughput"] == pytest.approx(1000.0)
     again = read_json(paths["json"])
     assert again.to_dict() == report.to_dict()
+
+
+def test_json_round_trip_keeps_latency_modes_and_notes(report, tmp_path):
+    _timed_in(report, "compile").models[1].latency_mode = "eager"
+    report.models[1].latency_note = "compile failed (BackendCompilerFailed: x); timed eager"
+    paths = write_report(report, tmp_path)
+    assert json.loads(paths["json"].read_text())["latency_mode"] == "compile"
+    again = read_json(paths["json"])
+    assert again.latency_mode == "compile" and again.models[1].latency_note == report.models[1].latency_note
 
 
 def test_plot_is_a_png_of_the_plotted_size(report, tmp_path):
