@@ -318,9 +318,9 @@ def _balanced_split_k(m: int, n: int, k: int, cfg: TileConfig, sms: int = 132) -
     """Smallest power-of-two K split giving >= 2 programs per SM with whole waves >= 85% full.
 
     A wave here is one program per SM; a last, partly filled wave leaves SMs idle while the rest stream.
-    Each split keeps at least two K tiles, so the software pipeline has something to overlap."""
+    Each split keeps at least two loop steps (``chunk`` K tiles each), so the pipeline has something to overlap."""
     tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
-    k_tiles = triton.cdiv(k, cfg.block_k)
+    k_tiles = triton.cdiv(k, cfg.block_k * cfg.chunk)  # loop steps (chunk K tiles each)
     best, best_fill, split = 1, 0.0, 1
     while split <= 16 and (split == 1 or k_tiles // split >= 2):
         programs = tiles * split

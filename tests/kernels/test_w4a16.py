@@ -43,6 +43,10 @@ def test_matches_reference(dtype, m, k, n, group_size):
         TileConfig(32, 32, 64, split_k=1, scale_after_dot=False, magic_unpack=False),
         TileConfig(16, 32, 32, split_k=2, scale_after_dot=True, magic_unpack=True, expanded_load=True),
         TileConfig(32, 32, 64, split_k=1, scale_after_dot=False, magic_unpack=False, expanded_load=True),
+        TileConfig(16, 32, 32, split_k=1, scale_after_dot=True, chunk=2),  # 6 tiles: 3 steps of 2
+        TileConfig(16, 32, 32, split_k=2, scale_after_dot=True, chunk=4),  # 3 tiles per split: a masked tail
+        TileConfig(32, 32, 32, split_k=1, scale_after_dot=False, magic_unpack=True, chunk=2),
+        TileConfig(16, 32, 32, split_k=4, scale_after_dot=True, chunk=2, num_stages=3),  # 2 tiles per split
         TileConfig(4, 32, 64, split_k=1, path="gemv"),
         TileConfig(2, 16, 32, split_k=3, path="gemv"),
         TileConfig(0, 0, 0, path="dequant"),
@@ -90,6 +94,9 @@ def test_skinny_split_balance():
         assert programs >= 264 and programs / (-(-programs // 132) * 132) >= 0.85
         assert (k // 128) // split >= 2  # every split keeps two K tiles to pipeline
     assert _balanced_split_k(1, 1024, 1024, cfg) == 4  # under one wave: as many programs as K allows
+    chunked = TileConfig(16, 64, 128, chunk=4)  # a split counts loop steps of 4 tiles, and keeps two of them
+    for k, n in [(4096, 4096), (8192, 28672)]:
+        assert (k // (128 * 4)) // _balanced_split_k(1, n, k, chunked) >= 2
 
 
 def test_per_channel_group_with_k_not_a_tile_multiple():
@@ -98,7 +105,8 @@ def test_per_channel_group_with_k_not_a_tile_multiple():
     qweight, _, scales = random_int4_weight(k, n, k, device=DEVICE)
     for cfg in (None, TileConfig(16, 32, 64, split_k=2, scale_after_dot=True), TileConfig(4, 32, 64, 2, path="gemv"),
                 TileConfig(0, 0, 0, path="dequant"), TileConfig(16, 32, 64, split_k=2, path="skinny"),
-                TileConfig(16, 32, 64, split_k=2, magic_unpack=True, expanded_load=True)):
+                TileConfig(16, 32, 64, split_k=2, magic_unpack=True, expanded_load=True),
+                TileConfig(16, 32, 64, split_k=2, scale_after_dot=True, chunk=2)):
         y = launch(x, qweight, scales, k, config=cfg)
         assert rel_error(y, reference.w4a16_matmul_ref(x, qweight, scales, k)) <= TOL[torch.float16]
 
@@ -192,6 +200,23 @@ def test_gpu_full_size(dtype, m, group_size):
     bias = torch.randn(n, device="cuda").to(dtype)
     y = w4a16_matmul(x, qweight, scales, group_size, bias)
     assert rel_error(y, reference.w4a16_matmul_ref(x, qweight, scales, group_size, bias)) <= TOL[dtype]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m,chunk,stages", [(1, 2, 3), (1, 4, 3), (16, 4, 4), (33, 2, 3), (64, 2, 3)])
+@pytest.mark.parametrize("k,n", [(4096, 4096), (2048, 1000)])  # 1000: wrapped columns, masked stores
+def test_gpu_chunked_steps_match_reference_and_unchunked(dtype, m, chunk, stages, k, n):
+    g = 128
+    x = torch.randn(m, k, device="cuda").to(dtype)
+    qweight, _, scales = random_int4_weight(k, n, g, device="cuda")
+    bias = torch.randn(n, device="cuda").to(dtype)
+    base = pick_config(m, n, k, g)
+    cfg = base._replace(chunk=chunk, num_stages=stages, split_k=3)  # 3 splits: a ragged last one
+    y = launch(x, qweight, scales, g, bias, config=cfg)
+    assert rel_error(y, reference.w4a16_matmul_ref(x, qweight, scales, g, bias)) <= TOL[dtype]
+    y1 = launch(x, qweight, scales, g, bias, config=cfg._replace(chunk=1))
+    assert rel_error(y, y1) <= 1e-6  # same tiles, scales and summation order: equal up to FMA contraction
 
 
 @pytest.mark.gpu
