@@ -12,6 +12,8 @@ Method: each timed unit is a CUDA graph that calls the op once on each of R rota
 replayed under ``triton.testing.do_bench`` (median) and the time divided by R. Graphs remove launch
 gaps, rotation defeats L2 reuse. Results go to ``$OUT`` (or ``--out``) as JSON and a Markdown table.
 
+``--sweep chunk`` times the tiled kernel with CHUNK K tiles per loop step (one scale load per step,
+see docs/kernels-notes.md, call 5) against the current default, fp16 and tinygemm columns alongside.
 ``--sweep`` additionally times explicit ``TileConfig`` variants at chosen shapes, to pick the
 heuristics in ``kernels.w4a16.pick_config`` / ``kernels.w8a8.pick_config``. ``--sweep skinny`` times
 only the W4A16 small-M variants (``kernels/w4a16_gemv.py``: tile, warps, stages, split-K, inline-PTX
@@ -235,6 +237,57 @@ def sweep_skinny(deadline):
     return rows
 
 
+def chunk_variants(m, n, k):
+    """Tiled W4A16 with CHUNK K tiles per loop step (one scale load per step) vs the current default."""
+    base = w4.pick_config(m, n, k, GROUP)
+    balanced = lambda cfg: cfg._replace(split_k=w4._balanced_split_k(m, n, k, cfg))  # noqa: E731
+    return [
+        base,
+        balanced(base._replace(chunk=1)),  # control: the split alone
+        balanced(base._replace(chunk=2, num_stages=3)),
+        balanced(base._replace(chunk=2, num_stages=4)),
+        balanced(base._replace(chunk=4, num_stages=3)),
+        balanced(base._replace(block_n=32, chunk=4, num_stages=3)),
+    ]
+
+
+CHUNK_CELLS = [((8192, 28672), 1), ((4096, 4096), 1), ((11008, 4096), 1), ((8192, 28672), 16),
+               ((4096, 4096), 16), ((11008, 4096), 16), ((8192, 28672), 64), ((4096, 4096), 64),
+               ((11008, 4096), 64)]  # most telling first: a run cut short keeps these
+
+
+def sweep_chunk(deadline, out_dir, meta):
+    """Time ``chunk_variants`` with fp16 and tinygemm alongside; rewrite the result files after every cell."""
+    rows = []
+    for (k, n), m in CHUNK_CELLS:
+        if time.time() > deadline:
+            rows.append(dict(skipped=f"{k}x{n} M={m}: out of time"))
+            continue
+        wsets = make_weights(k, n, rotations(k, n))
+        xs = [torch.randn(m, k, device="cuda", dtype=torch.float16) for _ in wsets]
+        base = time_graph(F.linear, [(x, w["w16"]) for x, w in zip(xs, wsets)])
+        try:
+            tiny = time_graph(torch.ops.aten._weight_int4pack_mm,
+                              [(x.bfloat16(), w["int4pk"], GROUP, w["sz"]) for x, w in zip(xs, wsets)])
+        except Exception as err:  # noqa: BLE001 - the anchor may be missing
+            tiny = repr(err)[:160]
+        for cfg in chunk_variants(m, n, k):
+            args = [(x, w["qweight"], w["scales"], GROUP, None, cfg) for x, w in zip(xs, wsets)]
+            try:
+                us = time_graph(w4.launch, args)
+            except Exception as err:  # noqa: BLE001
+                us = repr(err)[:160]
+            rows.append(dict(kernel="w4a16", k=k, n=n, m=m, cfg=cfg._asdict(), us=us, fp16_us=base, int4pk_us=tiny))
+            print(sweep_markdown(rows[-1:]).splitlines()[-1], f"tinygemm {tiny}", flush=True)
+        del wsets, xs
+        torch.cuda.empty_cache()
+        with open(os.path.join(out_dir, "chunk_sweep.json"), "w") as f:
+            json.dump(dict(meta=meta, rows=rows), f, indent=1)
+        with open(os.path.join(out_dir, "chunk_sweep.md"), "w") as f:
+            f.write(sweep_markdown(rows) + "\n")
+    return rows
+
+
 def with_split(cfg, module, m, n, k):
     if cfg.split_k is not None or getattr(cfg, "path", "") == "dequant":
         return cfg
@@ -283,15 +336,19 @@ def sweep_markdown(rows) -> str:
             desc += f" skinny asm{int(c['asm_unpack'])}"
         elif r["kernel"] == "w4a16":
             desc += f" sad{int(c['scale_after_dot'])} magic{int(c['magic_unpack'])} exp{int(c['expanded_load'])} {c['path']}"
+            desc += f" chunk{c.get('chunk', 1)}" if c.get("chunk", 1) > 1 else ""
         us = f"{r['us']:.1f}" if isinstance(r["us"], float) else f"err {r['us']}"
-        lines.append(f"| {r['kernel']} | {r['k']}x{r['n']} | {r['m']} | {desc} | {us} | {ratio(r['fp16_us'], r['us'])} |")
+        tiny = r.get("int4pk_us")
+        tiny = f" (tinygemm {tiny:.1f})" if isinstance(tiny, float) else ""
+        lines.append(f"| {r['kernel']} | {r['k']}x{r['n']} | {r['m']} | {desc} | {us} | {ratio(r['fp16_us'], r['us'])}{tiny} |")
     return "\n".join(lines)
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
-    parser.add_argument("--sweep", nargs="?", const="all", choices=["all", "skinny"], default=None)
+    parser.add_argument("--sweep", nargs="?", const="all", choices=["all", "skinny", "chunk"], default=None)
+    parser.add_argument("--deadline-epoch", type=float, default=None, help="absolute stop time (overrides budgets)")
     parser.add_argument("--methods", default=",".join(METHODS), help="table columns to time, e.g. fp16,w4a16,int4pk")
     parser.add_argument("--no-table", action="store_true")
     parser.add_argument("--budget-s", type=float, default=200.0, help="stop starting new work after this")
@@ -300,6 +357,7 @@ def main():
     parser.add_argument("--ms", default=",".join(map(str, MS)))
     args = parser.parse_args()
     deadline = time.time() + args.budget_s
+    os.makedirs(args.out, exist_ok=True)
     torch.manual_seed(0)
     props = torch.cuda.get_device_properties(0)
     meta = dict(gpu=props.name, sms=props.multi_processor_count, torch=torch.__version__, triton=triton.__version__)
@@ -326,7 +384,14 @@ def main():
             f.write(table + "\n")
     if args.sweep:
         sweep_deadline = deadline + args.sweep_budget_s
-        rows = sweep_skinny(sweep_deadline) if args.sweep == "skinny" else sweep(sweep_deadline)
+        if args.deadline_epoch is not None:
+            sweep_deadline = args.deadline_epoch
+        if args.sweep == "chunk":
+            rows = sweep_chunk(sweep_deadline, args.out, meta)
+        elif args.sweep == "skinny":
+            rows = sweep_skinny(sweep_deadline)
+        else:
+            rows = sweep(sweep_deadline)
         with open(os.path.join(args.out, "sweep.json"), "w") as f:
             json.dump(dict(meta=meta, rows=rows), f, indent=1)
         with open(os.path.join(args.out, "sweep.md"), "w") as f:
