@@ -44,6 +44,7 @@ import triton.language as tl
 
 from kernels._checks import interpreting, check_activation, check_bias, check_same_device, check_shape, check_tensor
 from kernels._splitk import splitk_reduce
+from kernels._tiles import grouped_tile, split_k_range
 from kernels.w4a16_gemv import launch_skinny
 
 GROUP_SIZES = (32, 64, 128)
@@ -141,15 +142,8 @@ def _w4a16_matmul_kernel(
     FP32_OPERANDS: tl.constexpr, CHUNK: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
-    pid = tl.program_id(0)
+    pid_m, pid_n = grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     pid_k = tl.program_id(1)
-    num_pid_m = tl.cdiv(M, BLOCK_M)
-    num_pid_n = tl.cdiv(N, BLOCK_N)
-    group_tiles = GROUP_M * num_pid_n
-    first_m = (pid // group_tiles) * GROUP_M
-    rows_in_group = min(num_pid_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % group_tiles) % rows_in_group
-    pid_n = (pid % group_tiles) // rows_in_group
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -161,10 +155,7 @@ def _w4a16_matmul_kernel(
     offs_k = tl.arange(0, BLOCK_K)
     offs_kp = tl.arange(0, BLOCK_K // 8)
 
-    k_tiles = tl.cdiv(K, BLOCK_K)
-    tiles_per_split = tl.cdiv(k_tiles, SPLIT_K)
-    k_first = pid_k * tiles_per_split * BLOCK_K
-    k_last = min(K, k_first + tiles_per_split * BLOCK_K)
+    k_first, k_last = split_k_range(pid_k, K, SPLIT_K, BLOCK_K)
     x_ptrs = x_ptr + rows[:, None] * stride_xm + (k_first + offs_k)[None, :] * stride_xk  # (BM, BK)
     if EXPANDED_LOAD:  # (BK, BN): row k reads packed row k // 8 (8 rows share a word, served by L1)
         q_ptrs = qw_ptr + ((k_first + offs_k) // 8)[:, None] * stride_qk + cols[None, :] * stride_qn
@@ -230,10 +221,7 @@ def _w4a16_gemv_kernel(
         cols = offs_n % N
     offs_r = tl.arange(0, BLOCK_K // 8)
 
-    k_tiles = tl.cdiv(K, BLOCK_K)
-    tiles_per_split = tl.cdiv(k_tiles, SPLIT_K)
-    k_first = pid_k * tiles_per_split * BLOCK_K
-    k_last = min(K, k_first + tiles_per_split * BLOCK_K)
+    k_first, k_last = split_k_range(pid_k, K, SPLIT_K, BLOCK_K)
     acc = tl.zeros((BLOCK_M, BLOCK_K // 8, BLOCK_N), dtype=tl.float32)
     for k0 in range(k_first, k_last, BLOCK_K):
         r = k0 // 8 + offs_r  # packed rows of this tile

@@ -34,6 +34,7 @@ import triton.language as tl
 
 from kernels._checks import check_activation, check_bias, check_same_device, check_shape, check_tensor
 from kernels._splitk import splitk_reduce
+from kernels._tiles import grouped_tile, split_k_range
 
 ROUND_MAGIC = tl.constexpr(12582912.0)  # 1.5 * 2**23: adding then subtracting it rounds fp32 half to even
 
@@ -90,15 +91,8 @@ def _w8a8_matmul_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
     # grouped tile order: GROUP_M row-tiles share each weight column-tile while it sits in L2
-    pid = tl.program_id(0)
+    pid_m, pid_n = grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     pid_k = tl.program_id(1)
-    num_pid_m = tl.cdiv(M, BLOCK_M)
-    num_pid_n = tl.cdiv(N, BLOCK_N)
-    group_size = GROUP_M * num_pid_n
-    first_m = (pid // group_size) * GROUP_M
-    rows_in_group = min(num_pid_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % group_size) % rows_in_group
-    pid_n = (pid % group_size) // rows_in_group
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -106,10 +100,7 @@ def _w8a8_matmul_kernel(
     cols = (offs_n % N).to(tl.int64)
     offs_k = tl.arange(0, BLOCK_K)
 
-    k_tiles = tl.cdiv(K, BLOCK_K)
-    tiles_per_split = tl.cdiv(k_tiles, SPLIT_K)
-    k_first = pid_k * tiles_per_split * BLOCK_K
-    k_last = min(K, k_first + tiles_per_split * BLOCK_K)
+    k_first, k_last = split_k_range(pid_k, K, SPLIT_K, BLOCK_K)
     x_ptrs = xq_ptr + rows[:, None] * stride_xm + (k_first + offs_k)[None, :] * stride_xk  # (BM, BK)
     w_ptrs = w_ptr + cols[None, :] * stride_wn + (k_first + offs_k)[:, None] * stride_wk  # (BK, BN)
 
