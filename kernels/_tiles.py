@@ -5,6 +5,7 @@
   tile while it sits in L2 (the order of Triton's matmul tutorial).
 * :func:`split_k_range`: the slice ``[k_first, k_last)`` of the K axis that split ``pid_k`` of
   ``SPLIT_K`` owns, in whole ``BLOCK_K`` tiles (the last split may be short or empty).
+* :func:`split_k_for` (host side): how many K splits a launch needs to give every SM work.
 """
 import triton
 import triton.language as tl
@@ -29,3 +30,16 @@ def split_k_range(pid_k, K, SPLIT_K, BLOCK_K: tl.constexpr):
     k_first = pid_k * tiles_per_split * BLOCK_K
     k_last = min(K, k_first + tiles_per_split * BLOCK_K)
     return k_first, k_last
+
+
+def split_k_for(m: int, n: int, k: int, cfg, target_programs: int = 264) -> int:
+    """Smallest power-of-two K split giving about two programs per SM (132 on an H100), 1 if none needed.
+
+    ``cfg`` is any tile config with ``block_m``, ``block_n`` and ``block_k``.
+    """
+    tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
+    k_tiles = triton.cdiv(k, cfg.block_k)
+    split = 1
+    while tiles * split < target_programs // 2 and split * 2 <= k_tiles and split < 16:
+        split *= 2
+    return split

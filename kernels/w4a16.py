@@ -44,7 +44,7 @@ import triton.language as tl
 
 from kernels._checks import interpreting, check_activation, check_bias, check_same_device, check_shape, check_tensor
 from kernels._splitk import splitk_reduce
-from kernels._tiles import grouped_tile, split_k_range
+from kernels._tiles import grouped_tile, split_k_for, split_k_range
 from kernels.w4a16_gemv import launch_skinny
 
 GROUP_SIZES = (32, 64, 128)
@@ -293,7 +293,7 @@ def pick_config(m: int, n: int, k: int, group_size: int) -> TileConfig:
         cfg = cfg._replace(block_k=min(cfg.block_k, group_size))
     if m <= 16:  # H100 call 5: >= 2 programs per SM in near-full waves, 7-14% faster on 8192x28672, 11008x4096
         return cfg._replace(split_k=_balanced_split_k(m, n, k, cfg))
-    return cfg._replace(split_k=_split_k_for(m, n, k, cfg))
+    return cfg._replace(split_k=split_k_for(m, n, k, cfg))
 
 
 def skinny_config(m: int, n: int, k: int, group_size: int) -> TileConfig:
@@ -323,16 +323,6 @@ def _balanced_split_k(m: int, n: int, k: int, cfg: TileConfig, sms: int = 132) -
             best, best_fill = split, fill
         split *= 2
     return best
-
-
-def _split_k_for(m: int, n: int, k: int, cfg: TileConfig, target_programs: int = 264) -> int:
-    """Smallest power-of-two K split giving about two programs per SM (132 on an H100), 1 if none needed."""
-    tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
-    k_tiles = triton.cdiv(k, cfg.block_k)
-    split = 1
-    while tiles * split < target_programs // 2 and split * 2 <= k_tiles and split < 16:
-        split *= 2
-    return split
 
 
 def _validate(x, qweight, scales, group_size, bias) -> None:

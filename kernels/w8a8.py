@@ -34,7 +34,7 @@ import triton.language as tl
 
 from kernels._checks import check_activation, check_bias, check_same_device, check_shape, check_tensor
 from kernels._splitk import splitk_reduce
-from kernels._tiles import grouped_tile, split_k_range
+from kernels._tiles import grouped_tile, split_k_for, split_k_range
 
 ROUND_MAGIC = tl.constexpr(12582912.0)  # 1.5 * 2**23: adding then subtracting it rounds fp32 half to even
 
@@ -136,17 +136,7 @@ def pick_config(m: int, n: int, k: int) -> TileConfig:
         cfg = TileConfig(128, 128, 128, num_warps=8, num_stages=4)
     else:
         cfg = TileConfig(256, 128, 128, num_warps=8, num_stages=3)
-    return cfg._replace(split_k=_split_k_for(m, n, k, cfg))
-
-
-def _split_k_for(m: int, n: int, k: int, cfg: TileConfig, target_programs: int = 264) -> int:
-    """Smallest power-of-two K split giving about two programs per SM (132 on an H100), 1 if none needed."""
-    tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
-    k_tiles = triton.cdiv(k, cfg.block_k)
-    split = 1
-    while tiles * split < target_programs // 2 and split * 2 <= k_tiles and split < 16:
-        split *= 2
-    return split
+    return cfg._replace(split_k=split_k_for(m, n, k, cfg))
 
 
 def _validate(x, w_q, w_scale, bias, x_scale) -> None:

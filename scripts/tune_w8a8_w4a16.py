@@ -34,6 +34,7 @@ from triton.testing import do_bench
 
 from kernels import w4a16 as w4
 from kernels import w8a8 as w8
+from kernels._tiles import split_k_for
 
 SHAPES = [(1024, 1024), (4096, 4096), (4096, 11008), (11008, 4096), (8192, 8192), (8192, 28672)]  # K x N
 MS = [1, 16, 64, 256, 2048, 8192]
@@ -288,10 +289,10 @@ def sweep_chunk(deadline, out_dir, meta):
     return rows
 
 
-def with_split(cfg, module, m, n, k):
+def with_split(cfg, m, n, k):
     if cfg.split_k is not None or getattr(cfg, "path", "") == "dequant":
         return cfg
-    return cfg._replace(split_k=module._split_k_for(m, n, k, cfg._replace(split_k=1)))
+    return cfg._replace(split_k=split_k_for(m, n, k, cfg._replace(split_k=1)))
 
 
 def sweep(deadline):
@@ -304,7 +305,7 @@ def sweep(deadline):
         xs = [torch.randn(m, k, device="cuda", dtype=torch.float16) for _ in wsets]
         base = time_graph(F.linear, [(x, w["w16"]) for x, w in zip(xs, wsets)])
         for cfg in SWEEP_W4[bucket]:
-            cfg = with_split(cfg, w4, m, n, k)
+            cfg = with_split(cfg, m, n, k)
             args = [(x, w["qweight"], w["scales"], GROUP, None, cfg) for x, w in zip(xs, wsets)]
             try:
                 us = time_graph(w4.launch, args)
@@ -312,7 +313,7 @@ def sweep(deadline):
                 us = repr(err)[:160]
             rows.append(dict(kernel="w4a16", k=k, n=n, m=m, cfg=cfg._asdict(), us=us, fp16_us=base))
         for cfg in SWEEP_W8[bucket]:
-            cfg = with_split(cfg, w8, m, n, k)
+            cfg = with_split(cfg, m, n, k)
             args = [(x, w["w_q"], w["w_scale"], None, None, cfg) for x, w in zip(xs, wsets)]
             try:
                 us = time_graph(w8.launch, args)
