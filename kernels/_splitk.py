@@ -7,8 +7,17 @@ workspace of shape (SPLIT_K, M, N); this kernel then computes
 
     y[m, n] = sum_s partial[s, m, n] (+ bias[n])     in fp32, cast to y's dtype.
 
-Two passes instead of atomics keep the result deterministic (same bits on every run), which the
+Two passes instead of atomic adds keep the result deterministic (same bits on every run), which the
 CUDA-graph replay tests rely on. The workspace is small at small M (SPLIT_K * M * N * 4 bytes).
+
+A kernel can also do this pass itself ("the last split reduces", one launch instead of two): each
+program stores its partial, then takes a ticket from a per-tile counter (an atomic add after a CTA
+barrier, release/acquire at GPU scope); the program that draws the last ticket sums the SPLIT_K
+partials in split order (the same order and arithmetic as the pass above, so the same bits), adds the
+bias, stores the output and resets the counter to zero. :func:`tile_counters` hands out those
+counters: one zeroed int32 buffer per device and stream, grown on demand, that every kernel leaves
+zeroed again (a buffer needed during CUDA-graph capture that the cache cannot serve is made fresh,
+so its zeroing is part of the graph).
 """
 from __future__ import annotations
 
@@ -35,6 +44,28 @@ def _splitk_reduce_kernel(
     tl.store(y_ptr + m * stride_ym + n, total.to(y_ptr.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def last_split_reduces(acc, ws_ptr, cnt_ptr, out_ptr, bias_ptr, offs_m, offs_n, M, N, stride_om, tile_id, pid_k,
+                       SPLIT_K, HAS_BIAS: tl.constexpr):
+    """In-kernel second pass for one (BM, BN) output tile: store this split's fp32 partial ``acc`` into
+    ``ws`` (SPLIT_K, M, N); the program drawing the last ticket of counter ``tile_id`` sums the partials
+    in split order, adds the bias, stores the output and zeroes the counter."""
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    ws = ws_ptr + offs_m[:, None].to(tl.int64) * N + offs_n[None, :]
+    tl.store(ws + pid_k * M * N, acc, mask=mask)
+    tl.debug_barrier()  # every thread's partial is written before the ticket is taken
+    ticket = tl.atomic_add(cnt_ptr + tile_id, 1, sem="acq_rel", scope="gpu")
+    if ticket == SPLIT_K - 1:
+        total = tl.zeros(acc.shape, dtype=tl.float32)
+        for s in range(0, SPLIT_K):  # split order: the same sum as splitk_reduce below
+            total += tl.load(ws + s * M * N, mask=mask, other=0.0, cache_modifier=".cg")
+        if HAS_BIAS:
+            total += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
+        out = out_ptr + offs_m[:, None].to(tl.int64) * stride_om + offs_n[None, :]
+        tl.store(out, total.to(out_ptr.dtype.element_ty), mask=mask)
+        tl.atomic_xchg(cnt_ptr + tile_id, 0)  # leave the counter zeroed for the next launch
+
+
 def splitk_reduce(partial: torch.Tensor, bias: torch.Tensor | None, y: torch.Tensor) -> None:
     """Write ``partial.sum(0) (+ bias)`` into ``y`` (M, N); ``partial`` is contiguous (SPLIT_K, M, N) fp32."""
     split_k, m, n = partial.shape
@@ -45,3 +76,19 @@ def splitk_reduce(partial: torch.Tensor, bias: torch.Tensor | None, y: torch.Ten
         m * n, n, y.stride(0), split_k,
         HAS_BIAS=bias is not None, BLOCK=block, num_warps=4,
     )
+
+
+_COUNTERS: dict[tuple[int, int], torch.Tensor] = {}
+
+
+def tile_counters(device: torch.device, count: int) -> torch.Tensor:
+    """A zeroed int32 tensor of at least ``count`` ticket counters, for kernels that reset what they use."""
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    key = (device.index or 0, stream) if device.type == "cuda" else (-1, 0)
+    cached = _COUNTERS.get(key)
+    if cached is not None and cached.device == device and cached.numel() >= count:
+        return cached
+    fresh = torch.zeros(max(count, 1024), dtype=torch.int32, device=device)
+    if device.type != "cuda" or not torch.cuda.is_current_stream_capturing():
+        _COUNTERS[key] = fresh
+    return fresh

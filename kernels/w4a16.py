@@ -45,9 +45,13 @@ import triton.language as tl
 from kernels._checks import interpreting, check_activation, check_bias, check_same_device, check_shape, check_tensor
 from kernels._splitk import splitk_reduce
 from kernels._tiles import grouped_tile, split_k_for, split_k_range
+from kernels.w4a16_fma import launch_fma
 from kernels.w4a16_gemv import launch_skinny
+from kernels.w4a16_swap import launch_swap
 
 GROUP_SIZES = (32, 64, 128)
+FMA_MAX_M = 2  # up to here, the CUDA-core kernel of kernels.w4a16_fma (one program per token row and tile),
+FMA_MIN_WEIGHTS = 4 * 2**20  # for layers this large (at 1024x1024 the tiled kernel measured faster)
 DEQUANT_MIN_M = 128  # from here on, dequantize once and let cuBLAS run the fp16 GEMM (see docs/kernels-notes.md)
 
 
@@ -64,7 +68,9 @@ class TileConfig(NamedTuple):
     scale_after_dot: bool = False
     magic_unpack: bool = False
     expanded_load: bool = False
-    path: str = "tiled"  # "skinny" (kernels.w4a16_gemv, M <= 64), "tiled" (tl.dot), "gemv" (fp32 FMAs, M <= 4),
+    path: str = "tiled"  # "fma" (kernels.w4a16_fma, CUDA-core FMAs, M = 1), "swap" (kernels.w4a16_swap,
+    # weight as left operand, M <= 64), "skinny"
+    # (kernels.w4a16_gemv, M <= 64), "tiled" (tl.dot), "gemv" (fp32 FMAs, M <= 4),
     # "dequant" (dequantize, then cuBLAS)
     asm_unpack: bool = True  # skinny path: inline-PTX unpack (False: plain Triton ops; always so in the interpreter)
     prefetch_scale: bool = False  # skinny path: load the next K tile's scales one iteration ahead
@@ -283,6 +289,9 @@ def pick_config(m: int, n: int, k: int, group_size: int) -> TileConfig:
     """Tile shape by M bucket; BLOCK_K never crosses a scale group."""
     if m >= DEQUANT_MIN_M:
         return TileConfig(0, 0, 0, path="dequant")
+    if m <= FMA_MAX_M and n * k >= FMA_MIN_WEIGHTS:  # H200: 1.3-1.9x fp16 at M = 1 where the tensor-core kernels gave ~1.0x (kernels-notes)
+        cfg = TileConfig(1, 64, 128 if group_size == k else min(128, group_size), num_warps=4, num_stages=3, path="fma")
+        return cfg._replace(split_k=_fma_split_k(m, n, k, cfg))
     if m <= 16:  # the skinny path (kernels.w4a16_gemv) measured slower on the H100: see docs/kernels-notes.md
         cfg = TileConfig(16, 64, 128, num_warps=4, num_stages=4, scale_after_dot=True)
     elif m <= 64:
@@ -294,6 +303,23 @@ def pick_config(m: int, n: int, k: int, group_size: int) -> TileConfig:
     if m <= 16:  # H100 call 5: >= 2 programs per SM in near-full waves, 7-14% faster on 8192x28672, 11008x4096
         return cfg._replace(split_k=_balanced_split_k(m, n, k, cfg))
     return cfg._replace(split_k=split_k_for(m, n, k, cfg))
+
+
+def _fma_split_k(m: int, n: int, k: int, cfg: TileConfig, min_programs: int = 640, max_split: int = 32) -> int:
+    """Smallest power-of-two K split giving >= ``min_programs`` programs with >= 2 K tiles each.
+
+    The CUDA-core kernel hides DRAM latency with many resident programs (each prefetches one tile
+    ahead in registers): on the H200 the time fell until ~5 programs per SM and rose past ~8.
+    Shapes too small for that get as many programs as one K tile per split allows."""
+    tiles = m * triton.cdiv(n, cfg.block_n)
+    k_tiles = triton.cdiv(k, cfg.block_k)
+    split = 1
+    while tiles * split < min_programs and split < max_split and k_tiles // (split * 2) >= 2:
+        split *= 2
+    if tiles * split < min_programs:  # still short: down to one K tile per split
+        while split < max_split and k_tiles // (split * 2) >= 1:
+            split *= 2
+    return split
 
 
 def skinny_config(m: int, n: int, k: int, group_size: int) -> TileConfig:
@@ -359,14 +385,21 @@ def launch(x2, qweight, scales, group_size: int, bias=None, config: TileConfig |
             return torch.matmul(x2, w_t, out=y)
         return torch.addmm(bias.to(x2.dtype), x2, w_t, out=y)
     bias = bias.contiguous() if bias is not None else None
+    if cfg.path == "fma":  # one launch: the kernel reduces its own K splits
+        launch_fma(x2, qweight, scales, group_size, bias, y, cfg)
+        return y
     out = y if cfg.split_k == 1 else torch.empty((cfg.split_k, m, n), dtype=torch.float32, device=x2.device)
-    if cfg.path == "skinny":
+    if cfg.path == "swap":
+        launch_swap(x2, qweight, scales, group_size, bias, out, cfg, interpreting() and x2.dtype == torch.bfloat16)
+    elif cfg.path == "skinny":
         fp32_operands = interpreting() and x2.dtype == torch.bfloat16
         launch_skinny(x2, qweight, scales, group_size, bias, out, cfg, cfg.asm_unpack and not interpreting(), fp32_operands)
     elif cfg.path == "gemv":
         _launch_gemv(x2, qweight, scales, group_size, bias, out, cfg)
-    else:
+    elif cfg.path == "tiled":
         _launch_tiled(x2, qweight, scales, group_size, bias, out, cfg)
+    else:
+        raise ValueError(f"config.path: expected fma, tiled, swap, skinny, gemv or dequant, got {cfg.path!r}")
     if cfg.split_k > 1:
         splitk_reduce(out, bias, y)
     return y

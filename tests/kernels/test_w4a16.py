@@ -84,6 +84,31 @@ def test_skinny_path(dtype, m, n, g, cfg):
     assert rel_error(y, reference.w4a16_matmul_ref(x, qweight, scales, g, bias)) <= TOL[dtype]
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    "m,n,g,cfg",
+    [
+        (1, 64, 32, TileConfig(16, 32, 32, split_k=3, path="swap")),  # 3 splits over 6 K tiles
+        (5, 80, 64, TileConfig(16, 64, 64, split_k=1, path="swap")),  # N not a BLOCK_N multiple
+        (16, 96, 64, TileConfig(16, 32, 64, split_k=2, num_warps=2, path="swap")),
+        (20, 64, 32, TileConfig(16, 32, 32, split_k=4, path="swap")),  # two token tiles; one empty split
+        (40, 48, 64, TileConfig(64, 32, 64, split_k=1, path="swap")),
+        (1, 64, 32, TileConfig(1, 32, 32, split_k=3, path="fma")),  # 3 splits over 6 K tiles
+        (1, 80, 64, TileConfig(1, 64, 64, split_k=1, path="fma")),  # N not a BLOCK_N multiple
+        (3, 96, 64, TileConfig(1, 32, 64, split_k=4, num_warps=2, path="fma")),  # one empty split
+        (2, 64, 32, TileConfig(1, 64, 32, split_k=2, num_stages=4, path="fma")),
+    ],
+)
+def test_swap_and_fma_paths(dtype, m, n, g, cfg):
+    k = 192
+    x = torch.randn(m, k, device=DEVICE).to(dtype)
+    qweight, _, scales = random_int4_weight(k, n, g, device=DEVICE)
+    bias = torch.randn(n, device=DEVICE).to(dtype) if m % 2 else None
+    y = launch(x, qweight, scales, g, bias, config=cfg)
+    assert y.shape == (m, n) and y.dtype == dtype
+    assert rel_error(y, reference.w4a16_matmul_ref(x, qweight, scales, g, bias)) <= TOL[dtype]
+
+
 def test_skinny_split_balance():
     from kernels.w4a16 import _balanced_split_k
 
@@ -105,25 +130,29 @@ def test_per_channel_group_with_k_not_a_tile_multiple():
     qweight, _, scales = random_int4_weight(k, n, k, device=DEVICE)
     for cfg in (None, TileConfig(16, 32, 64, split_k=2, scale_after_dot=True), TileConfig(4, 32, 64, 2, path="gemv"),
                 TileConfig(0, 0, 0, path="dequant"), TileConfig(16, 32, 64, split_k=2, path="skinny"),
+                TileConfig(16, 32, 64, split_k=2, path="swap"), TileConfig(1, 32, 64, split_k=2, path="fma"),
                 TileConfig(16, 32, 64, split_k=2, magic_unpack=True, expanded_load=True),
                 TileConfig(16, 32, 64, split_k=2, scale_after_dot=True, chunk=2)):
         y = launch(x, qweight, scales, k, config=cfg)
         assert rel_error(y, reference.w4a16_matmul_ref(x, qweight, scales, k)) <= TOL[torch.float16]
 
 
-def test_extreme_nibbles_and_zero_groups():
+@pytest.mark.parametrize("m,cfg", [(1, TileConfig(1, 16, 32, split_k=2, path="fma")), (1, None), (4, None)])
+@pytest.mark.parametrize("first", [0, 1])  # -8 in the even or the odd nibble positions: both ends everywhere
+def test_extreme_nibbles_and_zero_groups(m, cfg, first):
     k, n = 64, 16
     q = torch.full((k, n), 7, dtype=torch.int8)
-    q[::2] = -8  # the two ends of the int4 range, alternating
+    q[first::2] = -8  # the two ends of the int4 range, alternating
     from tests.kernels.helpers import pack_int4
 
     qweight = pack_int4(q).to(DEVICE)
     scales = torch.ones(2, n, device=DEVICE)
     scales[1] = 0.0  # an all-zero group contributes nothing, and nothing becomes NaN
-    x = torch.ones(1, k, device=DEVICE).half()
-    y = w4a16_matmul(x, qweight, scales, 32)
+    x = torch.arange(1, k + 1, device=DEVICE).half().expand(m, k)  # distinct x per channel: catches a swap
+    y = launch(x, qweight, scales, 32, config=cfg)
+    expected = (x[:, :32].float() @ q[:32].float()).to(DEVICE)
     assert torch.isfinite(y).all()
-    assert torch.equal(y.float(), torch.full((1, n), 16 * (7 - 8), device=DEVICE, dtype=torch.float32))
+    assert torch.equal(y.float(), expected)
 
 
 def test_empty_and_batched_inputs():
@@ -144,6 +173,34 @@ def test_pick_config_buckets():
     assert skinny_config(64, 4096, 4096, 128).path == "skinny" and skinny_config(1, 4096, 4096, 32).block_k <= 32
     assert pick_config(4096, 4096, 4096, 128).path == "dequant"
     assert pick_config(1, 4096, 4096, 32).block_k <= 32  # a K tile never crosses a scale group
+    assert small.path == "fma" and pick_config(2, 4096, 4096, 128).path == "fma"
+    assert pick_config(3, 4096, 4096, 128).path == "tiled" and pick_config(1, 1024, 1024, 128).path == "tiled"
+
+
+def test_fma_last_split_reduces_and_leaves_counters_zeroed():
+    from kernels._splitk import tile_counters
+
+    m, k, n, g = 2, 512, 96, 64  # 8 K tiles in 4 splits; N not a BLOCK_N multiple
+    x = torch.randn(m, k, device=DEVICE).half()
+    qweight, _, scales = random_int4_weight(k, n, g, device=DEVICE)
+    bias = torch.randn(n, device=DEVICE).half()
+    cfg = TileConfig(1, 64, 64, split_k=4, path="fma")
+    first = launch(x, qweight, scales, g, bias, config=cfg)
+    assert not tile_counters(x.device, 4).any()  # every ticket counter back at zero
+    assert torch.equal(launch(x, qweight, scales, g, bias, config=cfg), first)  # and the next call is right too
+    assert rel_error(first, reference.w4a16_matmul_ref(x, qweight, scales, g, bias)) <= TOL[torch.float16]
+
+
+def test_fma_split_rule():
+    from kernels.w4a16 import _fma_split_k
+
+    cfg = TileConfig(1, 64, 128, path="fma")
+    for k, n in [(4096, 4096), (11008, 4096), (4096, 11008), (8192, 8192), (8192, 28672)]:
+        split = _fma_split_k(1, n, k, cfg)
+        assert (n // 64) * split >= 640 and (k // 128) // split >= 2  # enough programs, two K tiles each
+        assert split == 1 or (n // 64) * split // 2 < 640  # and the smallest such split
+    assert _fma_split_k(1, 1024, 1024, cfg) == 8  # too small for 640 programs: one K tile per split
+    assert _fma_split_k(2, 28672, 8192, cfg) == 1  # two token rows double the programs
 
 
 def test_op_is_registered_with_fake():
@@ -233,6 +290,26 @@ def test_gpu_skinny_inline_ptx_matches_plain_unpack(dtype, m):
     y_plain = launch(x, qweight, scales, g, bias, config=cfg._replace(asm_unpack=False))
     torch.testing.assert_close(y_asm, y_plain, rtol=0, atol=0)  # the same exact int4 operands
     assert rel_error(y_asm, reference.w4a16_matmul_ref(x, qweight, scales, g, bias)) <= TOL[dtype]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    "m,cfg",
+    [(1, TileConfig(1, 64, 128, split_k=2, num_stages=3, path="fma")),
+     (1, TileConfig(1, 256, 128, split_k=4, num_warps=8, path="fma")),
+     (3, TileConfig(1, 128, 64, split_k=1, path="fma")),
+     (5, TileConfig(16, 64, 128, split_k=2, path="swap")), (64, TileConfig(64, 64, 128, split_k=1, path="swap"))],
+)
+def test_gpu_fma_and_swap_full_size(dtype, m, cfg):
+    k, n, g = 4096, 4096 + 64, 128  # N a multiple of 64 only: the wrapped-column path for wider tiles
+    x = torch.randn(m, k, device="cuda").to(dtype)
+    qweight, _, scales = random_int4_weight(k, n, g, device="cuda")
+    bias = torch.randn(n, device="cuda").to(dtype)
+    y = launch(x, qweight, scales, g, bias, config=cfg)
+    assert rel_error(y, reference.w4a16_matmul_ref(x, qweight, scales, g, bias)) <= TOL[dtype]
+    for _ in range(3):  # in-kernel split reduction: the same bits whichever split arrives last
+        assert torch.equal(launch(x, qweight, scales, g, bias, config=cfg), y)
 
 
 @pytest.mark.gpu

@@ -1,0 +1,137 @@
+"""W4A16 kernel for one token row per program: CUDA-core FMAs on the packed tile, no tensor cores.
+
+Same operands and contract as :mod:`kernels.w4a16` (``qweight`` (K/8, N) int32, nibble ``j`` of word
+``qweight[r, n]`` is ``q[8r + j, n]`` in two's complement; ``scales`` (K/G, N); fp32 accumulation)::
+
+    y[m, n] = sum_g scales[g, n] * sum_{k in group g} x[m, k] * q[k, n]      (+ bias[n])
+
+Why: at M = 1 a matmul is a stream of packed weights. The tensor-core kernels must write every
+unpacked weight tile to shared memory and read it back in the instruction's operand layout: 16 KB of
+shared-memory traffic each way per 4 KB of weights read from DRAM. On an H200 that round trip held
+them near 1 TB/s while a kernel that only loads the same tiles reached 3.4 TB/s (docs/kernels-notes.md).
+Here each thread keeps its part of the (BLOCK_K/8, BLOCK_N) packed tile in registers and, for each
+nibble plane j, builds fp32 values exactly from their bits, in place (no shift per nibble), and
+multiply-adds them with the matching x values:
+
+    u = word ^ 0x88888888                          # each nibble q -> q + 8, in 0..15
+    p = j (j < 5), else j - 3 on u >> 12           # nibble j's position, 4p <= 16: inside the mantissa
+    w = bits_as_fp32((u | 0x4B000000) & (0xF << 4p | 0x4B000000)) - (2^23 + 8 * 16^p)   # = q * 16^p
+    part[r, n] += (x[m, k0 + 8r + j] * 16^-p) * w[r, n]                     # = x * q (powers of two)
+
+three instructions per nibble (and, subtract, fma; the or is once per word). A bf16 x below ~1e-33 loses bits when scaled
+by 16^-p (fp32 subnormal range), far under anything that moves a sum of fp32 products.
+
+``part`` holds one K tile (inside one scale group), so it is scaled once per tile into ``acc``; the K
+rows of ``acc`` are summed once at the end. The kernel waits mostly on DRAM latency ("long scoreboard"
+was 62% of its stalls under ncu on the H200), so the launcher gives it many resident programs by
+splitting K; loading two K tiles per loop step before using either measured no faster. Grid: (M, N / BLOCK_N, SPLIT_K) with the token row
+fastest, so programs that share a weight tile run together and the tile comes from DRAM once.
+With SPLIT_K > 1 the last split of each (row, tile) to finish sums the fp32 partials in split order
+and adds the bias (:mod:`kernels._splitk`, "the last split reduces"): one launch, deterministic.
+The FMA count grows with M, so the launcher uses this kernel only for M <= 2.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels._splitk import last_split_reduces, tile_counters
+from kernels._tiles import split_k_range
+
+
+@triton.jit
+def _load_tile(q_ptrs, s_ptrs, kt, k_last, K, group_size, offs_r, stride_sg, EVEN_K: tl.constexpr):
+    """The packed (BLOCK_K/8, BLOCK_N) tile starting at channel ``kt`` (zeros past ``k_last``) and its scales."""
+    if EVEN_K:
+        packed = tl.load(q_ptrs)
+    else:
+        packed = tl.load(q_ptrs, mask=(kt // 8 + offs_r)[:, None] < k_last // 8, other=0)
+    scale = tl.load(s_ptrs + (tl.minimum(kt, K - 1) // group_size) * stride_sg).to(tl.float32)  # (BN,)
+    return packed, scale
+
+
+@triton.jit
+def _tile_partial(packed, x_ptrs, kt, k_last, offs_r, stride_xk, EVEN_K: tl.constexpr, BLOCK_K: tl.constexpr,
+                  BLOCK_N: tl.constexpr):
+    """sum_j x[kt + 8r + j] * q[kt + 8r + j, n] for one packed tile: (BLOCK_K/8, BLOCK_N) fp32, unscaled."""
+    u = (packed ^ -0x77777778).to(tl.uint32, bitcast=True)  # 0x88888888: each nibble q -> q + 8 in 0..15
+    u_lo = u | 0x4B000000  # exponent bits of 2^23 set once per word; the and below keeps them
+    u_hi = (u >> 12) | 0x4B000000  # nibbles 5..7 moved to bit positions 8..19
+    part = tl.zeros((BLOCK_K // 8, BLOCK_N), dtype=tl.float32)
+    for j in tl.static_range(8):
+        if j < 5:  # nibble j sits at bits 4j..4j+3 <= 19: inside the fp32 mantissa where it is
+            src = u_lo
+            p = j
+        else:
+            src = u_hi
+            p = j - 3
+        if EVEN_K:
+            xj = tl.load(x_ptrs + j * stride_xk).to(tl.float32)
+        else:
+            xj = tl.load(x_ptrs + j * stride_xk, mask=kt + 8 * offs_r + j < k_last, other=0.0).to(tl.float32)
+        bits = src & ((0xF << (4 * p)) | 0x4B000000)  # fp32 2^23 + (q + 8) * 16^p, exact
+        w = bits.to(tl.float32, bitcast=True) - (8388608.0 + 8.0 * (1 << (4 * p)))  # q * 16^p, exact
+        part += (xj * (1.0 / (1 << (4 * p))))[:, None] * w  # x * 16^-p: a power of two, exact
+    return part
+
+
+@triton.jit
+def _w4a16_fma_kernel(
+    x_ptr, qw_ptr, s_ptr, bias_ptr, out_ptr,  # x (M, K), qweight (K/8, N), scales (K/G, N), bias (N,), out (M, N)
+    ws_ptr, cnt_ptr,  # SPLIT_K > 1: fp32 partials (SPLIT_K, M, N), int32 ticket counters (M * N / BLOCK_N,)
+    M, N, K, group_size,
+    stride_xm, stride_xk, stride_qk, stride_qn, stride_sg, stride_sn, stride_om,
+    SPLIT_K, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    row = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    if EVEN_N:  # contiguous columns: 16-byte loads
+        cols = tl.max_contiguous(tl.multiple_of(offs_n, BLOCK_N), BLOCK_N)
+    else:
+        cols = offs_n % N
+    offs_r = tl.arange(0, BLOCK_K // 8)
+
+    k_first, k_last = split_k_range(pid_k, K, SPLIT_K, BLOCK_K)
+    q_ptrs = qw_ptr + (k_first // 8 + offs_r)[:, None] * stride_qk + cols[None, :] * stride_qn  # (BK/8, BN)
+    x_ptrs = x_ptr + row.to(tl.int64) * stride_xm + (k_first + 8 * offs_r) * stride_xk  # channel 8r of the tile
+    s_ptrs = s_ptr + cols * stride_sn
+
+    acc = tl.zeros((BLOCK_K // 8, BLOCK_N), dtype=tl.float32)
+    for k0 in range(k_first, k_last, BLOCK_K):
+        packed, scale = _load_tile(q_ptrs, s_ptrs, k0, k_last, K, group_size, offs_r, stride_sg, EVEN_K)
+        acc += _tile_partial(packed, x_ptrs, k0, k_last, offs_r, stride_xk, EVEN_K, BLOCK_K, BLOCK_N) * scale[None, :]
+        q_ptrs += (BLOCK_K // 8) * stride_qk
+        x_ptrs += BLOCK_K * stride_xk
+
+    y = tl.sum(acc, axis=0)  # (BN,)
+    if SPLIT_K > 1:  # store the partial; the last split of this (row, tile) to arrive reduces
+        last_split_reduces(y[None, :], ws_ptr, cnt_ptr, out_ptr, bias_ptr, row + tl.arange(0, 1), offs_n, M, N,
+                           stride_om, row * tl.num_programs(1) + pid_n, pid_k, SPLIT_K, HAS_BIAS)
+    else:
+        if HAS_BIAS:
+            y += tl.load(bias_ptr + cols).to(tl.float32)
+        tl.store(out_ptr + row.to(tl.int64) * stride_om + offs_n, y.to(out_ptr.dtype.element_ty), mask=offs_n < N)
+
+
+def launch_fma(x2, qweight, scales, group_size, bias, y, cfg) -> None:
+    """Launch on validated 2-D ``x2`` (M, K), writing ``y`` (M, N) in one launch whatever the K split."""
+    m, k = x2.shape
+    n = qweight.shape[1]
+    grid = (m, triton.cdiv(n, cfg.block_n), cfg.split_k)
+    if cfg.split_k > 1:
+        workspace = torch.empty((cfg.split_k, m, n), dtype=torch.float32, device=x2.device)
+        counters = tile_counters(x2.device, m * grid[1])
+    else:
+        workspace = counters = y  # unused
+    _w4a16_fma_kernel[grid](
+        x2, qweight, scales, bias if bias is not None else scales, y, workspace, counters,
+        m, n, k, group_size,
+        x2.stride(0), x2.stride(1), qweight.stride(0), qweight.stride(1), scales.stride(0), scales.stride(1),
+        y.stride(0), cfg.split_k, HAS_BIAS=bias is not None,
+        EVEN_K=k % (cfg.block_k * cfg.split_k) == 0, EVEN_N=n % cfg.block_n == 0,
+        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
