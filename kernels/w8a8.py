@@ -8,18 +8,27 @@ Math (the contract of ``kernels.reference.w8a8_matmul_ref``), with ``x`` (M, K) 
     acc[m, n]  = sum_k xq[m, k] * w_q[n, k]                      exact, int32
     y[m, n]    = acc[m, n] * s_x[m] * w_scale[n] (+ bias[n])     in fp32, stored in x's dtype
 
-Two launches: ``_quantize_rows_kernel`` (one program per row: absmax pass, then quantize pass) writes
-``xq`` (M, K) int8 and ``s_x`` (M,) fp32; ``_w8a8_matmul_kernel`` multiplies with ``tl.dot(...,
-out_dtype=int32)`` and dequantizes in its epilogue. Both divisions use IEEE division (``div_rn``),
-and rounding uses the float trick ``(v + 1.5 * 2**23) - 1.5 * 2**23``, exact round-half-even for
-``|v| < 2**22`` (``v`` is clamped to [-128, 127] first; clamping before or after rounding gives the
-same integer because the bounds are integers), so ``xq`` equals the reference's integers exactly.
+Two paths, the same integers and the same output bits:
+
+* pre-pass (the default): ``_quantize_rows_kernel`` (one program per row: absmax pass, then quantize
+  pass) writes ``xq`` (M, K) int8 and ``s_x`` (M,) fp32; ``_w8a8_matmul_kernel`` multiplies with
+  ``tl.dot(..., out_dtype=int32)`` and dequantizes in its epilogue.
+* fused (opt-in, ``TileConfig(fused=True)``, :mod:`kernels.w8a8_fused`): one launch; each GEMM
+  program computes its rows' scales and quantizes its x tiles in registers. It saves a launch, but
+  every N tile redoes the quantization, and on an H200 that cost more than the launch at every shape
+  and M measured (docs/kernels-notes.md), so ``pick_config`` never chooses it.
+
+Quantization uses IEEE division (``div_rn``; the fused kernel an exactly equivalent float64
+multiply), clamps to [-128, 127], then rounds with the float trick ``(v + 1.5 * 2**23) - 1.5 * 2**23``,
+exact round-half-even for ``|v| < 2**22`` (clamping before or after rounding gives the same integer
+because the bounds are integers), so ``xq`` equals the reference's integers exactly.
 
 Tiles are chosen by a heuristic on (M bucket, N, K) (``pick_config``), never by autotuning, so the
 kernel can be captured in a CUDA graph on its first call. At small M the weight bytes dominate:
 narrow N tiles and, where N is small, split-K (fp32 partials reduced by :mod:`kernels._splitk`)
 keep all SMs streaming. At large M the work is int8 tensor-core bound: 128x256x128 tiles, grouped
-tile order for L2 reuse, a deep software pipeline.
+tile order for L2 reuse, a deep software pipeline. Small layers (N * K <= ``SMALL_LAYER``, e.g.
+MiniLM's 384 / 1536) take the largest tile that still gives every SM an output tile, without split-K.
 
 The op is registered as ``torch.ops.compress_kernels.w8a8_matmul`` with a fake implementation, so
 callers compile under ``torch.compile`` and capture in CUDA graphs; ``w8a8_matmul`` calls it.
@@ -35,12 +44,11 @@ import triton.language as tl
 from kernels._checks import check_activation, check_bias, check_same_device, check_shape, check_tensor
 from kernels._splitk import splitk_reduce
 from kernels._tiles import grouped_tile, split_k_for, split_k_range
-
-ROUND_MAGIC = tl.constexpr(12582912.0)  # 1.5 * 2**23: adding then subtracting it rounds fp32 half to even
+from kernels.w8a8_fused import launch_fused, quantize_int8
 
 
 class TileConfig(NamedTuple):
-    """Launch parameters of ``_w8a8_matmul_kernel``."""
+    """Launch parameters of the GEMM; ``fused``: one launch that quantizes x itself (no pre-pass)."""
 
     block_m: int
     block_n: int
@@ -49,6 +57,7 @@ class TileConfig(NamedTuple):
     group_m: int = 8
     num_warps: int = 4
     num_stages: int = 3
+    fused: bool = False
 
 
 @triton.jit
@@ -77,9 +86,7 @@ def _quantize_rows_kernel(
     for k0 in range(0, K, BLOCK_K):
         mask = k0 + offs < K
         v = tl.load(x_row + (k0 + offs) * stride_xk, mask=mask, other=0.0).to(tl.float32)
-        q = tl.minimum(tl.maximum(tl.math.div_rn(v, scale), -128.0), 127.0)
-        q = (q + ROUND_MAGIC) - ROUND_MAGIC
-        tl.store(xq_row + k0 + offs, q.to(tl.int8), mask=mask)
+        tl.store(xq_row + k0 + offs, quantize_int8(v, scale), mask=mask)
 
 
 @triton.jit
@@ -126,8 +133,34 @@ def _w8a8_matmul_kernel(
     tl.store(out_ptrs, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
+SMALL_LAYER = 4 * 2**20  # n * k up to this (MiniLM's 384 / 1536 layers): tiles that fill the GPU, no split-K
+TARGET_TILES = 132  # one program per SM of an H100 / H200
+SMALL_LAYER_TILES = (  # largest first; the first giving TARGET_TILES output tiles wins, else the last
+    TileConfig(128, 128, 128, num_warps=8, num_stages=3),
+    TileConfig(128, 64, 128, num_warps=8, num_stages=3),
+    TileConfig(64, 64, 128, num_warps=4, num_stages=3),
+    TileConfig(32, 64, 128, num_warps=4, num_stages=3),
+)
+
+
+def small_layer_config(m: int, n: int) -> TileConfig:
+    """Largest tile of ``SMALL_LAYER_TILES`` that still gives every SM an output tile (no split-K)."""
+    for cfg in SMALL_LAYER_TILES:
+        if triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n) >= TARGET_TILES:
+            return cfg
+    return SMALL_LAYER_TILES[-1]
+
+
 def pick_config(m: int, n: int, k: int) -> TileConfig:
-    """Tile shape by M bucket: weight-streaming tiles at small M, tensor-core tiles at large M."""
+    """Tiles by M bucket and layer size, from the shape alone (CUDA-graph safe: no autotuning).
+
+    Always the pre-pass path: the fused one (``TileConfig(fused=True)``) measured slower at every
+    shape and M tried (docs/kernels-notes.md, "W8A8 fused activation quantization"). Small layers
+    (N * K <= ``SMALL_LAYER``) at 16 < M take ``small_layer_config``, except M <= 64 with K >= 1024,
+    where split-K measured faster (1536x384 M=64: 9.3 vs 11.3 us on an H200).
+    """
+    if n * k <= SMALL_LAYER and m > 16 and not (m <= 64 and k >= 1024):
+        return small_layer_config(m, n)
     if m <= 16:  # no split-K: the reduce launch costs more than the idle SMs (sweep, docs/kernels-notes.md)
         return TileConfig(16, 64, 256, split_k=1, num_warps=4, num_stages=5)
     if m <= 64:
@@ -176,16 +209,22 @@ def quantize_rows(x2: torch.Tensor, x_scale: torch.Tensor | None = None):
 
 
 def launch(x2, w_q, w_scale, bias=None, x_scale=None, config: TileConfig | None = None) -> torch.Tensor:
-    """Run the two kernels on validated 2-D ``x2`` (M, K); returns (M, N) in x2's dtype."""
+    """Run the kernels on validated 2-D ``x2`` (M, K); returns (M, N) in x2's dtype.
+
+    ``config.fused``: one launch (:mod:`kernels.w8a8_fused`); else the quantize pre-pass then the GEMM.
+    Either adds the split-K reduce when ``config.split_k > 1``.
+    """
     m, k = x2.shape
     n = w_q.shape[0]
     y = torch.empty((m, n), dtype=x2.dtype, device=x2.device)
     if m == 0:
         return y
-    xq, s_x = quantize_rows(x2, x_scale)
     cfg = config or pick_config(m, n, k)
     w_scale = w_scale.contiguous()
     bias = bias.contiguous() if bias is not None else None
+    if cfg.fused:
+        return launch_fused(x2, w_q, w_scale, bias, x_scale, cfg, y)
+    xq, s_x = quantize_rows(x2, x_scale)
     out = y if cfg.split_k == 1 else torch.empty((cfg.split_k, m, n), dtype=torch.float32, device=x2.device)
     grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n), cfg.split_k)
     _w8a8_matmul_kernel[grid](

@@ -14,6 +14,9 @@ gaps, rotation defeats L2 reuse. Results go to ``$OUT`` (or ``--out``) as JSON a
 
 ``--sweep chunk`` times the tiled kernel with CHUNK K tiles per loop step (one scale load per step,
 see docs/kernels-notes.md, call 5) against the current default, fp16 and tinygemm columns alongside.
+``--sweep fused`` times the W8A8 one-launch path (``kernels/w8a8_fused.py``: activation quantization
+inside the GEMM) against the two-launch path as it was before it (pre-pass + GEMM, ``legacy_w8_config``)
+and cuBLAS fp16, at M <= 64 on the large shapes and at MiniLM's small layers (384 / 1536).
 ``--sweep`` additionally times explicit ``TileConfig`` variants at chosen shapes, to pick the
 heuristics in ``kernels.w4a16.pick_config`` / ``kernels.w8a8.pick_config``. ``--sweep skinny`` times
 only the W4A16 small-M variants (``kernels/w4a16_gemv.py``: tile, warps, stages, split-K, inline-PTX
@@ -289,6 +292,82 @@ def sweep_chunk(deadline, out_dir, meta):
     return rows
 
 
+def legacy_w8_config(m, n, k):
+    """The W8A8 two-launch tiles before the fused path existed (the baseline of ``--sweep fused``)."""
+    T8 = w8.TileConfig
+    if m <= 16:
+        return T8(16, 64, 256, split_k=1, num_warps=4, num_stages=5)
+    cfg = T8(32, 64, 256, num_warps=4, num_stages=4) if m <= 64 else (
+        T8(128, 128, 128, num_warps=8, num_stages=4) if m <= 256 else T8(256, 128, 128, num_warps=8, num_stages=3))
+    return cfg._replace(split_k=split_k_for(m, n, k, cfg))
+
+
+def fused_variants(m, n, k):
+    """(label, TileConfig) pairs timed at one cell: the old two-launch default, fused and pre-pass alternatives."""
+    T8 = w8.TileConfig
+    old = legacy_w8_config(m, n, k)
+    out = [("two-launch old", old)]
+    if n * k <= w8.SMALL_LAYER:
+        for t in (T8(32, 64, 128, num_warps=4, num_stages=3), T8(64, 64, 128, num_warps=4, num_stages=3)):
+            tag = f"{t.block_m}x{t.block_n}x{t.block_k}"
+            out += [(f"pre-pass {tag}", t), (f"fused {tag}", t._replace(fused=True))]
+        if m <= 64:
+            out.append(("fused old tiles", old._replace(fused=True)))
+        return out
+    first = T8(16, 64, 256, num_warps=4, num_stages=5) if m <= 16 else T8(32, 64, 256, num_warps=4, num_stages=4)
+    second = T8(16, 128, 256, num_warps=4, num_stages=4) if m <= 16 else T8(16, 64, 256, num_warps=4, num_stages=5)
+    split = first._replace(split_k=split_k_for(m, n, k, first))
+    for t in (first, second, split):
+        out.append((f"fused {t.block_m}x{t.block_n}x{t.block_k} sk{t.split_k}", t._replace(fused=True)))
+    return out
+
+
+FUSED_CELLS = [((4096, 4096), 1), ((4096, 4096), 16), ((4096, 4096), 64),
+               ((8192, 28672), 1), ((8192, 28672), 16), ((8192, 28672), 64),
+               ((384, 384), 64), ((384, 1536), 64), ((1536, 384), 64),
+               ((384, 384), 256), ((384, 1536), 256), ((1536, 384), 256),
+               ((384, 384), 2048), ((384, 1536), 2048), ((1536, 384), 2048),
+               ((8192, 8192), 1), ((8192, 8192), 16), ((8192, 8192), 64),
+               ((4096, 11008), 1), ((4096, 11008), 16), ((4096, 11008), 64),
+               ((11008, 4096), 1), ((11008, 4096), 16), ((11008, 4096), 64)]  # most telling first
+
+
+def w8_weights(k, n):
+    """Rotating fp16 and int8 weight sets for one K x N shape (int8 sets span 4x L2, at most 16)."""
+    r = max(1, min(16, math.ceil(4 * L2_BYTES / (k * n))))
+    return [dict(w16=torch.randn(n, k, device="cuda", dtype=torch.float16) * 0.02,
+                 w_q=torch.randint(-127, 128, (n, k), dtype=torch.int8, device="cuda"),
+                 w_scale=torch.rand(n, device="cuda") * 0.01 + 0.001) for _ in range(r)]
+
+
+def sweep_fused(deadline, out_dir, meta):
+    """Time ``fused_variants`` and cuBLAS fp16 at ``FUSED_CELLS``; rewrite the result files after every cell."""
+    rows = []
+    for (k, n), m in FUSED_CELLS:
+        if time.time() > deadline:
+            rows.append(dict(skipped=f"{k}x{n} M={m}: out of time"))
+            continue
+        wsets = w8_weights(k, n)
+        xs = [torch.randn(m, k, device="cuda", dtype=torch.float16) for _ in wsets]
+        base = time_graph(F.linear, [(x, w["w16"]) for x, w in zip(xs, wsets)])
+        for label, cfg in fused_variants(m, n, k):
+            args = [(x, w["w_q"], w["w_scale"], None, None, cfg) for x, w in zip(xs, wsets)]
+            try:
+                us = time_graph(w8.launch, args)
+            except Exception as err:  # noqa: BLE001 - one failing variant must not stop the sweep
+                us = repr(err)[:160]
+            rows.append(dict(kernel="w8a8", label=label, k=k, n=n, m=m, r=len(wsets), cfg=cfg._asdict(), us=us,
+                             fp16_us=base))
+            print(sweep_markdown(rows[-1:]).splitlines()[-1], flush=True)
+        del wsets, xs
+        torch.cuda.empty_cache()
+        with open(os.path.join(out_dir, "fused_sweep.json"), "w") as f:
+            json.dump(dict(meta=meta, rows=rows), f, indent=1)
+        with open(os.path.join(out_dir, "fused_sweep.md"), "w") as f:
+            f.write(sweep_markdown(rows) + "\n")
+    return rows
+
+
 def with_split(cfg, m, n, k):
     if cfg.split_k is not None or getattr(cfg, "path", "") == "dequant":
         return cfg
@@ -333,6 +412,8 @@ def sweep_markdown(rows) -> str:
             continue
         c = r["cfg"]
         desc = f"{c['block_m']}x{c['block_n']}x{c['block_k']} sk{c['split_k']} w{c['num_warps']} s{c['num_stages']}"
+        if r["kernel"] == "w8a8" and "label" in r:
+            desc = f"{r['label']}: {desc}{' fused' if c.get('fused') else ''}"
         if r["kernel"] == "w4a16" and c["path"] == "skinny":
             desc += f" skinny asm{int(c['asm_unpack'])}"
         elif r["kernel"] == "w4a16":
@@ -348,7 +429,7 @@ def sweep_markdown(rows) -> str:
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
-    parser.add_argument("--sweep", nargs="?", const="all", choices=["all", "skinny", "chunk"], default=None)
+    parser.add_argument("--sweep", nargs="?", const="all", choices=["all", "skinny", "chunk", "fused"], default=None)
     parser.add_argument("--deadline-epoch", type=float, default=None, help="absolute stop time (overrides budgets)")
     parser.add_argument("--methods", default=",".join(METHODS), help="table columns to time, e.g. fp16,w4a16,int4pk")
     parser.add_argument("--no-table", action="store_true")
@@ -389,6 +470,8 @@ def main():
             sweep_deadline = args.deadline_epoch
         if args.sweep == "chunk":
             rows = sweep_chunk(sweep_deadline, args.out, meta)
+        elif args.sweep == "fused":
+            rows = sweep_fused(sweep_deadline, args.out, meta)
         elif args.sweep == "skinny":
             rows = sweep_skinny(sweep_deadline)
         else:

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from kernels import reference
-from kernels.w8a8 import TileConfig, launch, pick_config, quantize_rows, w8a8_matmul
+from kernels.w8a8 import SMALL_LAYER_TILES, TileConfig, launch, pick_config, quantize_rows, w8a8_matmul
 from tests.kernels.helpers import random_int8_weight, rel_error
 
 TOL = {torch.float16: 1e-3, torch.bfloat16: 1e-2}
@@ -114,6 +114,89 @@ def test_pick_config_buckets():
     assert large.block_m >= 128 and large.split_k == 1
 
 
+def test_pick_config_paths():
+    for m in (1, 16, 64, 256, 4096):  # the fused path is opt-in only
+        assert not pick_config(m, 4096, 4096).fused
+    for m, n, k in [(64, 384, 384), (256, 1536, 384), (2048, 384, 1536), (2048, 1536, 384)]:
+        cfg = pick_config(m, n, k)  # small layers: a filling tile, no split-K
+        assert cfg in SMALL_LAYER_TILES and cfg.split_k == 1
+    assert pick_config(64, 384, 1536).split_k > 1  # M <= 64 with K >= 1024: split-K measured faster
+
+
+# ------------------------------------------------ fused path: one launch, same integers, same bits
+
+FUSED_TILES = [TileConfig(16, 32, 32, fused=True), TileConfig(16, 32, 32, split_k=2, fused=True)]
+
+
+def _fused_and_prepass(x, w_q, w_scale, bias=None, x_scale=None, cfg=FUSED_TILES[0]):
+    fused = launch(x, w_q, w_scale, bias, x_scale, config=cfg)
+    prepass = launch(x, w_q, w_scale, bias, x_scale, config=cfg._replace(fused=False))
+    return fused, prepass
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m,k,n", [(1, 64, 48), (5, 200, 40), (17, 96, 80)])  # 200: masked K tail
+@pytest.mark.parametrize("cfg", FUSED_TILES, ids=["sk1", "sk2"])
+def test_fused_equals_prepass_and_reference(dtype, m, k, n, cfg):
+    x = torch.randn(m, k, device=DEVICE).to(dtype) * 2
+    w_q, w_scale = random_int8_weight(n, k, DEVICE)
+    bias = torch.randn(n, device=DEVICE).to(dtype)
+    fused, prepass = _fused_and_prepass(x, w_q, w_scale, bias, cfg=cfg)
+    assert fused.dtype == dtype and torch.equal(fused, prepass)
+    assert rel_error(fused, reference.w8a8_matmul_ref(x, w_q, w_scale, bias)) <= TOL[dtype]
+
+
+def test_fused_integers_are_the_references():
+    # with an identity-like weight (one 1 per output channel, scale 1) the output is xq * s_x itself
+    m, k = 3, 32
+    x = torch.randn(m, k, device=DEVICE).half() * 5
+    ties = [127.0, 0.5, 1.5, 2.5, -0.5, -2.5]  # absmax 127 -> scale exactly 1: exact ties, half to even
+    x[0, : len(ties)] = torch.tensor(ties, device=DEVICE).half()
+    w_q = torch.eye(k, dtype=torch.int8, device=DEVICE)
+    y = launch(x, w_q, torch.ones(k, device=DEVICE), config=TileConfig(16, 32, 32, fused=True))
+    ref_q, ref_s = reference.quantize_per_token(x)
+    assert torch.equal(y, (ref_q.float() * ref_s[:, None]).half())
+    assert y[0, : len(ties)].tolist() == [127, 0, 2, 2, 0, -2]
+
+
+@pytest.mark.parametrize("kind", ["scalar", "per_row"])
+def test_fused_static_scale(kind):
+    m, k, n = 5, 64, 32
+    x = torch.randn(m, k, device=DEVICE).half() * 4  # some values clamp at the static scale
+    w_q, w_scale = random_int8_weight(n, k, DEVICE)
+    if kind == "scalar":
+        x_scale = torch.tensor(0.02, device=DEVICE)
+    else:
+        x_scale = torch.rand(m, device=DEVICE) * 0.05
+        x_scale[1] = 0.0  # behaves as 1, never NaN
+    fused, prepass = _fused_and_prepass(x, w_q, w_scale, x_scale=x_scale)
+    assert torch.equal(fused, prepass)
+    assert rel_error(fused, reference.w8a8_matmul_ref(x, w_q, w_scale, x_scale=x_scale)) <= TOL[torch.float16]
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the interpreter's numpy overflows to inf, as intended
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("x_scale", [None, 1e-30, 1e30, 1e-40, 3.0])  # 1e-40: a subnormal fp32 scale
+def test_fused_extreme_scales(dtype, x_scale):
+    # magnitudes from 1e-30 to 1e30 (bf16; fp16 saturates to inf, which clamps like any huge value)
+    x = (torch.randn(6, 64) * torch.logspace(-30, 30, 6)[:, None]).to(dtype).to(DEVICE)
+    w_q, w_scale = random_int8_weight(16, 64, DEVICE)
+    xs = None if x_scale is None else torch.tensor(x_scale, dtype=torch.float32, device=DEVICE)
+    if x_scale is None and dtype == torch.float16:
+        x = torch.nan_to_num(x, posinf=65504.0, neginf=-65504.0)  # dynamic scales need finite rows
+    fused, prepass = _fused_and_prepass(x, w_q, w_scale, x_scale=xs)
+    assert torch.equal(fused, prepass)
+
+
+def test_fused_zero_rows_and_strided_x():
+    x = torch.randn(64, 7, device=DEVICE).half().t()  # (7, 64), column-major
+    x[2] = 0
+    w_q, w_scale = random_int8_weight(24, 64, DEVICE)
+    fused, prepass = _fused_and_prepass(x, w_q, w_scale)
+    assert torch.isfinite(fused).all() and (fused[2] == 0).all()
+    assert torch.equal(fused, prepass)
+
+
 def test_op_is_registered_with_fake():
     x = torch.randn(2, 3, 64, device="meta", dtype=torch.float16)
     w_q = torch.empty(24, 64, dtype=torch.int8, device="meta")
@@ -174,6 +257,19 @@ def test_gpu_full_size(dtype, m):
     assert torch.equal(xq, ref_q) and torch.equal(s_x, ref_s)
     y = w8a8_matmul(x, w_q, w_scale, bias)
     assert rel_error(y, reference.w8a8_matmul_ref(x, w_q, w_scale, bias)) <= {torch.float16: 1e-3, torch.bfloat16: 4e-3}[dtype]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m,k,n", [(1, 4096, 4096), (16, 4096, 11008), (64, 8192, 8192), (64, 384, 1536), (7, 1536, 384)])
+def test_gpu_fused_equals_prepass(dtype, m, k, n):
+    x = torch.randn(m, k, device="cuda").to(dtype) * 3
+    w_q, w_scale = random_int8_weight(n, k, "cuda")
+    bias = torch.randn(n, device="cuda").to(dtype)
+    cfg = pick_config(m, n, k)._replace(fused=True)
+    fused, prepass = _fused_and_prepass(x, w_q, w_scale, bias, cfg=cfg)
+    assert torch.equal(fused, prepass)
+    assert rel_error(fused, reference.w8a8_matmul_ref(x, w_q, w_scale, bias)) <= {torch.float16: 1e-3, torch.bfloat16: 4e-3}[dtype]
 
 
 @pytest.mark.gpu
