@@ -8,7 +8,11 @@ with ``model_type`` and the fields of that ``transformers`` config class, for a 
 scratch (e.g. a tiny Bert or Llama).
 
 * :class:`SequenceClassificationTask`: cross-entropy; validation accuracy and F1 (torchmetrics;
-  binary F1 of the positive class for two labels, macro F1 otherwise).
+  binary F1 of the positive class for two labels, macro F1 otherwise). With ``distillation`` (a
+  :class:`compress.distill.DistillationConfig`), from its ``start_step`` on the loss is
+  ``(1 - a) * CE + a * T^2 * KL(teacher || student)`` against a frozen dense teacher held as
+  ``self.teacher`` (a snapshot of the model taken at that step, or a saved fine-tuned model); the
+  teacher is module state, so it is in the Lightning checkpoint and a resumed run keeps it.
 * :class:`CausalLMTask`: next-token cross-entropy; validation perplexity
   ``exp(sum of token losses / number of predicted tokens)``.
 
@@ -20,13 +24,16 @@ Optimizer: AdamW (no weight decay on biases and norms) with a linear warm-up ove
 """
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
+from typing import Any, Optional
 
 import lightning.pytorch as pl
 import torch
 import torchmetrics
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import nn
 
+from compress.distill import DistillationConfig, Teacher, as_distillation_config, build_teacher, distillation_loss
 from compress.paths import resolve_model_path
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -185,17 +192,45 @@ class SequenceClassificationTask(_TransformersTask):
         weight_decay: float = 0.01,
         warmup_ratio: float = 0.1,
         dtype: str = "float32",
+        distillation: Optional[DistillationConfig] = None,
     ):
         super().__init__(learning_rate, weight_decay, warmup_ratio)
         if isinstance(num_labels, bool) or not isinstance(num_labels, int) or num_labels < 2:
             raise ValueError(f"num_labels: expected an int >= 2, got {num_labels!r}")
-        self.save_hyperparameters()
+        distillation = as_distillation_config(distillation)
+        # the config is kept as a plain mapping in the checkpoint (loadable with weights_only=True)
+        self.save_hyperparameters(ignore=["distillation"])
+        self.hparams["distillation"] = None if distillation is None else dataclasses.asdict(distillation)
         from transformers import AutoModelForSequenceClassification
 
         self.model = build_model(
             AutoModelForSequenceClassification, model_name_or_path, config, dtype, num_labels=num_labels
         )
         self.val_metrics = ClassificationMetrics(num_labels)
+        self.distillation = distillation
+        self.teacher: Optional[Teacher] = None if distillation is None else build_teacher(distillation, self.model)
+
+    def on_train_start(self) -> None:
+        if self.teacher is None or bool(self.teacher.ready):
+            return
+        start = self.distillation.start_step
+        early = [type(cb).__name__ for cb in self.trainer.callbacks
+                 if hasattr(cb, "plan") and getattr(cb, "start_step", start) < start]
+        if early:
+            rank_zero_warn(f"distillation: the teacher snapshot at step {start} is taken after {early} start "
+                           "compressing; start distillation at or before their start_step for a dense teacher")
+
+    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        if self.teacher is None or self.global_step < self.distillation.start_step:
+            return super().training_step(batch, batch_idx)
+        if not bool(self.teacher.ready):
+            self.teacher.snapshot_(self.model)
+            rank_zero_info(f"distillation: teacher snapshot taken at step {self.global_step}")
+        logits = self.model(**batch).logits
+        loss = distillation_loss(logits, self.teacher.logits(batch), batch["labels"],
+                                 self.distillation.alpha, self.distillation.temperature)
+        self.log("train_loss", loss, prog_bar=True, batch_size=batch["input_ids"].shape[0])
+        return loss
 
 
 class CausalLMTask(_TransformersTask):

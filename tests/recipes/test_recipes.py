@@ -56,3 +56,25 @@ def test_quickstart_end_to_end(tmp_path, monkeypatch):
     layer = model.get_submodule("bert.encoder.layer.0.intermediate.dense")
     blocks = layer.w_q.reshape(512 // 32, 32, 128 // 32, 32).abs().amax(dim=(1, 3))
     assert (blocks == 0).float().mean().item() == pytest.approx(0.5)
+
+
+def _recipe(name: str) -> dict:
+    import yaml
+
+    return yaml.safe_load((RECIPES / name).read_text())
+
+
+def test_minilm_family_trains_every_variant_for_the_dense_baselines_epochs():
+    epochs = {name: _recipe(name)["trainer"]["max_epochs"] for name in OURS[1:]}
+    assert len(set(epochs.values())) == 1, epochs
+
+
+@pytest.mark.parametrize("name", ["minilm-sst2-sparse50.yaml", "minilm-sst2-sparse50-w8a8.yaml"])
+def test_sparse_minilm_recipes_distil_from_a_dense_snapshot(name):
+    recipe = _recipe(name)
+    distillation = recipe["model"]["init_args"]["distillation"]
+    pruning = next(cb["init_args"] for cb in recipe["trainer"]["callbacks"] if cb["class_path"].endswith("BlockPruning"))
+    assert distillation.get("teacher") is None  # a snapshot: the suite trains the dense recipe side by side
+    assert distillation["start_step"] <= pruning["start_step"] < pruning["end_step"]
+    task = CompressCLI(args=["--config", str(RECIPES / name), "--trainer.accelerator=cpu"], run=False).model
+    assert task.distillation.alpha == distillation["alpha"] and not bool(task.teacher.ready)
