@@ -5,6 +5,9 @@
   tile while it sits in L2 (the order of Triton's matmul tutorial).
 * :func:`split_k_range`: the slice ``[k_first, k_last)`` of the K axis that split ``pid_k`` of
   ``SPLIT_K`` owns, in whole ``BLOCK_K`` tiles (the last split may be short or empty).
+* :func:`weight_columns`: the column offsets a program loads, as contiguous when N is a multiple of
+  BLOCK_N (so loads are 16 bytes wide) and wrapped modulo N otherwise (loads need no mask; the
+  stores mask the wrapped columns).
 * :func:`split_k_for` (host side): how many K splits a launch needs to give every SM work.
 """
 import triton
@@ -21,6 +24,13 @@ def grouped_tile(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_
     pid_m = first_m + (pid % group_tiles) % rows_in_group
     pid_n = (pid % group_tiles) // rows_in_group
     return pid_m, pid_n
+
+
+@triton.jit
+def weight_columns(offs_n, N, BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr):
+    if EVEN_N:
+        return tl.max_contiguous(tl.multiple_of(offs_n, BLOCK_N), BLOCK_N)
+    return offs_n % N
 
 
 @triton.jit

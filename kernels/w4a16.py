@@ -44,7 +44,7 @@ import triton.language as tl
 
 from kernels._checks import interpreting, check_activation, check_bias, check_same_device, check_shape, check_tensor
 from kernels._splitk import splitk_reduce
-from kernels._tiles import grouped_tile, split_k_for, split_k_range
+from kernels._tiles import grouped_tile, split_k_for, split_k_range, weight_columns
 from kernels.w4a16_fma import launch_fma
 from kernels.w4a16_gemv import launch_skinny
 from kernels.w4a16_swap import launch_swap
@@ -154,10 +154,7 @@ def _w4a16_matmul_kernel(
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rows = (offs_m % M).to(tl.int64)  # wrapped: loads need no M/N mask, stores are masked
-    if EVEN_N:  # N % BLOCK_N == 0: tell the compiler the columns are contiguous, so loads are 16 bytes wide
-        cols = tl.max_contiguous(tl.multiple_of(offs_n, BLOCK_N), BLOCK_N)
-    else:
-        cols = offs_n % N
+    cols = weight_columns(offs_n, N, BLOCK_N, EVEN_N)  # contiguous (16-byte loads) or wrapped
     offs_k = tl.arange(0, BLOCK_K)
     offs_kp = tl.arange(0, BLOCK_K // 8)
 
@@ -221,10 +218,7 @@ def _w4a16_gemv_kernel(
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rows = (offs_m % M).to(tl.int64)
-    if EVEN_N:  # contiguous columns: 16-byte loads
-        cols = tl.max_contiguous(tl.multiple_of(offs_n, BLOCK_N), BLOCK_N)
-    else:
-        cols = offs_n % N
+    cols = weight_columns(offs_n, N, BLOCK_N, EVEN_N)  # contiguous (16-byte loads) or wrapped
     offs_r = tl.arange(0, BLOCK_K // 8)
 
     k_first, k_last = split_k_range(pid_k, K, SPLIT_K, BLOCK_K)

@@ -37,7 +37,7 @@ import triton
 import triton.language as tl
 
 from kernels._splitk import last_split_reduces, tile_counters
-from kernels._tiles import split_k_range
+from kernels._tiles import split_k_range, weight_columns
 
 
 @triton.jit
@@ -89,10 +89,7 @@ def _w4a16_fma_kernel(
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    if EVEN_N:  # contiguous columns: 16-byte loads
-        cols = tl.max_contiguous(tl.multiple_of(offs_n, BLOCK_N), BLOCK_N)
-    else:
-        cols = offs_n % N
+    cols = weight_columns(offs_n, N, BLOCK_N, EVEN_N)  # contiguous (16-byte loads) or wrapped
     offs_r = tl.arange(0, BLOCK_K // 8)
 
     k_first, k_last = split_k_range(pid_k, K, SPLIT_K, BLOCK_K)

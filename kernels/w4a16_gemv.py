@@ -35,6 +35,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from kernels._tiles import weight_columns
+
 # $0..$7 = nibbles 0..7 of $8 as exact 16-bit floats; $9 = MAGIC | 0x00080008 pair, $10 = -(MAGIC + 8) pair,
 # $11 = 1.0 pair; FMA_TYPE f16x2 or bf16x2.
 _UNPACK_ASM = """{
@@ -128,10 +130,7 @@ def w4a16_skinny_kernel(
     ROWS: tl.constexpr = BLOCK_K // 8
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    if EVEN_N:
-        cols = tl.max_contiguous(tl.multiple_of(offs_n, BLOCK_N), BLOCK_N)
-    else:
-        cols = offs_n % N  # wrapped: loads stay in bounds, stores are masked
+    cols = weight_columns(offs_n, N, BLOCK_N, EVEN_N)  # contiguous (16-byte loads) or wrapped (stores masked)
     m_ok = offs_m < M
     offs_k = tl.arange(0, BLOCK_K)
     offs_r = tl.arange(0, ROWS)

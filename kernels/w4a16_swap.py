@@ -29,7 +29,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernels._tiles import split_k_range
+from kernels._tiles import split_k_range, weight_columns
 
 
 @triton.jit
@@ -46,10 +46,7 @@ def _w4a16_swap_kernel(
     pid_m = tl.program_id(2)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    if EVEN_N:  # contiguous columns: 16-byte loads
-        cols = tl.max_contiguous(tl.multiple_of(offs_n, BLOCK_N), BLOCK_N)
-    else:
-        cols = offs_n % N
+    cols = weight_columns(offs_n, N, BLOCK_N, EVEN_N)  # contiguous (16-byte loads) or wrapped
     m_ok = offs_m < M
     rows = (offs_m % M).to(tl.int64)  # wrapped: the x loads need no mask (so they pipeline), stores are masked
     offs_k = tl.arange(0, BLOCK_K)
