@@ -72,22 +72,6 @@ def test_every_kernel_variant(dtype, cfg):
         (40, 48, 64, TileConfig(64, 32, 64, split_k=1, path="skinny")),
         (3, 80, 32, TileConfig(16, 64, 32, split_k=4, path="skinny", prefetch_scale=True)),  # an empty split too
         (17, 64, 64, TileConfig(32, 32, 64, split_k=2, path="skinny", prefetch_scale=True)),
-    ],
-)
-def test_skinny_path(dtype, m, n, g, cfg):
-    k = 192
-    x = torch.randn(m, k, device=DEVICE).to(dtype)
-    qweight, _, scales = random_int4_weight(k, n, g, device=DEVICE)
-    bias = torch.randn(n, device=DEVICE).to(dtype) if m % 2 else None
-    y = launch(x, qweight, scales, g, bias, config=cfg)
-    assert y.shape == (m, n) and y.dtype == dtype
-    assert rel_error(y, reference.w4a16_matmul_ref(x, qweight, scales, g, bias)) <= TOL[dtype]
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize(
-    "m,n,g,cfg",
-    [
         (1, 64, 32, TileConfig(16, 32, 32, split_k=3, path="swap")),  # 3 splits over 6 K tiles
         (5, 80, 64, TileConfig(16, 64, 64, split_k=1, path="swap")),  # N not a BLOCK_N multiple
         (16, 96, 64, TileConfig(16, 32, 64, split_k=2, num_warps=2, path="swap")),
@@ -99,7 +83,7 @@ def test_skinny_path(dtype, m, n, g, cfg):
         (2, 64, 32, TileConfig(1, 64, 32, split_k=2, num_stages=4, path="fma")),
     ],
 )
-def test_swap_and_fma_paths(dtype, m, n, g, cfg):
+def test_small_m_paths(dtype, m, n, g, cfg):
     k = 192
     x = torch.randn(m, k, device=DEVICE).to(dtype)
     qweight, _, scales = random_int4_weight(k, n, g, device=DEVICE)
