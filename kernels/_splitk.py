@@ -16,8 +16,7 @@ barrier, release/acquire at GPU scope); the program that draws the last ticket s
 partials in split order (the same order and arithmetic as the pass above, so the same bits), adds the
 bias, stores the output and resets the counter to zero. :func:`tile_counters` hands out those
 counters: one zeroed int32 buffer per device and stream, grown on demand, that every kernel leaves
-zeroed again (a buffer needed during CUDA-graph capture that the cache cannot serve is made fresh,
-so its zeroing is part of the graph).
+zeroed again; a launch captured into a CUDA graph gets its own buffer, zeroed inside the graph.
 """
 from __future__ import annotations
 
@@ -82,13 +81,15 @@ _COUNTERS: dict[tuple[int, int], torch.Tensor] = {}
 
 
 def tile_counters(device: torch.device, count: int) -> torch.Tensor:
-    """A zeroed int32 tensor of at least ``count`` ticket counters, for kernels that reset what they use."""
-    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
-    key = (device.index or 0, stream) if device.type == "cuda" else (-1, 0)
+    """A zeroed int32 tensor of at least ``count`` ticket counters, for kernels that reset what they use.
+
+    Eager calls share one buffer per device and stream (calls on one stream never overlap). A call
+    being captured into a CUDA graph gets a buffer of its own, zeroed inside the graph, so a replay
+    never shares counters with eager calls or other graphs running on another stream."""
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return torch.zeros(count, dtype=torch.int32, device=device)
+    key = (device.index or 0, torch.cuda.current_stream(device).cuda_stream) if device.type == "cuda" else (-1, 0)
     cached = _COUNTERS.get(key)
-    if cached is not None and cached.device == device and cached.numel() >= count:
-        return cached
-    fresh = torch.zeros(max(count, 1024), dtype=torch.int32, device=device)
-    if device.type != "cuda" or not torch.cuda.is_current_stream_capturing():
-        _COUNTERS[key] = fresh
-    return fresh
+    if cached is None or cached.numel() < count:
+        cached = _COUNTERS[key] = torch.zeros(max(count, 1024), dtype=torch.int32, device=device)
+    return cached

@@ -18,14 +18,16 @@ multiply-adds them with the matching x values:
     w = bits_as_fp32((u | 0x4B000000) & (0xF << 4p | 0x4B000000)) - (2^23 + 8 * 16^p)   # = q * 16^p
     part[r, n] += (x[m, k0 + 8r + j] * 16^-p) * w[r, n]                     # = x * q (powers of two)
 
-three instructions per nibble (and, subtract, fma; the or is once per word). A bf16 x below ~1e-33 loses bits when scaled
-by 16^-p (fp32 subnormal range), far under anything that moves a sum of fp32 products.
+three instructions per nibble (and, subtract, fma; the or is once per word). A bf16 x below ~1e-33
+loses bits when scaled by 16^-p (fp32 subnormal range), far under anything that moves a sum of fp32
+products.
 
 ``part`` holds one K tile (inside one scale group), so it is scaled once per tile into ``acc``; the K
 rows of ``acc`` are summed once at the end. The kernel waits mostly on DRAM latency ("long scoreboard"
 was 62% of its stalls under ncu on the H200), so the launcher gives it many resident programs by
-splitting K; loading two K tiles per loop step before using either measured no faster. Grid: (M, N / BLOCK_N, SPLIT_K) with the token row
-fastest, so programs that share a weight tile run together and the tile comes from DRAM once.
+splitting K; loading two K tiles per loop step before using either measured no faster.
+Grid: (M, N / BLOCK_N, SPLIT_K) with the token row fastest, so programs that share a weight tile run
+together and the tile comes from DRAM once.
 With SPLIT_K > 1 the last split of each (row, tile) to finish sums the fp32 partials in split order
 and adds the bias (:mod:`kernels._splitk`, "the last split reduces"): one launch, deterministic.
 The FMA count grows with M, so the launcher uses this kernel only for M <= 2.
