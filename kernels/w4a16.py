@@ -26,13 +26,18 @@ operands, BLOCK_M x BLOCK_N multiplies per tile: the small-M path), otherwise th
 to x's dtype before ``tl.dot`` (BLOCK_K x BLOCK_N multiplies, the accumulator stays in the tensor-core
 pipeline: the large-M path).
 
-Small M is memory bound (the packed weight is a quarter of the fp16 bytes): narrow N tiles plus
-split-K (fp32 partials summed by :mod:`kernels._splitk`) give every SM a stream of weight tiles.
+Small M is memory bound (the packed weight is a quarter of the fp16 bytes). For M <= 2 on layers of
+>= 4 Mi weights the launcher runs :mod:`kernels.w4a16_fma` (CUDA-core FMAs, no shared-memory round
+trip for the unpacked tile: 1.5-2.1x cuBLAS at M = 1 on an H200). Otherwise, up to M = 127, this
+kernel with narrow N tiles plus split-K (fp32 partials summed by :mod:`kernels._splitk`) gives every
+SM a stream of weight tiles; from M = 128 on, a Triton dequantize pass and cuBLAS.
 ``CHUNK`` > 1 makes one loop step cover CHUNK K tiles whose scale rows come in one (CHUNK, BN) load
 (same per-tile products and summation order as CHUNK = 1); measured slower on the H100, not a default.
-``path="skinny"`` selects the two-nibbles-per-op kernel of :mod:`kernels.w4a16_gemv` (not the default:
-measured slower on the H100). Tiles come from the heuristic ``pick_config`` on (M bucket, N, K, G); there is no autotuning, so the
-first call can be captured in a CUDA graph. Registered as ``torch.ops.compress_kernels.w4a16_matmul``.
+``path="skinny"`` (:mod:`kernels.w4a16_gemv`, two nibbles per op) and ``path="swap"``
+(:mod:`kernels.w4a16_swap`, the weight as the left dot operand) are selectable variants that measured
+no faster. Tiles come from the heuristic ``pick_config`` on (M bucket, N, K, G); there is no
+autotuning, so the first call can be captured in a CUDA graph. Registered as
+``torch.ops.compress_kernels.w4a16_matmul``.
 """
 from __future__ import annotations
 
@@ -68,9 +73,8 @@ class TileConfig(NamedTuple):
     scale_after_dot: bool = False
     magic_unpack: bool = False
     expanded_load: bool = False
-    path: str = "tiled"  # "fma" (kernels.w4a16_fma, CUDA-core FMAs, M = 1), "swap" (kernels.w4a16_swap,
-    # weight as left operand, M <= 64), "skinny"
-    # (kernels.w4a16_gemv, M <= 64), "tiled" (tl.dot), "gemv" (fp32 FMAs, M <= 4),
+    path: str = "tiled"  # "fma" (kernels.w4a16_fma, CUDA-core FMAs, M <= 2), "swap" (kernels.w4a16_swap,
+    # weight as left operand, M <= 64), "skinny" (kernels.w4a16_gemv, M <= 64), "tiled" (tl.dot),
     # "dequant" (dequantize, then cuBLAS)
     asm_unpack: bool = True  # skinny path: inline-PTX unpack (False: plain Triton ops; always so in the interpreter)
     prefetch_scale: bool = False  # skinny path: load the next K tile's scales one iteration ahead
@@ -199,48 +203,6 @@ def _w4a16_matmul_kernel(
     out_ptrs = out_ptr + pid_k * stride_os + offs_m[:, None].to(tl.int64) * stride_om + offs_n[None, :]
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def _w4a16_gemv_kernel(
-    x_ptr, qw_ptr, s_ptr, bias_ptr, out_ptr,
-    M, N, K, group_size,
-    stride_xm, stride_xk, stride_qk, stride_qn, stride_sg, stride_sn, stride_os, stride_om,
-    SPLIT_K, ADD_BIAS: tl.constexpr, EVEN_N: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-):
-    """Tiny-M path: no tensor cores, no layout change. For nibble plane j of a (BLOCK_K/8, BLOCK_N) packed
-    tile, w_j = float(q + 8 as the low mantissa bits of 2^23) - (2^23 + 8), scaled, FMA'd into a
-    (BLOCK_M, BLOCK_K/8, BLOCK_N) fp32 accumulator that is reduced over K once, at the end."""
-    pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    pid_m = tl.program_id(2)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rows = (offs_m % M).to(tl.int64)
-    cols = weight_columns(offs_n, N, BLOCK_N, EVEN_N)  # contiguous (16-byte loads) or wrapped
-    offs_r = tl.arange(0, BLOCK_K // 8)
-
-    k_first, k_last = split_k_range(pid_k, K, SPLIT_K, BLOCK_K)
-    acc = tl.zeros((BLOCK_M, BLOCK_K // 8, BLOCK_N), dtype=tl.float32)
-    for k0 in range(k_first, k_last, BLOCK_K):
-        r = k0 // 8 + offs_r  # packed rows of this tile
-        r_ok = r < K // 8
-        packed = tl.load(qw_ptr + r[:, None] * stride_qk + cols[None, :] * stride_qn, mask=r_ok[:, None], other=0)
-        biased = packed ^ -0x77777778  # 0x88888888: each nibble q -> q + 8 in 0..15
-        scale = tl.load(s_ptr + (k0 // group_size) * stride_sg + cols * stride_sn).to(tl.float32)
-        for j in tl.static_range(8):
-            bits = ((biased >> (4 * j)) & 0xF) | 0x4B000000  # fp32 2^23 + (q + 8)
-            w = (bits.to(tl.float32, bitcast=True) - 8388616.0) * scale[None, :]  # (BK/8, BN) exact q * s
-            xj = tl.load(x_ptr + rows[:, None] * stride_xm + (r * 8 + j)[None, :] * stride_xk,
-                         mask=r_ok[None, :], other=0.0).to(tl.float32)  # (BM, BK/8): channels 8r + j
-            acc += xj[:, :, None] * w[None, :, :]
-    y = tl.sum(acc, axis=1)  # (BM, BN)
-    if ADD_BIAS:
-        y += tl.load(bias_ptr + cols).to(tl.float32)[None, :]
-    out_ptrs = out_ptr + pid_k * stride_os + offs_m[:, None].to(tl.int64) * stride_om + offs_n[None, :]
-    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    tl.store(out_ptrs, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -388,30 +350,13 @@ def launch(x2, qweight, scales, group_size: int, bias=None, config: TileConfig |
     elif cfg.path == "skinny":
         fp32_operands = interpreting() and x2.dtype == torch.bfloat16
         launch_skinny(x2, qweight, scales, group_size, bias, out, cfg, cfg.asm_unpack and not interpreting(), fp32_operands)
-    elif cfg.path == "gemv":
-        _launch_gemv(x2, qweight, scales, group_size, bias, out, cfg)
     elif cfg.path == "tiled":
         _launch_tiled(x2, qweight, scales, group_size, bias, out, cfg)
     else:
-        raise ValueError(f"config.path: expected fma, tiled, swap, skinny, gemv or dequant, got {cfg.path!r}")
+        raise ValueError(f"config.path: expected fma, tiled, swap, skinny or dequant, got {cfg.path!r}")
     if cfg.split_k > 1:
         splitk_reduce(out, bias, y)
     return y
-
-
-def _launch_gemv(x2, qweight, scales, group_size, bias, out, cfg: TileConfig) -> None:
-    m, k = x2.shape
-    n = qweight.shape[1]
-    grid = (triton.cdiv(n, cfg.block_n), cfg.split_k, triton.cdiv(m, cfg.block_m))
-    _w4a16_gemv_kernel[grid](
-        x2, qweight, scales, bias if bias is not None else scales, out,
-        m, n, k, group_size,
-        x2.stride(0), x2.stride(1), qweight.stride(0), qweight.stride(1), scales.stride(0), scales.stride(1),
-        m * n if cfg.split_k > 1 else 0, out.stride(-2),
-        cfg.split_k, ADD_BIAS=bias is not None and cfg.split_k == 1, EVEN_N=n % cfg.block_n == 0,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )
 
 
 def _launch_tiled(x2, qweight, scales, group_size, bias, out, cfg: TileConfig) -> None:

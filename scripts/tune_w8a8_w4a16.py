@@ -145,21 +145,15 @@ def markdown(results) -> str:
 
 T4 = w4.TileConfig
 SWEEP_W4 = {  # M bucket -> configs (split_k None = heuristic)
-    "gemv": [
-        T4(1, 64, 128, None, num_warps=4, num_stages=4, path="gemv"),
-        T4(1, 128, 128, None, num_warps=4, num_stages=4, path="gemv"),
-        T4(1, 32, 128, None, num_warps=2, num_stages=4, path="gemv"),
-        T4(1, 128, 128, None, num_warps=8, num_stages=3, path="gemv"),
-        T4(1, 64, 128, 8, num_warps=4, num_stages=4, path="gemv"),
-        T4(1, 256, 64, None, num_warps=8, num_stages=4, path="gemv"),
+    "m1": [
+        T4(1, 64, 128, None, num_warps=4, num_stages=3, path="fma"),
+        T4(1, 128, 128, None, num_warps=4, num_stages=3, path="fma"),
         T4(16, 64, 128, None, num_warps=4, num_stages=4, scale_after_dot=True),
     ],
     "small": [
         T4(16, 64, 128, None, num_warps=4, num_stages=4, scale_after_dot=True),
         T4(16, 64, 128, None, num_warps=4, num_stages=6, scale_after_dot=True),
         T4(16, 128, 128, None, num_warps=8, num_stages=4, scale_after_dot=True),
-        T4(16, 32, 64, None, num_warps=4, num_stages=4, path="gemv"),
-        T4(4, 64, 128, None, num_warps=4, num_stages=4, path="gemv"),
     ],
     "mid": [
         T4(64, 64, 128, None, num_warps=4, num_stages=4, scale_after_dot=True),
@@ -191,8 +185,8 @@ SWEEP_W8 = {
         w8.TileConfig(128, 256, 64, 1, num_warps=8, num_stages=4),
     ],
 }
-SWEEP_CELLS = [((4096, 4096), 1, "gemv"), ((8192, 28672), 1, "gemv"), ((4096, 4096), 16, "small")]
-SWEEP_W8["gemv"] = SWEEP_W8["small"]
+SWEEP_CELLS = [((4096, 4096), 1, "m1"), ((8192, 28672), 1, "m1"), ((4096, 4096), 16, "small")]
+SWEEP_W8["m1"] = SWEEP_W8["small"]
 
 
 def skinny_variants(m, n, k):
@@ -371,6 +365,8 @@ def sweep_fused(deadline, out_dir, meta):
 def with_split(cfg, m, n, k):
     if cfg.split_k is not None or getattr(cfg, "path", "") == "dequant":
         return cfg
+    if getattr(cfg, "path", "") == "fma":  # the fma kernel's own rule (many resident programs)
+        return cfg._replace(split_k=w4._fma_split_k(m, n, k, cfg._replace(split_k=1)))
     return cfg._replace(split_k=split_k_for(m, n, k, cfg._replace(split_k=1)))
 
 

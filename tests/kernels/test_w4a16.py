@@ -47,8 +47,6 @@ def test_matches_reference(dtype, m, k, n, group_size):
         TileConfig(16, 32, 32, split_k=2, scale_after_dot=True, chunk=4),  # 3 tiles per split: a masked tail
         TileConfig(32, 32, 32, split_k=1, scale_after_dot=False, magic_unpack=True, chunk=2),
         TileConfig(16, 32, 32, split_k=4, scale_after_dot=True, chunk=2, num_stages=3),  # 2 tiles per split
-        TileConfig(4, 32, 64, split_k=1, path="gemv"),
-        TileConfig(2, 16, 32, split_k=3, path="gemv"),
         TileConfig(0, 0, 0, path="dequant"),
     ],
 )
@@ -112,7 +110,7 @@ def test_per_channel_group_with_k_not_a_tile_multiple():
     m, k, n = 3, 200, 24  # G = K = 200: BLOCK_K does not divide K, tails are masked
     x = torch.randn(m, k, device=DEVICE).half()
     qweight, _, scales = random_int4_weight(k, n, k, device=DEVICE)
-    for cfg in (None, TileConfig(16, 32, 64, split_k=2, scale_after_dot=True), TileConfig(4, 32, 64, 2, path="gemv"),
+    for cfg in (None, TileConfig(16, 32, 64, split_k=2, scale_after_dot=True),
                 TileConfig(0, 0, 0, path="dequant"), TileConfig(16, 32, 64, split_k=2, path="skinny"),
                 TileConfig(16, 32, 64, split_k=2, path="swap"), TileConfig(1, 32, 64, split_k=2, path="fma"),
                 TileConfig(16, 32, 64, split_k=2, magic_unpack=True, expanded_load=True),
