@@ -189,6 +189,37 @@ SWEEP_CELLS = [((4096, 4096), 1, "m1"), ((8192, 28672), 1, "m1"), ((4096, 4096),
 SWEEP_W8["m1"] = SWEEP_W8["small"]
 
 
+def time_variants(kernel, launch, variants, arg_sets, cell) -> list[dict]:
+    """Time ``launch(*args, cfg)`` over the rotating ``arg_sets`` for each (label, cfg) of ``variants``.
+
+    One row per variant with the ``cell`` fields (k, n, m, fp16_us, ...); a variant that fails records
+    its error instead of a time, so one bad config does not stop a sweep."""
+    rows = []
+    for label, cfg in variants:
+        try:
+            us = time_graph(launch, [args + (cfg,) for args in arg_sets])
+        except Exception as err:  # noqa: BLE001 - one failing variant must not stop the sweep
+            us = repr(err)[:160]
+        rows.append(dict(cell, kernel=kernel, cfg=cfg._asdict(), us=us, **({"label": label} if label else {})))
+    return rows
+
+
+def w4_args(xs, wsets):
+    return [(x, w["qweight"], w["scales"], GROUP, None) for x, w in zip(xs, wsets)]
+
+
+def w8_args(xs, wsets):
+    return [(x, w["w_q"], w["w_scale"], None, None) for x, w in zip(xs, wsets)]
+
+
+def write_sweep(out_dir, name, meta, rows) -> None:
+    """Rewrite ``name``.json and ``name``.md (called after every cell: a killed run keeps what it timed)."""
+    with open(os.path.join(out_dir, f"{name}.json"), "w") as f:
+        json.dump(dict(meta=meta, rows=rows), f, indent=1)
+    with open(os.path.join(out_dir, f"{name}.md"), "w") as f:
+        f.write(sweep_markdown(rows) + "\n")
+
+
 def skinny_variants(m, n, k):
     """Small-M W4A16 variants around ``skinny_config``'s choice, plus the current default (tiled)."""
     base = w4.skinny_config(m, n, k, GROUP)
@@ -222,14 +253,10 @@ def sweep_skinny(deadline):
         wsets = make_weights(k, n, rotations(k, n))
         xs = [torch.randn(m, k, device="cuda", dtype=torch.float16) for _ in wsets]
         base = time_graph(F.linear, [(x, w["w16"]) for x, w in zip(xs, wsets)])
-        for cfg in skinny_variants(m, n, k):
-            args = [(x, w["qweight"], w["scales"], GROUP, None, cfg) for x, w in zip(xs, wsets)]
-            try:
-                us = time_graph(w4.launch, args)
-            except Exception as err:  # noqa: BLE001
-                us = repr(err)[:160]
-            rows.append(dict(kernel="w4a16", k=k, n=n, m=m, cfg=cfg._asdict(), us=us, fp16_us=base))
-            print(sweep_markdown(rows[-1:]).splitlines()[-1], flush=True)  # a killed run still shows these
+        new = time_variants("w4a16", w4.launch, [(None, c) for c in skinny_variants(m, n, k)], w4_args(xs, wsets),
+                            dict(k=k, n=n, m=m, fp16_us=base))
+        rows += new
+        print("\n".join(sweep_markdown(new).splitlines()[2:]), flush=True)  # a killed run still shows these
         del wsets, xs
         torch.cuda.empty_cache()
     return rows
@@ -269,20 +296,13 @@ def sweep_chunk(deadline, out_dir, meta):
                               [(x.bfloat16(), w["int4pk"], GROUP, w["sz"]) for x, w in zip(xs, wsets)])
         except Exception as err:  # noqa: BLE001 - the anchor may be missing
             tiny = repr(err)[:160]
-        for cfg in chunk_variants(m, n, k):
-            args = [(x, w["qweight"], w["scales"], GROUP, None, cfg) for x, w in zip(xs, wsets)]
-            try:
-                us = time_graph(w4.launch, args)
-            except Exception as err:  # noqa: BLE001
-                us = repr(err)[:160]
-            rows.append(dict(kernel="w4a16", k=k, n=n, m=m, cfg=cfg._asdict(), us=us, fp16_us=base, int4pk_us=tiny))
-            print(sweep_markdown(rows[-1:]).splitlines()[-1], f"tinygemm {tiny}", flush=True)
+        new = time_variants("w4a16", w4.launch, [(None, c) for c in chunk_variants(m, n, k)], w4_args(xs, wsets),
+                            dict(k=k, n=n, m=m, fp16_us=base, int4pk_us=tiny))
+        rows += new
+        print("\n".join(sweep_markdown(new).splitlines()[2:]), flush=True)
         del wsets, xs
         torch.cuda.empty_cache()
-        with open(os.path.join(out_dir, "chunk_sweep.json"), "w") as f:
-            json.dump(dict(meta=meta, rows=rows), f, indent=1)
-        with open(os.path.join(out_dir, "chunk_sweep.md"), "w") as f:
-            f.write(sweep_markdown(rows) + "\n")
+        write_sweep(out_dir, "chunk_sweep", meta, rows)
     return rows
 
 
@@ -344,21 +364,13 @@ def sweep_fused(deadline, out_dir, meta):
         wsets = w8_weights(k, n)
         xs = [torch.randn(m, k, device="cuda", dtype=torch.float16) for _ in wsets]
         base = time_graph(F.linear, [(x, w["w16"]) for x, w in zip(xs, wsets)])
-        for label, cfg in fused_variants(m, n, k):
-            args = [(x, w["w_q"], w["w_scale"], None, None, cfg) for x, w in zip(xs, wsets)]
-            try:
-                us = time_graph(w8.launch, args)
-            except Exception as err:  # noqa: BLE001 - one failing variant must not stop the sweep
-                us = repr(err)[:160]
-            rows.append(dict(kernel="w8a8", label=label, k=k, n=n, m=m, r=len(wsets), cfg=cfg._asdict(), us=us,
-                             fp16_us=base))
-            print(sweep_markdown(rows[-1:]).splitlines()[-1], flush=True)
+        new = time_variants("w8a8", w8.launch, fused_variants(m, n, k), w8_args(xs, wsets),
+                            dict(k=k, n=n, m=m, r=len(wsets), fp16_us=base))
+        rows += new
+        print("\n".join(sweep_markdown(new).splitlines()[2:]), flush=True)
         del wsets, xs
         torch.cuda.empty_cache()
-        with open(os.path.join(out_dir, "fused_sweep.json"), "w") as f:
-            json.dump(dict(meta=meta, rows=rows), f, indent=1)
-        with open(os.path.join(out_dir, "fused_sweep.md"), "w") as f:
-            f.write(sweep_markdown(rows) + "\n")
+        write_sweep(out_dir, "fused_sweep", meta, rows)
     return rows
 
 
@@ -379,22 +391,11 @@ def sweep(deadline):
         wsets = make_weights(k, n, rotations(k, n))
         xs = [torch.randn(m, k, device="cuda", dtype=torch.float16) for _ in wsets]
         base = time_graph(F.linear, [(x, w["w16"]) for x, w in zip(xs, wsets)])
-        for cfg in SWEEP_W4[bucket]:
-            cfg = with_split(cfg, m, n, k)
-            args = [(x, w["qweight"], w["scales"], GROUP, None, cfg) for x, w in zip(xs, wsets)]
-            try:
-                us = time_graph(w4.launch, args)
-            except Exception as err:  # noqa: BLE001
-                us = repr(err)[:160]
-            rows.append(dict(kernel="w4a16", k=k, n=n, m=m, cfg=cfg._asdict(), us=us, fp16_us=base))
-        for cfg in SWEEP_W8[bucket]:
-            cfg = with_split(cfg, m, n, k)
-            args = [(x, w["w_q"], w["w_scale"], None, None, cfg) for x, w in zip(xs, wsets)]
-            try:
-                us = time_graph(w8.launch, args)
-            except Exception as err:  # noqa: BLE001
-                us = repr(err)[:160]
-            rows.append(dict(kernel="w8a8", k=k, n=n, m=m, cfg=cfg._asdict(), us=us, fp16_us=base))
+        cell = dict(k=k, n=n, m=m, fp16_us=base)
+        rows += time_variants("w4a16", w4.launch, [(None, with_split(c, m, n, k)) for c in SWEEP_W4[bucket]],
+                              w4_args(xs, wsets), cell)
+        rows += time_variants("w8a8", w8.launch, [(None, with_split(c, m, n, k)) for c in SWEEP_W8[bucket]],
+                              w8_args(xs, wsets), cell)
         del wsets, xs
         torch.cuda.empty_cache()
     return rows
@@ -472,10 +473,7 @@ def main():
             rows = sweep_skinny(sweep_deadline)
         else:
             rows = sweep(sweep_deadline)
-        with open(os.path.join(args.out, "sweep.json"), "w") as f:
-            json.dump(dict(meta=meta, rows=rows), f, indent=1)
-        with open(os.path.join(args.out, "sweep.md"), "w") as f:
-            f.write(sweep_markdown(rows) + "\n")
+        write_sweep(args.out, "sweep", meta, rows)
         print(sweep_markdown(rows))
     if results:
         print(table)

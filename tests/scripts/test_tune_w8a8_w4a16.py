@@ -1,0 +1,27 @@
+"""CPU checks of the sweep plumbing of scripts/tune_w8a8_w4a16.py (its timings need a GPU): one row per
+variant with the cell's fields, a failing variant recorded as an error, result files rewritten."""
+import json
+
+import pytest
+
+tune = pytest.importorskip("scripts.tune_w8a8_w4a16")
+
+
+def test_time_variants_rows_and_errors(monkeypatch, tmp_path):
+    monkeypatch.setattr(tune, "time_graph", lambda fn, arg_sets: float(len(arg_sets)) + fn(*arg_sets[0]))
+
+    def launch(x, cfg):
+        if cfg.split_k == 3:
+            raise RuntimeError("out of shared memory")
+        return 0.5
+
+    good, bad = tune.w4.TileConfig(16, 64, 128, split_k=1), tune.w4.TileConfig(16, 64, 128, split_k=3)
+    rows = tune.time_variants("w4a16", launch, [(None, good), ("bad tiles", bad)], [(1,), (2,)],
+                              dict(k=256, n=64, m=1, fp16_us=5.0))
+    assert [r["us"] for r in rows[:1]] == [2.5] and "out of shared memory" in rows[1]["us"]
+    assert rows[1]["label"] == "bad tiles" and "label" not in rows[0]
+    assert all(r["kernel"] == "w4a16" and r["k"] == 256 and r["cfg"]["block_n"] == 64 for r in rows)
+    tune.write_sweep(str(tmp_path), "demo", {"gpu": "none"}, rows)
+    assert json.loads((tmp_path / "demo.json").read_text())["rows"] == rows
+    table = (tmp_path / "demo.md").read_text().splitlines()
+    assert len(table) == 4 and "2.00" in table[2] and "err" in table[3]  # 5.0 / 2.5 us = 2.00x
