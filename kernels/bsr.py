@@ -26,7 +26,10 @@ Two kernels, picked by the launcher from the shape (see ``choose_config``):
   32 GROUP: ``x[m_tile, gathered columns]`` (BLOCK_M, 32 GROUP) times the transposed blocks
   (32 GROUP, BLOCK_N), one ``tl.dot`` with fp32 accumulation. Programs with the same M tile are
   launched together (the block-row index varies fastest), so that x tile stays in L2 while every
-  block row reads it.
+  block row reads it. ``BsrConfig.split`` > 1 shares a block row's stored blocks among that many
+  programs (whole GROUP steps each), so a layer with few block rows still fills the GPU; the last
+  program of each output tile to finish sums the fp32 partials in share order and adds the bias
+  (:mod:`kernels._splitk`). Not chosen by ``choose_config`` yet: it has not been timed on a GPU.
 
 The tile table in ``choose_config`` was tuned on an H100 (``scripts/tune_bsr.py``). Measured there
 (docs/benchmarks/kernels.md): small M streams weights at 2.1-2.4 TB/s on large layers; at large M
@@ -56,6 +59,7 @@ import triton
 import triton.language as tl
 
 from kernels._checks import check_activation, check_bias, check_same_device, check_tensor, interpreting
+from kernels._splitk import last_split_reduces, tile_counters
 from kernels.reference import BSR_BLOCK
 
 INDEX_DTYPES = (torch.int32, torch.int64)
@@ -72,6 +76,7 @@ class BsrConfig:
     group: int  # stored blocks gathered per step (K-tile width 32 * group)
     num_warps: int
     num_stages: int
+    split: int = 1  # gemm: programs sharing one block row's stored blocks (the last one to finish reduces)
 
 
 def choose_config(m: int, n: int, k: int) -> BsrConfig:
@@ -142,20 +147,24 @@ def _bsr_gemv_kernel(
 @triton.jit
 def _bsr_gemm_kernel(
     x_ptr, crow_ptr, col_ptr, val_ptr, bias_ptr, y_ptr,  # x (M, K), crow, col, values (nnz,32,32), bias (N,), y (M, N)
-    M, stride_xm, stride_ym,
+    ws_ptr, cnt_ptr,  # SPLIT > 1: fp32 partials (SPLIT, M, N), int32 ticket counters (one per output tile)
+    M, N, stride_xm, stride_ym, SPLIT,
     HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP: tl.constexpr,
     BLOCK: tl.constexpr, DOT_IN_FP32: tl.constexpr,
 ):
     pid_n = tl.program_id(0)  # which BLOCK_N outputs (fastest: programs of one M tile run together)
     pid_m = tl.program_id(1)  # which BLOCK_M rows of x
+    pid_s = tl.program_id(2)  # which share of the block row's stored blocks
     block_row = (pid_n * BLOCK_N) // BLOCK
     sub = (pid_n * BLOCK_N) % BLOCK + tl.arange(0, BLOCK_N)  # (BLOCK_N,)
-    start = tl.load(crow_ptr + block_row).to(tl.int32)
-    end = tl.load(crow_ptr + block_row + 1).to(tl.int32)
+    row_start = tl.load(crow_ptr + block_row).to(tl.int32)
+    row_end = tl.load(crow_ptr + block_row + 1).to(tl.int32)
+    share = tl.cdiv(tl.cdiv(row_end - row_start, SPLIT), GROUP) * GROUP  # whole steps per share
+    start = row_start + pid_s * share
+    end = tl.minimum(row_end, start + share)
 
     first_row = pid_m * BLOCK_M
     x_ptr += first_row.to(tl.int64) * stride_xm
-    y_ptr += first_row.to(tl.int64) * stride_ym
     offs_m = tl.arange(0, BLOCK_M)
     m_mask = offs_m < M - first_row  # (BLOCK_M,)
     offs_k = tl.arange(0, GROUP * BLOCK)
@@ -179,10 +188,14 @@ def _bsr_gemm_kernel(
         acc = tl.dot(a, b, acc)
 
     offs_n = block_row * BLOCK + sub
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + offs_n).to(tl.float32)[None, :]
-    y_ptrs = y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :]
-    tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=m_mask[:, None])
+    if SPLIT > 1:  # the last share of this tile to finish sums the partials (kernels._splitk)
+        last_split_reduces(acc, ws_ptr, cnt_ptr, y_ptr, bias_ptr, first_row + offs_m, offs_n, M, N, stride_ym,
+                           pid_m * tl.num_programs(0) + pid_n, pid_s, SPLIT, HAS_BIAS)
+    else:
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + offs_n).to(tl.float32)[None, :]
+        y_ptrs = y_ptr + (first_row + offs_m)[:, None].to(tl.int64) * stride_ym + offs_n[None, :]
+        tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=m_mask[:, None])
 
 
 def launch_bsr(x2, crow_indices, col_indices, values, bias, y, config: BsrConfig | None = None) -> None:
@@ -199,9 +212,14 @@ def launch_bsr(x2, crow_indices, col_indices, values, bias, y, config: BsrConfig
         _bsr_gemv_kernel[grid](x2, crow_indices, col_indices, values, bias_arg, y,
                                x2.stride(0), y.stride(0), **common)
     elif config.kernel == "gemm":
-        grid = (n // config.block_n, triton.cdiv(m, config.block_m))
-        _bsr_gemm_kernel[grid](x2, crow_indices, col_indices, values, bias_arg, y,
-                               m, x2.stride(0), y.stride(0), BLOCK_M=config.block_m,
+        grid = (n // config.block_n, triton.cdiv(m, config.block_m), config.split)
+        if config.split > 1:
+            workspace = torch.empty((config.split, m, n), dtype=torch.float32, device=y.device)
+            counters = tile_counters(y.device, grid[0] * grid[1])
+        else:
+            workspace = counters = y  # unused
+        _bsr_gemm_kernel[grid](x2, crow_indices, col_indices, values, bias_arg, y, workspace, counters,
+                               m, n, x2.stride(0), y.stride(0), config.split, BLOCK_M=config.block_m,
                                DOT_IN_FP32=interpreting() and x2.dtype == torch.bfloat16, **common)
     else:
         raise ValueError(f"config.kernel: expected 'gemv' or 'gemm', got {config.kernel!r}")
