@@ -29,7 +29,8 @@ Two kernels, picked by the launcher from the shape (see ``choose_config``):
   block row reads it. ``BsrConfig.split`` > 1 shares a block row's stored blocks among that many
   programs (whole GROUP steps each), so a layer with few block rows still fills the GPU; the last
   program of each output tile to finish sums the fp32 partials in share order and adds the bias
-  (:mod:`kernels._splitk`). Not chosen by ``choose_config`` yet: it has not been timed on a GPU.
+  (:mod:`kernels._splitk`). ``choose_config`` uses 4 shares at M <= 16 when block rows are long
+  (>= 48 stored blocks on average): 8192x8192 at 50%, M = 16, 40.4 -> 28.5 us on an H200.
 
 The tile table in ``choose_config`` was tuned on an H100 (``scripts/tune_bsr.py``). Measured there
 (docs/benchmarks/kernels.md): small M streams weights at 2.1-2.4 TB/s on large layers; at large M
@@ -79,26 +80,37 @@ class BsrConfig:
     split: int = 1  # gemm: programs sharing one block row's stored blocks (the last one to finish reduces)
 
 
-def choose_config(m: int, n: int, k: int) -> BsrConfig:
-    """Pick the kernel and tiles from the shape alone (so the choice is CUDA-graph safe).
+SPLIT_MIN_BLOCKS_PER_ROW = 48  # M <= 16: share longer block rows among programs (4 shares)
+FEW_PROGRAMS = 2 * 132  # about two programs per SM of an H100 / H200
 
-    The table was tuned on an H100 with ``scripts/tune_bsr.py`` (4096x4096 and 8192x28672, 50% and
-    90% block sparsity, M in {1, 16, 64, 256, 2048, 8192}); see docs/benchmarks/kernels.md.
+
+def choose_config(m: int, n: int, k: int, nnz: int | None = None) -> BsrConfig:
+    """Pick the kernel and tiles from the shapes alone (so the choice is CUDA-graph safe).
+
+    ``nnz`` (stored blocks, the length of ``col_indices``; None = dense) gives the mean blocks per
+    block row, which sets the length of each program's serial loop. The table was tuned with
+    ``scripts/tune_bsr.py`` on an H100 (M = 1 and M > 256) and an H200 (16 <= M <= 256: 4096x4096,
+    4096x11008 and 8192x8192 at 50% and 90% block sparsity); see docs/kernels-notes.md.
     """
     block_rows = n // BSR_BLOCK
-    short_rows = k <= 4096  # few stored blocks per row: gather more of them per step
+    blocks_per_row = (nnz if nnz is not None else block_rows * (k // BSR_BLOCK)) / block_rows
     if m <= 4:
         # Memory bound: 8 outputs per program keeps >= 4 programs per SM streaming; 16 blocks per step
         # cover a whole 90%-sparse row in one step (fewer dependent index -> data round trips).
         return BsrConfig("gemv", 1, 8, 16, 4, 3)
     if m <= 16:
-        return BsrConfig("gemm", 16, 32, 8 if short_rows else 4, 4, 3)
+        if blocks_per_row >= SPLIT_MIN_BLOCKS_PER_ROW:  # long serial loops: 4 programs per output tile
+            return BsrConfig("gemm", 16, 32, 4, 4, 3, split=4)
+        return BsrConfig("gemm", 16, 32, 8, 4, 3)
     if m <= 64:
         block_m = 64 if m > 32 else 32
-        return BsrConfig("gemm", block_m, 32, 8, 4, 3) if short_rows else BsrConfig("gemm", block_m, 32, 2, 4, 4)
+        programs = block_rows * triton.cdiv(m, block_m)
+        # Few programs: gather more blocks per step; many: smaller steps keep more programs resident.
+        return BsrConfig("gemm", block_m, 32, 8 if programs <= FEW_PROGRAMS else 4, 4, 4)
     if m <= 256:
-        block_m = 64 if block_rows * triton.cdiv(m, 128) < 4 * 132 else 128
-        return BsrConfig("gemm", block_m, 32, 4 if short_rows else 2, 4, 3)
+        if block_rows * triton.cdiv(m, 128) >= FEW_PROGRAMS:
+            return BsrConfig("gemm", 128, 32, 2, 4, 3)
+        return BsrConfig("gemm", 64, 32, 4, 4, 3)
     return BsrConfig("gemm", 256, 32, 2, 4, 3)
 
 
@@ -203,7 +215,7 @@ def launch_bsr(x2, crow_indices, col_indices, values, bias, y, config: BsrConfig
     m, k = x2.shape
     n = y.shape[1]
     if config is None:
-        config = choose_config(m, n, k)
+        config = choose_config(m, n, k, col_indices.shape[0])
     bias_arg = bias if bias is not None else y  # never read when HAS_BIAS is False
     common = dict(HAS_BIAS=bias is not None, BLOCK_N=config.block_n, GROUP=config.group, BLOCK=BSR_BLOCK,
                   num_warps=config.num_warps, num_stages=config.num_stages)

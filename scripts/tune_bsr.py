@@ -31,12 +31,15 @@ def candidates(m: int) -> list[BsrConfig]:
                 for w, s in ((4, 2), (4, 3), (8, 2))]
     if m <= 16:
         return ([BsrConfig("gemm", 16, bn, g, 4, s) for bn in (16, 32) for g in (2, 4, 8) for s in (2, 3, 4)]
-                + [BsrConfig("gemv", 1, bn, 8, 4, 2) for bn in (8, 16, 32)])
+                + [BsrConfig("gemv", 1, bn, 8, 4, 2) for bn in (8, 16, 32)]
+                + [BsrConfig("gemm", 16, 32, g, 4, 3, split) for g in (4, 8) for split in (2, 4, 8)])
     if m <= 64:
-        return [BsrConfig("gemm", bm, bn, g, 4, s) for bm in (32, 64) for bn in (16, 32) for g in (2, 4, 8)
-                for s in (3, 4)]
+        return ([BsrConfig("gemm", bm, bn, g, 4, s) for bm in (32, 64) for bn in (16, 32) for g in (2, 4, 8)
+                 for s in (3, 4)]
+                + [BsrConfig("gemm", bm, 32, g, 4, 3, split) for bm in (32, 64) for g in (2, 4) for split in (2, 4, 8)])
     if m <= 256:
-        return [BsrConfig("gemm", bm, 32, g, w, 3) for bm in (64, 128) for g in (1, 2, 4) for w in (4, 8)]
+        return ([BsrConfig("gemm", bm, 32, g, w, 3) for bm in (64, 128) for g in (1, 2, 4) for w in (4, 8)]
+                + [BsrConfig("gemm", 128, 32, g, 4, 3, split) for g in (2, 4) for split in (2, 4)])
     return [BsrConfig("gemm", bm, 32, g, w, s) for bm in (128, 256) for g in (1, 2, 4) for w in (4, 8)
             for s in (3, 4)]
 
@@ -63,7 +66,7 @@ def tune_case(k, n, m, pct, args):
     dense_sets = [torch.randn(n, k, device="cuda", dtype=torch.float16) for _ in range(bk.n_sets(n * k * 2, args.rotate_mb))]
     cublas = bk.time_gpu([lambda w=w: F.linear(xs[0], w) for w in dense_sets], use_graph, args.warmup_ms, args.rep_ms)[0]
     rows = []
-    current = choose_config(m, n, k)
+    current = choose_config(m, n, k, first["col"].shape[0])
     for cfg in dict.fromkeys([current] + candidates(m)):
         try:
             y = torch.empty(xs[0][:64].shape[0], n, device="cuda", dtype=torch.float16)

@@ -158,12 +158,24 @@ def test_split_block_rows_reduce_in_kernel_and_leave_counters_zeroed():
 
 @pytest.mark.parametrize("k,n", [(1024, 1024), (4096, 4096), (11008, 4096), (8192, 28672)])
 @pytest.mark.parametrize("m", [1, 4, 5, 16, 17, 64, 256, 2048, 8192])
-def test_choose_config_is_valid(m, k, n):
-    cfg = choose_config(m, n, k)
+@pytest.mark.parametrize("density", [None, 0.5, 0.1, 0.0])
+def test_choose_config_is_valid(m, k, n, density):
+    nnz = None if density is None else int(density * (n // 32) * (k // 32))
+    cfg = choose_config(m, n, k, nnz)
     assert cfg.kernel in ("gemv", "gemm")
     assert cfg.block_n in (8, 16, 32) and n % cfg.block_n == 0
     assert (cfg.block_m == 1) == (cfg.kernel == "gemv")
     assert cfg.kernel == "gemv" or (cfg.block_m >= 16 and cfg.block_m >= min(m, 64) // 2)
+    assert cfg.split >= 1 and (cfg.split == 1 or cfg.kernel == "gemm")
+
+
+def test_choose_config_splits_only_long_block_rows():
+    n = k = 8192
+    block_rows, blocks_per_row = n // 32, k // 32
+    long_rows = choose_config(16, n, k, block_rows * blocks_per_row // 2)  # 128 blocks per row
+    short_rows = choose_config(16, n, k, block_rows * blocks_per_row // 10)  # ~26 blocks per row
+    assert long_rows.split > 1 and short_rows.split == 1
+    assert choose_config(16, n, k).split > 1  # no nnz given: treated as dense
 
 
 def test_custom_op_fake_and_schema():
