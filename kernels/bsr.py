@@ -160,8 +160,8 @@ def _bsr_gemv_kernel(
 def _bsr_gemm_kernel(
     x_ptr, crow_ptr, col_ptr, val_ptr, bias_ptr, y_ptr,  # x (M, K), crow, col, values (nnz,32,32), bias (N,), y (M, N)
     ws_ptr, cnt_ptr,  # SPLIT > 1: fp32 partials (SPLIT, M, N), int32 ticket counters (one per output tile)
-    M, N, stride_xm, stride_ym, SPLIT,
-    HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP: tl.constexpr,
+    M, N, stride_xm, stride_ym,
+    SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP: tl.constexpr,
     BLOCK: tl.constexpr, DOT_IN_FP32: tl.constexpr,
 ):
     pid_n = tl.program_id(0)  # which BLOCK_N outputs (fastest: programs of one M tile run together)
@@ -171,9 +171,13 @@ def _bsr_gemm_kernel(
     sub = (pid_n * BLOCK_N) % BLOCK + tl.arange(0, BLOCK_N)  # (BLOCK_N,)
     row_start = tl.load(crow_ptr + block_row).to(tl.int32)
     row_end = tl.load(crow_ptr + block_row + 1).to(tl.int32)
-    share = tl.cdiv(tl.cdiv(row_end - row_start, SPLIT), GROUP) * GROUP  # whole steps per share
-    start = row_start + pid_s * share
-    end = tl.minimum(row_end, start + share)
+    if SPLIT > 1:  # a compile-time choice: the unsplit kernel carries none of this
+        share = tl.cdiv(tl.cdiv(row_end - row_start, SPLIT), GROUP) * GROUP  # whole steps per share
+        start = row_start + pid_s * share
+        end = tl.minimum(row_end, start + share)
+    else:
+        start = row_start
+        end = row_end
 
     first_row = pid_m * BLOCK_M
     x_ptr += first_row.to(tl.int64) * stride_xm
@@ -206,7 +210,7 @@ def _bsr_gemm_kernel(
     else:
         if HAS_BIAS:
             acc += tl.load(bias_ptr + offs_n).to(tl.float32)[None, :]
-        y_ptrs = y_ptr + (first_row + offs_m)[:, None].to(tl.int64) * stride_ym + offs_n[None, :]
+        y_ptrs = y_ptr + first_row.to(tl.int64) * stride_ym + offs_m[:, None] * stride_ym + offs_n[None, :]
         tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=m_mask[:, None])
 
 
@@ -231,7 +235,7 @@ def launch_bsr(x2, crow_indices, col_indices, values, bias, y, config: BsrConfig
         else:
             workspace = counters = y  # unused
         _bsr_gemm_kernel[grid](x2, crow_indices, col_indices, values, bias_arg, y, workspace, counters,
-                               m, n, x2.stride(0), y.stride(0), config.split, BLOCK_M=config.block_m,
+                               m, n, x2.stride(0), y.stride(0), SPLIT=config.split, BLOCK_M=config.block_m,
                                DOT_IN_FP32=interpreting() and x2.dtype == torch.bfloat16, **common)
     else:
         raise ValueError(f"config.kernel: expected 'gemv' or 'gemm', got {config.kernel!r}")

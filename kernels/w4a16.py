@@ -57,6 +57,8 @@ from kernels.w4a16_swap import launch_swap
 GROUP_SIZES = (32, 64, 128)
 FMA_MAX_M = 2  # up to here, the CUDA-core kernel of kernels.w4a16_fma (one program per token row and tile),
 FMA_MIN_WEIGHTS = 4 * 2**20  # for layers this large (at 1024x1024 the tiled kernel measured faster)
+SMALL_LAYER = 4 * 2**20  # n * k up to this with K <= SHORT_K (MiniLM's 384-wide inputs): no split-K at M <= 64
+SHORT_K = 512
 DEQUANT_MIN_M = 128  # from here on, dequantize once and let cuBLAS run the fp16 GEMM (see docs/kernels-notes.md)
 
 
@@ -248,6 +250,11 @@ def pick_config(m: int, n: int, k: int, group_size: int) -> TileConfig:
     if m <= FMA_MAX_M and n * k >= FMA_MIN_WEIGHTS:  # H200: 1.3-1.9x fp16 at M = 1 where the tensor-core kernels gave ~1.0x (kernels-notes)
         cfg = TileConfig(1, 64, 128 if group_size == k else min(128, group_size), num_warps=4, num_stages=3, path="fma")
         return cfg._replace(split_k=_fma_split_k(m, n, k, cfg))
+    if m <= 64 and k <= SHORT_K and n * k <= SMALL_LAYER:
+        # Small layers sit in L2 and take a few K steps: split-K's reduce launch costs more than it buys
+        # (H200, M = 64: 384x384 5.6 -> 4.4 us, 384x1536 6.5 -> 4.9 us; docs/kernels-notes.md)
+        return TileConfig(16, 64, 128 if group_size == k else min(128, group_size), num_warps=4, num_stages=3,
+                          scale_after_dot=True)
     if m <= 16:  # the skinny path (kernels.w4a16_gemv) measured slower on the H100: see docs/kernels-notes.md
         cfg = TileConfig(16, 64, 128, num_warps=4, num_stages=4, scale_after_dot=True)
     elif m <= 64:

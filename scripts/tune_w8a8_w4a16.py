@@ -374,6 +374,50 @@ def sweep_fused(deadline, out_dir, meta):
     return rows
 
 
+SMALL_CELLS = [((384, 384), 64), ((384, 1536), 64), ((1536, 384), 64),
+               ((384, 384), 512), ((384, 1536), 512), ((1536, 384), 512),
+               ((384, 384), 2048), ((384, 1536), 2048), ((1536, 384), 2048)]  # MiniLM at batch 1, 8, 32
+
+
+def small_variants(m, n, k):
+    """W4A16 and W8A8 variants without split-K at MiniLM's layers, next to the current picks.
+
+    Small layers sit in L2, so the split-K reduce launch (or W4A16's dequantize launch at M >= 128)
+    may cost more than the parallelism it buys."""
+    T4, T8 = w4.TileConfig, w8.TileConfig
+    w4_tiles = [T4(bm, bn, 128, num_warps=w, num_stages=3, scale_after_dot=True)
+                for bm, bn, w in ((16, 64, 4), (32, 32, 4), (32, 64, 4), (64, 64, 4), (64, 32, 4))]
+    if m > 64:
+        w4_tiles += [T4(128, 64, 128, num_warps=8, num_stages=3), T4(128, 128, 64, num_warps=8, num_stages=3)]
+    w8_tiles = [T8(bm, bn, bk, num_warps=4, num_stages=3) for bm, bn in ((32, 32), (32, 64), (64, 64))
+                for bk in ((128, 256) if k >= 1024 else (128,))]
+    if m > 64:
+        w8_tiles += [T8(128, 64, 128, num_warps=8, num_stages=3), T8(128, 128, 128, num_warps=8, num_stages=3)]
+    return ([("w4a16", "current", w4.pick_config(m, n, k, GROUP))] + [("w4a16", "sk1", t) for t in w4_tiles]
+            + [("w8a8", "current", w8.pick_config(m, n, k))] + [("w8a8", "sk1", t) for t in w8_tiles])
+
+
+def sweep_small(deadline, out_dir, meta):
+    """Time ``small_variants`` and cuBLAS fp16 at ``SMALL_CELLS``; rewrite the result files after every cell."""
+    rows = []
+    for (k, n), m in SMALL_CELLS:
+        if time.time() > deadline:
+            rows.append(dict(skipped=f"{k}x{n} M={m}: out of time"))
+            continue
+        wsets = make_weights(k, n, 16)
+        xs = [torch.randn(m, k, device="cuda", dtype=torch.float16) for _ in wsets]
+        cell = dict(k=k, n=n, m=m, fp16_us=time_graph(F.linear, [(x, w["w16"]) for x, w in zip(xs, wsets)]))
+        for kernel, label, cfg in small_variants(m, n, k):
+            launch, args = (w4.launch, w4_args(xs, wsets)) if kernel == "w4a16" else (w8.launch, w8_args(xs, wsets))
+            rows += time_variants(kernel, launch, [(label, cfg)], args, cell)
+        print("\n".join(sweep_markdown([r for r in rows if r.get("m") == m and r.get("k") == k
+                                         and r.get("n") == n]).splitlines()[2:]), flush=True)
+        del wsets, xs
+        torch.cuda.empty_cache()
+        write_sweep(out_dir, "small_sweep", meta, rows)
+    return rows
+
+
 def with_split(cfg, m, n, k):
     if cfg.split_k is not None or getattr(cfg, "path", "") == "dequant":
         return cfg
@@ -416,6 +460,8 @@ def sweep_markdown(rows) -> str:
         elif r["kernel"] == "w4a16":
             desc += f" sad{int(c['scale_after_dot'])} magic{int(c['magic_unpack'])} exp{int(c['expanded_load'])} {c['path']}"
             desc += f" chunk{c.get('chunk', 1)}" if c.get("chunk", 1) > 1 else ""
+        if r["kernel"] == "w4a16" and "label" in r:
+            desc = f"{r['label']}: {desc}"
         us = f"{r['us']:.1f}" if isinstance(r["us"], float) else f"err {r['us']}"
         tiny = r.get("int4pk_us")
         tiny = f" (tinygemm {tiny:.1f})" if isinstance(tiny, float) else ""
@@ -426,7 +472,7 @@ def sweep_markdown(rows) -> str:
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
-    parser.add_argument("--sweep", nargs="?", const="all", choices=["all", "skinny", "chunk", "fused"], default=None)
+    parser.add_argument("--sweep", nargs="?", const="all", choices=["all", "skinny", "chunk", "fused", "small"], default=None)
     parser.add_argument("--deadline-epoch", type=float, default=None, help="absolute stop time (overrides budgets)")
     parser.add_argument("--methods", default=",".join(METHODS), help="table columns to time, e.g. fp16,w4a16,int4pk")
     parser.add_argument("--no-table", action="store_true")
@@ -469,6 +515,8 @@ def main():
             rows = sweep_chunk(sweep_deadline, args.out, meta)
         elif args.sweep == "fused":
             rows = sweep_fused(sweep_deadline, args.out, meta)
+        elif args.sweep == "small":
+            rows = sweep_small(sweep_deadline, args.out, meta)
         elif args.sweep == "skinny":
             rows = sweep_skinny(sweep_deadline)
         else:

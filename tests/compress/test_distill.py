@@ -1,6 +1,10 @@
 """Tests for compress/distill.py and the distillation option of SequenceClassificationTask: the loss
 against its formula written out, config validation, the snapshot taken once at ``start_step`` next
-to block pruning, a teacher loaded from a saved model, and resume from a Lightning checkpoint."""
+to block pruning, a teacher loaded from a saved model, resume from a Lightning checkpoint, and the
+hidden-state term (hand-computed value, masking, one student forward, the zero-weight path left as
+it was, old checkpoints without the field, mismatched teachers, a short fit)."""
+import math
+
 import lightning.pytorch as pl
 import pytest
 import torch
@@ -8,7 +12,7 @@ import torch
 import compress
 from compress.callbacks import BlockPruning
 from compress.data import DigitsData
-from compress.distill import DistillationConfig, Teacher, distillation_loss
+from compress.distill import DistillationConfig, Teacher, distillation_loss, hidden_state_loss
 from compress.tasks import SequenceClassificationTask
 from tests.compress.test_tasks import TINY_BERT
 
@@ -51,6 +55,10 @@ def test_loss_is_zero_soft_term_for_identical_logits_and_gradient_reaches_only_t
     ({"temperature": 0.0}, ValueError, "> 0"),
     ({"start_step": -1}, ValueError, "non-negative int"),
     ({"teacher": ""}, ValueError, "model dir path"),
+    ({"hidden_weight": -0.5}, ValueError, "finite value >= 0"),
+    ({"hidden_weight": math.nan}, ValueError, "finite value >= 0"),
+    ({"hidden_weight": math.inf}, ValueError, "finite value >= 0"),
+    ({"hidden_weight": "1"}, TypeError, "expected a number, got str"),
 ])
 def test_config_validation_says_what_is_allowed(kwargs, error, fragment):
     with pytest.raises(error, match=fragment.replace("[", r"\[").replace("]", r"\]")):
@@ -204,3 +212,157 @@ def test_ddp_ranks_hold_the_same_frozen_teacher(tmp_path):
     layer = "bert.encoder.layer.0.intermediate.dense.weight"
     assert torch.equal(rank0["student"][layer], rank1["student"][layer])
     assert not torch.equal(rank0["teacher"][layer], rank0["student"][layer])  # the student trained on
+
+
+# --- hidden-state distillation ---------------------------------------------------------------------
+
+TWO_LAYER_BERT = {**TINY_BERT, "num_hidden_layers": 2}
+
+
+def _hidden_formula(student_hidden, teacher_hidden, mask):
+    """H written out token by token (float64): per layer sum ||s - t||^2 / sum ||t||^2 over the
+    attended tokens, averaged over the layers after the embeddings output."""
+    per_layer = []
+    for student, teacher in zip(student_hidden[1:], teacher_hidden[1:]):
+        error = energy = 0.0
+        for b in range(student.shape[0]):
+            for i in range(student.shape[1]):
+                if mask is None or mask[b, i] == 1:
+                    s, t = student[b, i].detach().double(), teacher[b, i].detach().double()
+                    error += float(((s - t) ** 2).sum())
+                    energy += float((t ** 2).sum())
+        per_layer.append(error / energy)
+    return sum(per_layer) / len(per_layer)
+
+
+def _hand_example():
+    """One sequence of two tokens (the second is padding), D = 2, embeddings + two layers."""
+    teacher = (torch.zeros(1, 2, 2),                      # embeddings: skipped
+               torch.tensor([[[3.0, 4.0], [0.0, 1.0]]]),  # layer 1: ||t||^2 = 25 on the real token
+               torch.tensor([[[1.0, 0.0], [0.0, 2.0]]]))  # layer 2: ||t||^2 = 1
+    student = (torch.full((1, 2, 2), 9.0),
+               torch.tensor([[[3.0, 5.0], [0.0, 0.0]]]),  # error 1 on the real token, 1 on the pad
+               torch.tensor([[[0.0, 0.0], [0.0, 0.0]]]))  # error 1 on the real token, 4 on the pad
+    return student, teacher, torch.tensor([[1, 0]])
+
+
+def test_hidden_loss_by_hand_with_and_without_a_padding_mask():
+    student, teacher, mask = _hand_example()
+    masked = hidden_state_loss(student, teacher, mask)
+    assert masked.dtype == torch.float32
+    assert masked.item() == pytest.approx((1 / 25 + 1 / 1) / 2)
+    unmasked = hidden_state_loss(student, teacher, None)  # the padded token counts too
+    assert unmasked.item() == pytest.approx(((1 + 1) / (25 + 1) + (1 + 4) / (1 + 4)) / 2)
+
+
+def test_hidden_loss_matches_its_formula_in_half_precision_and_detaches_the_teacher():
+    generator = torch.Generator().manual_seed(3)
+    student = [torch.randn(3, 5, 8, generator=generator).half().requires_grad_(True) for _ in range(4)]
+    teacher = [(torch.randn(3, 5, 8, generator=generator) * 2).half().requires_grad_(True) for _ in range(4)]
+    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]])
+    got = hidden_state_loss(student, teacher, mask)
+    assert got.dtype == torch.float32
+    assert got.item() == pytest.approx(_hidden_formula(student, teacher, mask), rel=1e-5)
+    got.backward()
+    assert all(t.grad is None for t in teacher) and student[0].grad is None  # embeddings skipped
+    assert all(s.grad is not None for s in student[1:])
+
+
+def test_hidden_loss_refuses_mismatched_hidden_states():
+    student, teacher, mask = _hand_example()
+    with pytest.raises(ValueError, match="as many hidden states .* got 3 and 2"):
+        hidden_state_loss(student, teacher[:2], mask)
+    with pytest.raises(ValueError, match=r"layer 2: .* got \(1, 2, 2\) and \(1, 2, 3\)"):
+        hidden_state_loss(student, (*teacher[:2], torch.zeros(1, 2, 3)), mask)
+    with pytest.raises(ValueError, match=r"attention_mask of shape \(B, S\) = \(1, 2\), got \(2,\)"):
+        hidden_state_loss(student, teacher, torch.tensor([1, 0]))
+    with pytest.raises(ValueError, match="at least one layer"):
+        hidden_state_loss(student[:1], teacher[:1], mask)
+
+
+def _student_with_snapshot(monkeypatch, config, **distillation):
+    """A task at ``global_step`` 0 in eval mode (no dropout), its teacher snapshot taken, then the
+    student's encoder perturbed so the two differ, and a record of the student's forward calls."""
+    monkeypatch.setattr(SequenceClassificationTask, "global_step", property(lambda self: 0))
+    torch.manual_seed(0)
+    task = SequenceClassificationTask(config=config, num_labels=10,
+                                      distillation=DistillationConfig(start_step=0, **distillation))
+    task.model.eval()
+    task.teacher.snapshot_(task.model)
+    with torch.no_grad():
+        for parameter in task.model.bert.encoder.parameters():
+            parameter.add_(0.2 * torch.randn_like(parameter))
+    calls = []
+    task.model.register_forward_hook(lambda module, args, kwargs, out: calls.append(kwargs), with_kwargs=True)
+    return task, calls
+
+
+def _padded_batch():
+    generator = torch.Generator().manual_seed(5)
+    mask = torch.tensor([[1] * 10, [1] * 6 + [0] * 4, [1] * 3 + [0] * 7])
+    return {"input_ids": torch.randint(0, 19, (3, 10), generator=generator), "attention_mask": mask,
+            "labels": torch.tensor([3, 1, 0])}
+
+
+def test_training_step_adds_the_weighted_hidden_term_from_one_student_forward(monkeypatch):
+    task, calls = _student_with_snapshot(monkeypatch, TWO_LAYER_BERT, alpha=0.5, temperature=2.0,
+                                         hidden_weight=0.7)
+    batch = _padded_batch()
+    loss = task.training_step(batch, 0)
+    assert len(calls) == 1 and calls[0].get("output_hidden_states") is True  # logits and hidden states at once
+    with torch.no_grad():
+        student = task.model(**batch, output_hidden_states=True)
+        teacher_logits, teacher_hidden = task.teacher.logits_and_hidden_states(batch)
+    assert len(teacher_hidden) == 3 and torch.equal(teacher_logits, task.teacher.logits(batch))
+    hidden = _hidden_formula(student.hidden_states, teacher_hidden, batch["attention_mask"])
+    output_level = _formula(student.logits, teacher_logits, batch["labels"], 0.5, 2.0).item()
+    assert 0.7 * hidden > 1e-3 * output_level  # the hidden term is large enough to be told apart
+    assert loss.item() == pytest.approx(output_level + 0.7 * hidden, rel=1e-6)
+
+
+def test_zero_hidden_weight_keeps_the_output_level_loss_and_requests_no_hidden_states(monkeypatch):
+    task, calls = _student_with_snapshot(monkeypatch, TINY_BERT, alpha=0.5, temperature=2.0)
+    batch = _padded_batch()
+    loss = task.training_step(batch, 0)
+    assert len(calls) == 1 and "output_hidden_states" not in calls[0]
+    with torch.no_grad():
+        expected = distillation_loss(task.model(**batch).logits, task.teacher.logits(batch), batch["labels"], 0.5, 2.0)
+    assert torch.equal(loss.detach(), expected)
+
+
+def test_a_teacher_with_another_depth_is_refused_when_hidden_states_are_distilled(monkeypatch):
+    from transformers import AutoModelForSequenceClassification
+
+    from compress.tasks import build_config
+
+    task, _ = _student_with_snapshot(monkeypatch, TINY_BERT, hidden_weight=1.0)
+    deeper = AutoModelForSequenceClassification.from_config(build_config(TWO_LAYER_BERT, num_labels=10))
+    task.teacher = Teacher(deeper, ready=True)
+    with pytest.raises(ValueError, match="as many hidden states .* got 2 and 3"):
+        task.training_step(_padded_batch(), 0)
+
+
+def test_a_checkpoint_saved_without_hidden_weight_still_loads(tmp_path):
+    task = _task(alpha=0.5, temperature=2.0, start_step=0)
+    trainer = _trainer(1)
+    trainer.fit(task, datamodule=_data())
+    ckpt = tmp_path / "old.ckpt"
+    trainer.save_checkpoint(ckpt)
+    saved = torch.load(ckpt, weights_only=True)
+    del saved["hyper_parameters"]["distillation"]["hidden_weight"]  # as written before the field existed
+    torch.save(saved, ckpt)
+    loaded = SequenceClassificationTask.load_from_checkpoint(ckpt, weights_only=True)
+    assert loaded.distillation == DistillationConfig(alpha=0.5, temperature=2.0, start_step=0, hidden_weight=0.0)
+    assert bool(loaded.teacher.ready)
+
+
+def test_a_short_fit_with_hidden_distillation_logs_a_finite_loss_and_hidden_term():
+    torch.manual_seed(0)
+    task = SequenceClassificationTask(config=TWO_LAYER_BERT, num_labels=10, learning_rate=1e-3,
+                                      distillation=DistillationConfig(alpha=0.5, start_step=1, hidden_weight=1.0))
+    trainer = _trainer(4, [BlockPruning(0.5, start_step=1, end_step=3, frequency=1)])
+    trainer.fit(task, datamodule=_data())
+    logged = trainer.callback_metrics
+    assert bool(task.teacher.ready) and trainer.global_step == 4
+    assert math.isfinite(logged["train_loss"].item())
+    assert 0 < logged["train_distill_hidden"].item() < math.inf  # the pruned student drifted from its teacher

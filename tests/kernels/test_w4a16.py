@@ -159,6 +159,14 @@ def test_pick_config_buckets():
     assert pick_config(3, 4096, 4096, 128).path == "tiled" and pick_config(1, 1024, 1024, 128).path == "tiled"
 
 
+@pytest.mark.parametrize("k,n,g", [(384, 384, 128), (384, 1536, 128), (384, 1536, 384), (256, 1024, 32)])
+def test_small_layers_take_no_split_k(k, n, g):
+    for m in (1, 16, 64):
+        cfg = pick_config(m, n, k, g)
+        assert cfg.path == "tiled" and cfg.split_k == 1 and cfg.block_k <= min(g, 128) and k % cfg.block_k == 0
+    assert pick_config(64, 384, 1536, 128).split_k > 1  # K = 1536: many K steps, split-K still pays
+
+
 def test_fma_last_split_reduces_and_leaves_counters_zeroed():
     from kernels._splitk import tile_counters
 

@@ -25,3 +25,14 @@ def test_time_variants_rows_and_errors(monkeypatch, tmp_path):
     assert json.loads((tmp_path / "demo.json").read_text())["rows"] == rows
     table = (tmp_path / "demo.md").read_text().splitlines()
     assert len(table) == 4 and "2.00" in table[2] and "err" in table[3]  # 5.0 / 2.5 us = 2.00x
+
+
+@pytest.mark.parametrize("m,k,n", [(64, 384, 384), (2048, 1536, 384)])
+def test_small_variants_time_current_picks_against_unsplit_tiles(m, k, n):
+    variants = tune.small_variants(m, n, k)
+    kernels = [v[0] for v in variants]
+    assert kernels.count("w4a16") >= 6 and kernels.count("w8a8") >= 4
+    assert variants[0] == ("w4a16", "current", tune.w4.pick_config(m, n, k, tune.GROUP))
+    assert ("w8a8", "current", tune.w8.pick_config(m, n, k)) in variants
+    assert all(cfg.split_k == 1 for _, label, cfg in variants if label == "sk1")
+    assert all(k % cfg.block_k == 0 for _, label, cfg in variants if label == "sk1")
