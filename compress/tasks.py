@@ -12,7 +12,10 @@ scratch (e.g. a tiny Bert or Llama).
   :class:`compress.distill.DistillationConfig`), from its ``start_step`` on the loss is
   ``(1 - a) * CE + a * T^2 * KL(teacher || student)`` against a frozen dense teacher held as
   ``self.teacher`` (a snapshot of the model taken at that step, or a saved fine-tuned model); the
-  teacher is module state, so it is in the Lightning checkpoint and a resumed run keeps it.
+  teacher is module state, so it is in the Lightning checkpoint and a resumed run keeps it. With
+  ``hidden_weight > 0`` the loss adds ``hidden_weight * H``, the relative squared error of every
+  layer's hidden states against the teacher's (the student's come from the same forward as its
+  logits), logged as ``train_distill_hidden``.
 * :class:`CausalLMTask`: next-token cross-entropy; validation perplexity
   ``exp(sum of token losses / number of predicted tokens)``.
 
@@ -33,7 +36,14 @@ import torchmetrics
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import nn
 
-from compress.distill import DistillationConfig, Teacher, as_distillation_config, build_teacher, distillation_loss
+from compress.distill import (
+    DistillationConfig,
+    Teacher,
+    as_distillation_config,
+    build_teacher,
+    distillation_loss,
+    hidden_state_loss,
+)
 from compress.paths import resolve_model_path
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -226,11 +236,25 @@ class SequenceClassificationTask(_TransformersTask):
         if not bool(self.teacher.ready):
             self.teacher.snapshot_(self.model)
             rank_zero_info(f"distillation: teacher snapshot taken at step {self.global_step}")
-        logits = self.model(**batch).logits
-        loss = distillation_loss(logits, self.teacher.logits(batch), batch["labels"],
-                                 self.distillation.alpha, self.distillation.temperature)
+        if self.distillation.hidden_weight > 0:
+            loss = self._loss_with_hidden_states(batch)
+        else:
+            logits = self.model(**batch).logits
+            loss = distillation_loss(logits, self.teacher.logits(batch), batch["labels"],
+                                     self.distillation.alpha, self.distillation.temperature)
         self.log("train_loss", loss, prog_bar=True, batch_size=batch["input_ids"].shape[0])
         return loss
+
+    def _loss_with_hidden_states(self, batch: dict) -> torch.Tensor:
+        """Output-level distillation plus ``hidden_weight * H`` (one student forward gives logits and
+        hidden states); logs ``H`` as ``train_distill_hidden``."""
+        outputs = self.model(**batch, output_hidden_states=True)
+        teacher_logits, teacher_hidden = self.teacher.logits_and_hidden_states(batch)
+        output_loss = distillation_loss(outputs.logits, teacher_logits, batch["labels"],
+                                        self.distillation.alpha, self.distillation.temperature)
+        hidden = hidden_state_loss(outputs.hidden_states, teacher_hidden, batch.get("attention_mask"))
+        self.log("train_distill_hidden", hidden, batch_size=batch["input_ids"].shape[0])
+        return output_loss + self.distillation.hidden_weight * hidden
 
 
 class CausalLMTask(_TransformersTask):
