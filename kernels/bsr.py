@@ -32,7 +32,7 @@ Two kernels, picked by the launcher from the shape (see ``choose_config``):
   (:mod:`kernels._splitk`). ``choose_config`` uses 4 shares at M <= 16 when block rows are long
   (>= 48 stored blocks on average): 8192x8192 at 50%, M = 16, 40.4 -> 28.5 us on an H200.
 
-The tile table in ``choose_config`` was tuned on an H100 (``scripts/tune_bsr.py``). Measured there
+The tile table in ``choose_config`` was tuned on an H100 and an H200 (``scripts/tune_bsr.py``). On the H100
 (docs/benchmarks/kernels.md): small M streams weights at 2.1-2.4 TB/s on large layers; at large M
 the gathered x tiles (only 32 outputs wide) make the kernel L2-bandwidth bound at about 220 TFLOP/s
 of executed work, whatever the sparsity.
@@ -181,6 +181,8 @@ def _bsr_gemm_kernel(
 
     first_row = pid_m * BLOCK_M
     x_ptr += first_row.to(tl.int64) * stride_xm
+    if SPLIT == 1:  # the output rows of this tile (with a split, last_split_reduces indexes them itself)
+        y_ptr += first_row.to(tl.int64) * stride_ym
     offs_m = tl.arange(0, BLOCK_M)
     m_mask = offs_m < M - first_row  # (BLOCK_M,)
     offs_k = tl.arange(0, GROUP * BLOCK)
@@ -210,7 +212,7 @@ def _bsr_gemm_kernel(
     else:
         if HAS_BIAS:
             acc += tl.load(bias_ptr + offs_n).to(tl.float32)[None, :]
-        y_ptrs = y_ptr + first_row.to(tl.int64) * stride_ym + offs_m[:, None] * stride_ym + offs_n[None, :]
+        y_ptrs = y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :]
         tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=m_mask[:, None])
 
 

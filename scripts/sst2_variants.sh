@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Train SST-2 recipe variants side by side on one GPU, then evaluate them in ONE `compress evaluate`
+# run (one report, dense baseline first):
+#   bash scripts/sst2_variants.sh OUTDIR MAX_TIME "NAME|RECIPE|OVERRIDES" ...
+# Each spec names a variant, its recipe file and extra command-line overrides for that run, e.g.
+#   "sparse50-h1|recipes/minilm-sst2-sparse50.yaml|--model.init_args.distillation.hidden_weight=1.0"
+# The variant named "dense" must be the dense recipe (its float model is the report's baseline).
+# MAX_TIME is Lightning's trainer.max_time (e.g. 00:00:07:30): a run that is too slow stops there, its
+# Export callback still writes the model, and the log says so. Every run writes its models under
+# runs/minilm-sst2-NAME (the recipe is copied to OUTDIR/recipes/NAME.yaml with its runs/ paths
+# rewritten so) and its per-validation metrics to OUTDIR/NAME/metrics.csv; logs go to
+# OUTDIR/train-NAME.log. $SWEEP_RUN_ARGS / $SWEEP_EVAL_ARGS: overrides for every run / the evaluation;
+# $SWEEP_BASELINE: an already trained dense model dir, evaluated first as "dense" (no dense spec then).
+set -u
+out=${1:?usage: sst2_variants.sh OUTDIR MAX_TIME SPEC...}
+max_time=${2:?usage: sst2_variants.sh OUTDIR MAX_TIME SPEC...}
+shift 2
+[ $# -gt 0 ] || { echo "no variants given" >&2; exit 2; }
+mkdir -p "$out"
+names=()
+for spec in "$@"; do
+  IFS='|' read -r name recipe overrides <<< "$spec"
+  [ -f "$recipe" ] || { echo "variant $name: no recipe file $recipe" >&2; exit 2; }
+  names+=("$name")
+  # a copy of the recipe whose paths (the Export callback's dirpath) point at this variant's run dir
+  mkdir -p "$out/recipes"
+  sed -E "s|runs/minilm-sst2-[A-Za-z0-9_.-]+/|runs/minilm-sst2-$name/|g" "$recipe" > "$out/recipes/$name.yaml"
+  # shellcheck disable=SC2086  # overrides are separate words on purpose
+  python -m compress.cli run --config "$out/recipes/$name.yaml" --compress.evaluate=false \
+    --compress.output_dir="runs/minilm-sst2-$name" --trainer.enable_progress_bar=false \
+    --trainer.max_time="$max_time" --data.init_args.num_workers=2 \
+    --trainer.logger=lightning.pytorch.loggers.CSVLogger --trainer.logger.init_args.save_dir="$out/$name" \
+    --trainer.logger.init_args.name="" --trainer.logger.init_args.version="" $overrides ${SWEEP_RUN_ARGS:-} \
+    > "$out/train-$name.log" 2>&1 &
+done
+wait
+models=(); labels=()
+if [ -n "${SWEEP_BASELINE:-}" ]; then models+=("$SWEEP_BASELINE"); labels+=(dense); fi
+for name in "${names[@]}"; do
+  dir="runs/minilm-sst2-$name/compressed"; [ "$name" = dense ] && dir="runs/minilm-sst2-$name/float"
+  echo "== $name: $(grep -hE "Error|stopped|snapshot" "$out/train-$name.log" | tail -3 | tr '\n' ' ')"
+  [ -d "$dir" ] && { models+=("$dir"); labels+=("$name"); }
+done
+python -m compress.cli evaluate --config recipes/minilm-sst2-dense.yaml \
+  --models "${models[@]}" --names "${labels[@]}" --compress.output_dir="$out" ${SWEEP_EVAL_ARGS:-}
