@@ -220,6 +220,31 @@ def write_sweep(out_dir, name, meta, rows) -> None:
         f.write(sweep_markdown(rows) + "\n")
 
 
+def sweep_cells(cells, deadline, weights, time_cell, out_dir=None, name=None, meta=None, device="cuda"):
+    """The loop every sweep shares. For each ((K, N), M) of ``cells`` started before ``deadline``:
+    ``weights(K, N)`` rotating weight sets, one fp16 input per set, cuBLAS fp16 timed over them, then
+    ``time_cell(K, N, M, wsets, xs, fp16_us)`` -> result rows; the cell's rows are printed at once and,
+    with ``out_dir``, the ``name`` files rewritten (a killed run keeps what it timed). Cells past the
+    deadline leave a ``skipped`` row."""
+    rows = []
+    for (k, n), m in cells:
+        if time.time() > deadline:
+            rows.append(dict(skipped=f"{k}x{n} M={m}: out of time"))
+            continue
+        wsets = weights(k, n)
+        xs = [torch.randn(m, k, device=device, dtype=torch.float16) for _ in wsets]
+        fp16_us = time_graph(F.linear, [(x, w["w16"]) for x, w in zip(xs, wsets)])
+        new = time_cell(k, n, m, wsets, xs, fp16_us)
+        rows += new
+        print("\n".join(sweep_markdown(new).splitlines()[2:]), flush=True)
+        del wsets, xs
+        if device == "cuda":
+            torch.cuda.empty_cache()
+        if out_dir is not None:
+            write_sweep(out_dir, name, meta, rows)
+    return rows
+
+
 def skinny_variants(m, n, k):
     """Small-M W4A16 variants around ``skinny_config``'s choice, plus the current default (tiled)."""
     base = w4.skinny_config(m, n, k, GROUP)
@@ -245,21 +270,11 @@ SKINNY_CELLS = [((8192, 28672), 1), ((4096, 4096), 1), ((8192, 28672), 16), ((40
 
 
 def sweep_skinny(deadline):
-    rows = []
-    for (k, n), m in SKINNY_CELLS:
-        if time.time() > deadline:
-            rows.append(dict(skipped=f"{k}x{n} M={m}: out of time"))
-            continue
-        wsets = make_weights(k, n, rotations(k, n))
-        xs = [torch.randn(m, k, device="cuda", dtype=torch.float16) for _ in wsets]
-        base = time_graph(F.linear, [(x, w["w16"]) for x, w in zip(xs, wsets)])
-        new = time_variants("w4a16", w4.launch, [(None, c) for c in skinny_variants(m, n, k)], w4_args(xs, wsets),
-                            dict(k=k, n=n, m=m, fp16_us=base))
-        rows += new
-        print("\n".join(sweep_markdown(new).splitlines()[2:]), flush=True)  # a killed run still shows these
-        del wsets, xs
-        torch.cuda.empty_cache()
-    return rows
+    def time_cell(k, n, m, wsets, xs, fp16_us):
+        return time_variants("w4a16", w4.launch, [(None, c) for c in skinny_variants(m, n, k)], w4_args(xs, wsets),
+                             dict(k=k, n=n, m=m, fp16_us=fp16_us))
+
+    return sweep_cells(SKINNY_CELLS, deadline, lambda k, n: make_weights(k, n, rotations(k, n)), time_cell)
 
 
 def chunk_variants(m, n, k):
@@ -283,27 +298,17 @@ CHUNK_CELLS = [((8192, 28672), 1), ((4096, 4096), 1), ((11008, 4096), 1), ((8192
 
 def sweep_chunk(deadline, out_dir, meta):
     """Time ``chunk_variants`` with fp16 and tinygemm alongside; rewrite the result files after every cell."""
-    rows = []
-    for (k, n), m in CHUNK_CELLS:
-        if time.time() > deadline:
-            rows.append(dict(skipped=f"{k}x{n} M={m}: out of time"))
-            continue
-        wsets = make_weights(k, n, rotations(k, n))
-        xs = [torch.randn(m, k, device="cuda", dtype=torch.float16) for _ in wsets]
-        base = time_graph(F.linear, [(x, w["w16"]) for x, w in zip(xs, wsets)])
+    def time_cell(k, n, m, wsets, xs, fp16_us):
         try:
             tiny = time_graph(torch.ops.aten._weight_int4pack_mm,
                               [(x.bfloat16(), w["int4pk"], GROUP, w["sz"]) for x, w in zip(xs, wsets)])
         except Exception as err:  # noqa: BLE001 - the anchor may be missing
             tiny = repr(err)[:160]
-        new = time_variants("w4a16", w4.launch, [(None, c) for c in chunk_variants(m, n, k)], w4_args(xs, wsets),
-                            dict(k=k, n=n, m=m, fp16_us=base, int4pk_us=tiny))
-        rows += new
-        print("\n".join(sweep_markdown(new).splitlines()[2:]), flush=True)
-        del wsets, xs
-        torch.cuda.empty_cache()
-        write_sweep(out_dir, "chunk_sweep", meta, rows)
-    return rows
+        return time_variants("w4a16", w4.launch, [(None, c) for c in chunk_variants(m, n, k)], w4_args(xs, wsets),
+                             dict(k=k, n=n, m=m, fp16_us=fp16_us, int4pk_us=tiny))
+
+    return sweep_cells(CHUNK_CELLS, deadline, lambda k, n: make_weights(k, n, rotations(k, n)), time_cell,
+                       out_dir, "chunk_sweep", meta)
 
 
 def legacy_w8_config(m, n, k):
@@ -356,22 +361,11 @@ def w8_weights(k, n):
 
 def sweep_fused(deadline, out_dir, meta):
     """Time ``fused_variants`` and cuBLAS fp16 at ``FUSED_CELLS``; rewrite the result files after every cell."""
-    rows = []
-    for (k, n), m in FUSED_CELLS:
-        if time.time() > deadline:
-            rows.append(dict(skipped=f"{k}x{n} M={m}: out of time"))
-            continue
-        wsets = w8_weights(k, n)
-        xs = [torch.randn(m, k, device="cuda", dtype=torch.float16) for _ in wsets]
-        base = time_graph(F.linear, [(x, w["w16"]) for x, w in zip(xs, wsets)])
-        new = time_variants("w8a8", w8.launch, fused_variants(m, n, k), w8_args(xs, wsets),
-                            dict(k=k, n=n, m=m, r=len(wsets), fp16_us=base))
-        rows += new
-        print("\n".join(sweep_markdown(new).splitlines()[2:]), flush=True)
-        del wsets, xs
-        torch.cuda.empty_cache()
-        write_sweep(out_dir, "fused_sweep", meta, rows)
-    return rows
+    def time_cell(k, n, m, wsets, xs, fp16_us):
+        return time_variants("w8a8", w8.launch, fused_variants(m, n, k), w8_args(xs, wsets),
+                             dict(k=k, n=n, m=m, r=len(wsets), fp16_us=fp16_us))
+
+    return sweep_cells(FUSED_CELLS, deadline, w8_weights, time_cell, out_dir, "fused_sweep", meta)
 
 
 SMALL_CELLS = [((384, 384), 64), ((384, 1536), 64), ((1536, 384), 64),
@@ -399,23 +393,15 @@ def small_variants(m, n, k):
 
 def sweep_small(deadline, out_dir, meta):
     """Time ``small_variants`` and cuBLAS fp16 at ``SMALL_CELLS``; rewrite the result files after every cell."""
-    rows = []
-    for (k, n), m in SMALL_CELLS:
-        if time.time() > deadline:
-            rows.append(dict(skipped=f"{k}x{n} M={m}: out of time"))
-            continue
-        wsets = make_weights(k, n, 16)
-        xs = [torch.randn(m, k, device="cuda", dtype=torch.float16) for _ in wsets]
-        cell = dict(k=k, n=n, m=m, fp16_us=time_graph(F.linear, [(x, w["w16"]) for x, w in zip(xs, wsets)]))
+    def time_cell(k, n, m, wsets, xs, fp16_us):
+        rows = []
         for kernel, label, cfg in small_variants(m, n, k):
             launch, args = (w4.launch, w4_args(xs, wsets)) if kernel == "w4a16" else (w8.launch, w8_args(xs, wsets))
-            rows += time_variants(kernel, launch, [(label, cfg)], args, cell)
-        print("\n".join(sweep_markdown([r for r in rows if r.get("m") == m and r.get("k") == k
-                                         and r.get("n") == n]).splitlines()[2:]), flush=True)
-        del wsets, xs
-        torch.cuda.empty_cache()
-        write_sweep(out_dir, "small_sweep", meta, rows)
-    return rows
+            rows += time_variants(kernel, launch, [(label, cfg)], args, dict(k=k, n=n, m=m, fp16_us=fp16_us))
+        return rows
+
+    return sweep_cells(SMALL_CELLS, deadline, lambda k, n: make_weights(k, n, 16), time_cell,
+                       out_dir, "small_sweep", meta)
 
 
 def with_split(cfg, m, n, k):
@@ -427,22 +413,17 @@ def with_split(cfg, m, n, k):
 
 
 def sweep(deadline):
-    rows = []
-    for (k, n), m, bucket in SWEEP_CELLS:
-        if time.time() > deadline:
-            rows.append(dict(skipped=f"{k}x{n} M={m}: out of time"))
-            continue
-        wsets = make_weights(k, n, rotations(k, n))
-        xs = [torch.randn(m, k, device="cuda", dtype=torch.float16) for _ in wsets]
-        base = time_graph(F.linear, [(x, w["w16"]) for x, w in zip(xs, wsets)])
-        cell = dict(k=k, n=n, m=m, fp16_us=base)
-        rows += time_variants("w4a16", w4.launch, [(None, with_split(c, m, n, k)) for c in SWEEP_W4[bucket]],
-                              w4_args(xs, wsets), cell)
-        rows += time_variants("w8a8", w8.launch, [(None, with_split(c, m, n, k)) for c in SWEEP_W8[bucket]],
-                              w8_args(xs, wsets), cell)
-        del wsets, xs
-        torch.cuda.empty_cache()
-    return rows
+    buckets = {(k, n, m): bucket for (k, n), m, bucket in SWEEP_CELLS}
+
+    def time_cell(k, n, m, wsets, xs, fp16_us):
+        cell, bucket = dict(k=k, n=n, m=m, fp16_us=fp16_us), buckets[(k, n, m)]
+        w4_cfgs = [(None, with_split(c, m, n, k)) for c in SWEEP_W4[bucket]]
+        w8_cfgs = [(None, with_split(c, m, n, k)) for c in SWEEP_W8[bucket]]
+        return (time_variants("w4a16", w4.launch, w4_cfgs, w4_args(xs, wsets), cell)
+                + time_variants("w8a8", w8.launch, w8_cfgs, w8_args(xs, wsets), cell))
+
+    return sweep_cells([(shape, m) for shape, m, _ in SWEEP_CELLS], deadline,
+                       lambda k, n: make_weights(k, n, rotations(k, n)), time_cell)
 
 
 def sweep_markdown(rows) -> str:

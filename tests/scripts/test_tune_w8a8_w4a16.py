@@ -36,3 +36,24 @@ def test_small_variants_time_current_picks_against_unsplit_tiles(m, k, n):
     assert ("w8a8", "current", tune.w8.pick_config(m, n, k)) in variants
     assert all(cfg.split_k == 1 for _, label, cfg in variants if label == "sk1")
     assert all(k % cfg.block_k == 0 for _, label, cfg in variants if label == "sk1")
+
+
+def test_sweep_cells_times_each_cell_skips_late_ones_and_rewrites_files(monkeypatch, tmp_path):
+    import torch
+
+    monkeypatch.setattr(tune, "time_graph", lambda fn, arg_sets: 10.0)
+    weights = lambda k, n: [dict(w16=torch.zeros(n, k, dtype=torch.float16)) for _ in range(2)]  # noqa: E731
+    seen = []
+
+    def time_cell(k, n, m, wsets, xs, fp16_us):
+        seen.append((k, n, m, len(wsets), tuple(xs[0].shape), fp16_us))
+        return [dict(k=k, n=n, m=m, fp16_us=fp16_us, kernel="w8a8", cfg=tune.w8.TileConfig(16, 64, 128)._asdict(),
+                     us=5.0)]
+
+    rows = tune.sweep_cells([((32, 16), 2), ((64, 32), 1)], float("inf"), weights, time_cell,
+                            str(tmp_path), "demo", {"gpu": "none"}, device="cpu")
+    assert seen == [(32, 16, 2, 2, (2, 32), 10.0), (64, 32, 1, 2, (1, 64), 10.0)]
+    assert [r["us"] for r in rows] == [5.0, 5.0]
+    assert json.loads((tmp_path / "demo.json").read_text())["rows"] == rows
+    late = tune.sweep_cells([((32, 16), 2)], 0.0, weights, time_cell, device="cpu")
+    assert late == [dict(skipped="32x16 M=2: out of time")] and len(seen) == 2
