@@ -39,7 +39,12 @@ if [ -n "${SWEEP_BASELINE:-}" ]; then models+=("$SWEEP_BASELINE"); labels+=(dens
 for name in "${names[@]}"; do
   dir="runs/minilm-sst2-$name/compressed"; [ "$name" = dense ] && dir="runs/minilm-sst2-$name/float"
   echo "== $name: $(grep -hE "Error|stopped|snapshot" "$out/train-$name.log" | tail -3 | tr '\n' ' ')"
-  [ -d "$dir" ] && { models+=("$dir"); labels+=("$name"); }
+  [ -d "$dir" ] || continue
+  if [ "$name" = dense ]; then  # the report's baseline is its first model
+    models=("$dir" "${models[@]}"); labels=("$name" "${labels[@]}")
+  else
+    models+=("$dir"); labels+=("$name")
+  fi
 done
 python -m compress.cli evaluate --config recipes/minilm-sst2-dense.yaml \
   --models "${models[@]}" --names "${labels[@]}" --compress.output_dir="$out" ${SWEEP_EVAL_ARGS:-}
