@@ -3,8 +3,9 @@
 Each callback has one job and only orchestrates: the math is in :mod:`compress`.
 
 * :class:`BlockPruning`: gradual 32x32 block pruning on the cubic schedule between ``start_step``
-  and ``end_step``, re-scoring every ``frequency`` optimizer steps; masks are re-applied after every
-  optimizer step (an optimizer step post-hook), so AdamW cannot revive pruned weights.
+  and ``end_step``, re-scoring every ``frequency`` optimizer steps (magnitude, l2 or movement
+  scores); masks are re-applied after every optimizer step (an optimizer step post-hook), so AdamW
+  cannot revive pruned weights.
 * :class:`QuantizationAware`: swaps in fake-quantized layers (in ``setup``) and switches fake
   quantization on at ``start_step``.
 * :class:`Calibration`: observes the inputs of W8A8 layers for ``num_batches`` training batches,
@@ -33,7 +34,14 @@ from compress.configs import BLOCK_SCORES, OBSERVERS, BlockSparseConfig, W4A16Co
 from compress.plan import DEFAULT_EXCLUDE, Plan, compressed_layers, convert, forward_batch, prepare
 from compress.qat import CompressedLinear
 from compress.smoothquant import apply_smoothquant
-from compress.sparsity import block_mask, cubic_sparsity, mask_sparsity
+from compress.sparsity import (
+    block_mask,
+    block_scores,
+    cubic_sparsity,
+    mask_sparsity,
+    movement_block_scores,
+    shrink_mask,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -71,46 +79,97 @@ class BlockPruning(pl.Callback):
     """Gradual 32x32 block pruning to ``sparsity`` between ``start_step`` and ``end_step``.
 
     ``plan``: None (every eligible linear) or ``{pattern: final sparsity}`` (fnmatch patterns on
-    module names; each matched layer ends at its own sparsity). ``score``: ``"magnitude"`` or
-    ``"l2"``. ``exclude``: patterns left dense (None: embeddings, classifier heads, ``lm_head``).
+    module names; each matched layer ends at its own sparsity). ``score``: ``"magnitude"``,
+    ``"l2"`` or ``"movement"``. ``exclude``: patterns left dense (None: embeddings, classifier
+    heads, ``lm_head``).
+
+    Movement (Sanh et al., 2020; 32x32 blocks as in Lagunas et al., 2021): the score of a weight is
+    ``S = -sum_t W_t * dL/dW_t`` over optimizer steps ``t`` (weights moving away from zero score
+    high) and a block's score is the sum of ``S`` over the block. Every optimizer step, from the
+    first training step on (the dense phase gives signal before pruning starts), each matched
+    layer's ``-W * grad`` is reduced at once to its (N/32, K/32) grid and added to a float32 sum
+    (:func:`compress.sparsity.movement_block_scores`), with ``W`` the layer's masked weight and
+    ``grad`` the gradient of its ``weight`` Parameter as the optimizer receives it
+    (``on_before_optimizer_step``: once per optimizer step under gradient accumulation, after AMP
+    unscaling, before Lightning's gradient clipping; a step with a non-finite contribution, which
+    AMP skips, adds nothing). At a re-scoring, blocks pruned earlier score ``-inf``, so masks only
+    shrink and the schedule's sparsity is reached exactly (:func:`compress.sparsity.shrink_mask`);
+    a layer whose sum is still all zero (e.g. pruning at step 0) is scored by magnitude for that
+    re-scoring. The sums are in this callback's ``state_dict`` (CPU tensors keyed by layer name);
+    a checkpoint without them starts them at zero. Under DDP the gradients are all-reduced before
+    the optimizer step, so every rank accumulates the same sums; the masks are still broadcast from
+    rank 0.
     """
 
     def __init__(self, sparsity: float = 0.5, start_step: int = 0, end_step: int = 100, frequency: int = 10,
                  score: str = "magnitude", plan: Optional[dict[str, float]] = None,
                  exclude: Optional[list[str]] = None):
         super().__init__()
-        BlockSparseConfig(sparsity=sparsity, score=score)  # validates sparsity and score
+        if score not in BLOCK_SCORES:
+            raise ValueError(f"score: expected one of {BLOCK_SCORES}, got {score!r}")
+        BlockSparseConfig(sparsity=sparsity, score=score)  # validates sparsity
         _check_step("start_step", start_step)
         _check_step("end_step", end_step)
         if end_step < start_step:
             raise ValueError(f"end_step: expected >= start_step ({start_step}), got {end_step}")
         if not isinstance(frequency, int) or isinstance(frequency, bool) or frequency < 1:
             raise ValueError(f"frequency: expected a positive int, got {frequency!r}")
-        if score not in BLOCK_SCORES:
-            raise ValueError(f"score: expected one of {BLOCK_SCORES}, got {score!r}")
         rules = {"*": sparsity} if plan is None else dict(plan)
         self.plan = Plan({p: BlockSparseConfig(sparsity=s, score=score) for p, s in rules.items()},
                          exclude=DEFAULT_EXCLUDE if exclude is None else tuple(exclude))
         self.start_step, self.end_step, self.frequency, self.score = start_step, end_step, frequency, score
         self.last_pruned_step: Optional[int] = None
+        self.movement_scores: dict[str, torch.Tensor] = {}  # layer name -> (N/32, K/32) float32
         self._hooks = []
 
     def setup(self, trainer, pl_module, stage):
         prepare(target_model(pl_module), self.plan)
 
     def on_train_start(self, trainer, pl_module):
-        layers = list(_layers_matching(target_model(pl_module), self.plan).values())
+        matched = _layers_matching(target_model(pl_module), self.plan)
+        layers = list(matched.values())
 
         def reapply_masks(optimizer, args, kwargs):
             for layer in layers:
                 layer.apply_mask_()
 
         self._hooks = [optimizer.register_step_post_hook(reapply_masks) for optimizer in trainer.optimizers]
+        if self.score == "movement":
+            self.movement_scores = {name: self._initial_movement(name, layer) for name, layer in matched.items()}
+
+    def _initial_movement(self, name: str, layer: CompressedLinear) -> torch.Tensor:
+        """The restored sum for ``name`` on the layer's device, or zeros when there is none."""
+        grid = tuple(layer.mask.shape)
+        restored = self.movement_scores.get(name)
+        if restored is None:
+            return torch.zeros(grid, dtype=torch.float32, device=layer.weight.device)
+        if tuple(restored.shape) != grid:
+            raise ValueError(f"BlockPruning: movement scores of {name!r}: expected shape {grid}, "
+                             f"got {tuple(restored.shape)} (checkpoint from another model?)")
+        return restored.to(device=layer.weight.device, dtype=torch.float32)
 
     def on_train_end(self, trainer, pl_module):
         for hook in self._hooks:
             hook.remove()
         self._hooks = []
+
+    @torch.no_grad()
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+        if self.score != "movement":
+            return
+        updated = {id(p) for group in optimizer.param_groups for p in group["params"]}
+        layers = {name: layer for name, layer in _layers_matching(target_model(pl_module), self.plan).items()
+                  if layer.weight.grad is not None and id(layer.weight) in updated}
+        steps = {name: movement_block_scores(layer.masked_weight(), layer.weight.grad, layer.sparse_config.block)
+                 for name, layer in layers.items()}
+        if not steps:
+            return
+        finite = torch.stack([step.isfinite().all() for step in steps.values()]).all()
+        for name, step in steps.items():
+            total = self.movement_scores.get(name)
+            if total is None:
+                total = self.movement_scores[name] = self._initial_movement(name, layers[name])
+            total.add_(torch.where(finite, step, torch.zeros_like(step)))
 
     def _due(self, step: int) -> bool:
         if step < self.start_step:
@@ -121,28 +180,46 @@ class BlockPruning(pl.Callback):
             return self.last_pruned_step < self.end_step
         return step - self.last_pruned_step >= self.frequency
 
+    def _movement_or_magnitude(self, name: str, layer: CompressedLinear) -> tuple[torch.Tensor, bool]:
+        """(the layer's movement sum, False), or (its magnitude scores, True) while the sum is all zero."""
+        scores = self.movement_scores.get(name)
+        if scores is not None and bool(scores.any()):
+            return scores, False
+        return block_scores(layer.masked_weight(), layer.sparse_config.block, "magnitude"), True
+
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         step = trainer.global_step
         if not self._due(step):
             return
-        reached = []
+        reached, fallbacks = [], 0
         for name, layer in _layers_matching(target_model(pl_module), self.plan).items():
             config = layer.sparse_config
             target = cubic_sparsity(step, self.start_step, self.end_step, config.sparsity)
-            mask = block_mask(layer.masked_weight(), target, config.block, config.score)
+            if config.score == "movement":
+                scores, fell_back = self._movement_or_magnitude(name, layer)
+                fallbacks += fell_back
+                mask = shrink_mask(scores, layer.mask, target)
+            else:
+                mask = block_mask(layer.masked_weight(), target, config.block, config.score)
             _broadcast_(mask)
             layer.set_mask(mask)
             reached.append(mask_sparsity(mask))
         self.last_pruned_step = step
+        if fallbacks:
+            rank_zero_info(f"BlockPruning: step {step}, no movement accumulated yet for {fallbacks} layers; "
+                           "scored them by magnitude")
         if reached:
             rank_zero_info(f"BlockPruning: step {step}, mean block sparsity {sum(reached) / len(reached):.3f} "
                            f"over {len(reached)} layers")
 
     def state_dict(self):
-        return {"last_pruned_step": self.last_pruned_step}
+        return {"last_pruned_step": self.last_pruned_step,
+                "movement_scores": {name: t.detach().cpu().clone() for name, t in self.movement_scores.items()}}
 
     def load_state_dict(self, state_dict):
         self.last_pruned_step = state_dict.get("last_pruned_step")
+        self.movement_scores = {name: t.detach().cpu().float()
+                                for name, t in state_dict.get("movement_scores", {}).items()}
 
 
 class QuantizationAware(pl.Callback):

@@ -23,7 +23,7 @@ ACTIVATION_MODES = ("dynamic", "static")
 OBSERVERS = ("absmax", "percentile", "moving_average")
 W4_GROUP_SIZES = (32, 64, 128)
 BLOCK_SIZES = (32,)
-BLOCK_SCORES = ("magnitude", "l2")
+BLOCK_SCORES = ("magnitude", "l2", "movement")
 
 
 def _check_choice(name: str, value, allowed: tuple) -> None:
@@ -101,7 +101,9 @@ class W4A16Config(_ConfigMixin):
 class BlockSparseConfig(_ConfigMixin):
     """Prune ``sparsity`` (fraction in [0, 1)) of the ``block`` x ``block`` weight blocks.
 
-    ``score``: ``"magnitude"`` (mean |w| of the block) or ``"l2"`` (Frobenius norm of the block).
+    ``score``: ``"magnitude"`` (mean |w| of the block), ``"l2"`` (Frobenius norm of the block) or
+    ``"movement"`` (``-sum W * dL/dW`` over training steps; only gradual pruning during training,
+    :class:`compress.callbacks.BlockPruning`, can compute it).
     """
 
     sparsity: float = 0.5

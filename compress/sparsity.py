@@ -7,9 +7,14 @@ scored over their real elements only. Scores (higher = more important):
 * ``"magnitude"``: mean |w| over the block (L1 per element),
 * ``"l2"``: Frobenius norm of the block (sqrt of the sum of squares).
 
+Movement (Sanh et al., 2020; blocks as in Lagunas et al., 2021) needs gradients, so it is not a
+weight score: :func:`movement_block_scores` gives one optimizer step's contribution
+``sum over the block of -W * dL/dW`` (float32, same grid), which a training loop sums over steps.
+
 A block mask is a bool grid, True = kept; :func:`mask_from_scores` prunes the ``floor(sparsity *
 blocks)`` lowest-scoring blocks (ties broken by position with a stable sort, so every process that
-sees the same weights builds the same mask).
+sees the same weights builds the same mask). :func:`shrink_mask` does the same but never revives a
+block that an earlier mask pruned (it scores them ``-inf``).
 
 Schedule (Zhu & Gupta, 2017): ``s(t) = s_f + (s_i - s_f) * (1 - (t - t0) / (t1 - t0))^3`` for
 ``t0 <= t <= t1``, ``s_i`` before ``t0`` and ``s_f`` after ``t1``.
@@ -23,7 +28,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-SCORES = ("magnitude", "l2")
+SCORES = ("magnitude", "l2")  # scores of the weight alone (one-shot pruning); "movement" needs training
 
 
 def block_grid(shape: tuple[int, int], block: int) -> tuple[int, int]:
@@ -40,12 +45,19 @@ def _blocks(w: torch.Tensor, block: int) -> torch.Tensor:
     return padded.reshape(rows, block, cols, block).permute(0, 2, 1, 3)
 
 
+def _check_2d(where: str, w: torch.Tensor) -> None:
+    if w.dim() != 2:
+        raise ValueError(f"{where}: expected a 2-d weight (N, K), got shape {tuple(w.shape)}")
+
+
 def block_scores(w: torch.Tensor, block: int = 32, score: str = "magnitude") -> torch.Tensor:
     """(N, K) -> (N/b, K/b) float32 block importance (see the module docstring)."""
+    if score == "movement":
+        raise ValueError(f"score: 'movement' needs gradients from training (compress.callbacks.BlockPruning); "
+                         f"weight-only scoring expects one of {SCORES}")
     if score not in SCORES:
         raise ValueError(f"score: expected one of {SCORES}, got {score!r}")
-    if w.dim() != 2:
-        raise ValueError(f"block_scores: expected a 2-d weight (N, K), got shape {tuple(w.shape)}")
+    _check_2d("block_scores", w)
     blocks = _blocks(w.detach().float(), block)
     if score == "l2":
         return blocks.pow(2).sum(dim=(2, 3)).sqrt()
@@ -53,15 +65,47 @@ def block_scores(w: torch.Tensor, block: int = 32, score: str = "magnitude") -> 
     return blocks.abs().sum(dim=(2, 3)) / counts
 
 
-def mask_from_scores(scores: torch.Tensor, sparsity: float) -> torch.Tensor:
-    """Bool grid like ``scores``: False for the ``floor(sparsity * numel)`` lowest scores."""
+def _check_sparsity(sparsity: float) -> None:
     if not 0.0 <= sparsity < 1.0:
         raise ValueError(f"sparsity: expected a fraction in [0, 1), got {sparsity}")
+
+
+def mask_from_scores(scores: torch.Tensor, sparsity: float) -> torch.Tensor:
+    """Bool grid like ``scores``: False for the ``floor(sparsity * numel)`` lowest scores."""
+    _check_sparsity(sparsity)
     num_pruned = int(sparsity * scores.numel())
     mask = torch.ones(scores.numel(), dtype=torch.bool, device=scores.device)
     order = torch.argsort(scores.flatten(), stable=True)
     mask[order[:num_pruned]] = False
     return mask.reshape(scores.shape)
+
+
+def movement_block_scores(w: torch.Tensor, grad: torch.Tensor, block: int = 32) -> torch.Tensor:
+    """(N, K) weight and its gradient -> (N/b, K/b) float32 block sums of ``-w * grad``.
+
+    Positive where the weights move away from zero under gradient descent (``-grad`` has the sign
+    of ``w``); summed over optimizer steps this is the block's movement score.
+    """
+    _check_2d("movement_block_scores", w)
+    if grad.shape != w.shape:
+        raise ValueError(f"movement_block_scores: expected a gradient of shape {tuple(w.shape)}, "
+                         f"got {tuple(grad.shape)}")
+    return _blocks(-(w.detach().float() * grad.detach().float()), block).sum(dim=(2, 3))
+
+
+def shrink_mask(scores: torch.Tensor, mask: torch.Tensor, sparsity: float) -> torch.Tensor:
+    """Like :func:`mask_from_scores`, but blocks pruned in ``mask`` stay pruned.
+
+    Pruned blocks score ``-inf``, so they are the first taken; when ``mask`` already prunes more
+    than ``floor(sparsity * numel)`` blocks the result is ``mask`` itself (masks only shrink).
+    """
+    _check_sparsity(sparsity)
+    if mask.shape != scores.shape:
+        raise ValueError(f"shrink_mask: expected a mask of shape {tuple(scores.shape)}, got {tuple(mask.shape)}")
+    kept = mask.to(device=scores.device, dtype=torch.bool)
+    if int((~kept).sum()) >= int(sparsity * scores.numel()):
+        return kept.clone()
+    return mask_from_scores(scores.float().masked_fill(~kept, float("-inf")), sparsity)
 
 
 def block_mask(w: torch.Tensor, sparsity: float, block: int = 32, score: str = "magnitude") -> torch.Tensor:

@@ -1,5 +1,6 @@
 """Tests for compress/callbacks.py: validation, a composed run (prune + QAT + calibration + export),
-resume from a Lightning checkpoint, DDP on 2 CPU processes, and YAML instantiation (jsonargparse)."""
+resume from a Lightning checkpoint, DDP on 2 CPU processes, movement scores (accumulation, schedule,
+state, resume, DDP), and YAML instantiation (jsonargparse)."""
 import os
 import pathlib
 import subprocess
@@ -15,7 +16,7 @@ import compress
 from compress.callbacks import BlockPruning, Calibration, Export, QuantizationAware
 from compress.configs import W4A16Config, W8A8Config
 from compress.plan import compressed_layers
-from compress.sparsity import expand_mask, mask_sparsity
+from compress.sparsity import block_mask, cubic_sparsity, expand_mask, mask_sparsity
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
@@ -64,6 +65,7 @@ def _trainer(callbacks, max_steps, **kwargs):
 @pytest.mark.parametrize("make, fragment", [
     (lambda: BlockPruning(sparsity=1.2), "[0, 1)"),
     (lambda: BlockPruning(score="taylor"), "'magnitude'"),
+    (lambda: BlockPruning(score="taylor"), "'movement'"),
     (lambda: BlockPruning(start_step=10, end_step=5), "end_step"),
     (lambda: BlockPruning(frequency=0), "positive int"),
     (lambda: QuantizationAware(), "exactly one of config"),
@@ -160,6 +162,120 @@ def test_resume_restores_schedule_and_masks(tmp_path):
     assert mask_sparsity(resumed_task.model.up.mask) == pytest.approx(0.5)
 
 
+class DirectionTask(pl.LightningModule):
+    """Loss ``sum(W * D)`` through ``proj``'s (masked) forward, so the gradient of ``proj.weight``
+    is ``D`` (kept blocks) whatever the batch: SGD moves each block along ``-D``."""
+
+    def __init__(self, weight, direction):
+        super().__init__()
+        self.model = nn.Module()
+        self.model.proj = nn.Linear(64, 64, bias=False)
+        with torch.no_grad():
+            self.model.proj.weight.copy_(weight)
+        self.register_buffer("direction", direction)
+
+    def training_step(self, batch, batch_idx):
+        transposed_weight = self.model.proj(torch.eye(64))  # I @ W^T
+        return (transposed_weight.T * self.direction).sum()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+def _per_block(values):
+    """(2, 2) values -> (64, 64) tensor constant on each 32x32 block."""
+    return values.repeat_interleave(32, dim=0).repeat_interleave(32, dim=1)
+
+
+class RecordMovement(pl.Callback):
+    """Sums -W*grad per block by hand at every optimizer step and keeps each step's mask."""
+
+    def __init__(self):
+        self.movement, self.masks = torch.zeros(2, 2), []
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+        layer = pl_module.model.proj
+        product = -(layer.masked_weight() * layer.weight.grad).detach()
+        self.movement += product.reshape(2, 32, 2, 32).sum(dim=(1, 3))
+        self.masks.append((trainer.global_step, layer.mask.clone()))  # this step's pruning is done
+
+
+@pytest.mark.parametrize("accumulate", [1, 2])
+def test_movement_prunes_blocks_moving_towards_zero_on_schedule(accumulate):
+    weight = _per_block(torch.tensor([[1.0, 0.1], [0.5, 0.05]]))  # magnitude keeps the left column
+    away = torch.tensor([[False, True], [False, True]])  # the right column grows, the left shrinks
+    direction = _per_block(torch.where(away, -1.0, 1.0))
+    assert torch.equal(block_mask(weight, 0.5), ~away)  # magnitude and movement disagree everywhere
+    pruning = BlockPruning(0.5, start_step=1, end_step=3, frequency=1, score="movement")
+    record = RecordMovement()
+    task = DirectionTask(weight, direction)
+    _trainer([pruning, record], max_steps=5, accumulate_grad_batches=accumulate).fit(task, loader())
+    assert torch.equal(task.model.proj.mask, away)
+    assert torch.allclose(pruning.movement_scores["proj"], record.movement, rtol=1e-5)
+    previous = torch.ones(2, 2, dtype=torch.bool)
+    for step, mask in record.masks:
+        assert mask_sparsity(mask) == int(cubic_sparsity(step, 1, 3, 0.5) * 4) / 4
+        assert not (mask & ~previous).any()  # masks only shrink
+        previous = mask
+
+
+def test_movement_falls_back_to_magnitude_before_any_step():
+    torch.manual_seed(3)
+    weight = torch.randn(64, 64)
+    pruning = BlockPruning(0.5, start_step=0, end_step=0, score="movement")
+    task = DirectionTask(weight, torch.ones(64, 64))
+    _trainer([pruning], max_steps=1).fit(task, loader())
+    assert torch.equal(task.model.proj.mask, block_mask(weight, 0.5))
+    assert pruning.movement_scores["proj"].any()  # the step after the fallback was accumulated
+
+
+def test_movement_state_dict_round_trip_and_old_checkpoints():
+    pruning = BlockPruning(score="movement")
+    pruning.last_pruned_step, pruning.movement_scores = 7, {"up": torch.randn(4, 2), "down": torch.randn(2, 4)}
+    state = pruning.state_dict()
+    restored = BlockPruning(score="movement")
+    restored.load_state_dict(state)
+    assert restored.last_pruned_step == 7 and set(restored.movement_scores) == {"up", "down"}
+    for name, scores in pruning.movement_scores.items():
+        assert torch.equal(restored.movement_scores[name], scores)
+        assert state["movement_scores"][name].device.type == "cpu"
+    old = BlockPruning(score="movement")
+    old.load_state_dict({"last_pruned_step": 3})
+    assert old.last_pruned_step == 3 and old.movement_scores == {}
+
+
+def test_resume_keeps_movement_scores_and_masks(tmp_path):
+    def pruning():
+        return BlockPruning(0.5, start_step=0, end_step=8, frequency=2, score="movement")
+
+    trainer = _trainer([pruning()], max_steps=4)
+    task = TinyTask()
+    trainer.fit(task, loader())
+    ckpt = tmp_path / "mid.ckpt"
+    trainer.save_checkpoint(ckpt)
+    saved_scores = {name: t.clone() for name, t in trainer.callbacks[0].movement_scores.items()}
+    saved_masks = {name: layer.mask.clone() for name, layer in compressed_layers(task.model).items()}
+    assert set(saved_scores) == {"up", "down"} and all(t.any() for t in saved_scores.values())
+    assert 0 < mask_sparsity(saved_masks["up"]) < 0.5
+    stored = [s for s in torch.load(ckpt, weights_only=False)["callbacks"].values() if "movement_scores" in s]
+    assert all(t.device.type == "cpu" for t in stored[0]["movement_scores"].values())
+
+    restored = {}
+
+    class Capture(pl.Callback):
+        def on_train_start(self, trainer, pl_module):
+            restored["scores"] = {n: t.clone() for n, t in trainer.callbacks[0].movement_scores.items()}
+            restored["masks"] = {n: m.mask.clone() for n, m in compressed_layers(pl_module.model).items()}
+
+    resumed_task = TinyTask()
+    _trainer([pruning(), Capture()], max_steps=10).fit(resumed_task, loader(), ckpt_path=ckpt)
+    for name in saved_scores:
+        assert torch.equal(restored["scores"][name], saved_scores[name])
+        assert torch.equal(restored["masks"][name], saved_masks[name])
+        final = getattr(resumed_task.model, name).mask
+        assert mask_sparsity(final) == pytest.approx(0.5) and not (final & ~saved_masks[name]).any()
+
+
 @pytest.mark.slow
 def test_ddp_ranks_end_with_identical_masks_and_scales(tmp_path):
     env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
@@ -176,6 +292,21 @@ def test_ddp_ranks_end_with_identical_masks_and_scales(tmp_path):
         for key in ("mask", "act_scale", "smoothing", "weight"):
             assert torch.equal(rank0[name][key], rank1[name][key]), (name, key)
         assert rank0[name]["act_scale"].item() > 0 and name in rank1 and not rank0[name]["mask"].all()
+
+
+@pytest.mark.slow
+def test_ddp_ranks_accumulate_identical_movement(tmp_path):
+    env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    script = pathlib.Path(__file__).with_name("_ddp_movement_script.py")
+    result = subprocess.run([sys.executable, str(script), str(tmp_path)], cwd=REPO, env=env, capture_output=True,
+                            text=True, timeout=180)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rank0, rank1 = (torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1))
+    assert set(rank0) == set(rank1) == {"up", "down"}
+    for name in rank0:
+        assert torch.equal(rank0[name]["movement"], rank1[name]["movement"]) and rank0[name]["movement"].any()
+        assert torch.equal(rank0[name]["mask"], rank1[name]["mask"])
+        assert mask_sparsity(rank0[name]["mask"]) == pytest.approx(0.5)
 
 
 def test_callbacks_build_from_yaml_with_jsonargparse():

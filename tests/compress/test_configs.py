@@ -8,7 +8,8 @@ from compress.configs import BlockSparseConfig, W4A16Config, W8A8Config, config_
 
 @pytest.mark.parametrize("config", [W8A8Config(), W8A8Config(activation="static", observer="percentile"),
                                     W4A16Config(group_size=None), W4A16Config(64, learnable_scale=True),
-                                    BlockSparseConfig(0.75, score="l2")])
+                                    BlockSparseConfig(0.75, score="l2"),
+                                    BlockSparseConfig(0.5, score="movement")])
 def test_dict_round_trip(config):
     assert config_from_dict(config.to_dict()) == config
 
@@ -26,7 +27,7 @@ def test_configs_are_frozen():
     (lambda: W4A16Config(group_size=48), "(32, 64, 128, None)"),
     (lambda: BlockSparseConfig(sparsity=1.0), "[0, 1)"),
     (lambda: BlockSparseConfig(block=16), "(32,)"),
-    (lambda: BlockSparseConfig(score="random"), "('magnitude', 'l2')"),
+    (lambda: BlockSparseConfig(score="random"), "('magnitude', 'l2', 'movement')"),
 ])
 def test_bad_values_list_what_is_allowed(make, fragment):
     with pytest.raises(ValueError) as error:

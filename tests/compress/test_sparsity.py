@@ -63,8 +63,46 @@ def test_bsr_rejects_shapes_not_multiple_of_block():
         sparsity.dense_to_bsr(torch.ones(40, 64))
 
 
+def test_movement_block_scores_against_hand_computed_sums():
+    w, grad = torch.zeros(40, 70), torch.zeros(40, 70)
+    w[:32, :32], grad[:32, :32] = 2.0, -0.5  # moving away from zero: -w*g = +1 on 32*32 elements
+    w[32:, 64:], grad[32:, 64:] = 3.0, 1.0  # towards zero on the partial 8x6 corner block: -3 each
+    w[:32, 32:64] = 5.0  # no gradient, no movement
+    scores = sparsity.movement_block_scores(w, grad, 32)
+    assert scores.dtype == torch.float32
+    assert scores.tolist() == [[1024.0, 0.0, 0.0], [0.0, 0.0, -3.0 * 8 * 6]]
+
+
+def test_movement_block_scores_sum_every_element_of_each_block():
+    torch.manual_seed(2)
+    w, grad = torch.randn(70, 40, dtype=torch.float16), torch.randn(70, 40, dtype=torch.float16)
+    scores = sparsity.movement_block_scores(w, grad, 32)
+    product = -(w.float() * grad.float())
+    for r, rows in enumerate((slice(0, 32), slice(32, 64), slice(64, 70))):
+        for c, cols in enumerate((slice(0, 32), slice(32, 40))):
+            assert scores[r, c].item() == pytest.approx(product[rows, cols].sum().item(), rel=1e-5, abs=1e-4)
+
+
+def test_shrink_mask_never_revives_pruned_blocks():
+    scores = torch.tensor([[5.0, 1.0], [2.0, 3.0]])
+    previous = torch.tensor([[False, True], [True, True]])  # the best block was pruned before
+    mask = sparsity.shrink_mask(scores, previous, 0.5)
+    assert mask.tolist() == [[False, False], [True, True]]  # pruned stays pruned, then the lowest
+    assert sparsity.mask_sparsity(mask) == 0.5
+    assert torch.equal(sparsity.shrink_mask(scores, previous, 0.25), previous)
+    assert torch.equal(sparsity.shrink_mask(scores, previous, 0.0), previous)  # never grows back
+    assert torch.equal(sparsity.shrink_mask(scores, torch.ones(2, 2, dtype=torch.bool), 0.5),
+                       sparsity.mask_from_scores(scores, 0.5))
+
+
 def test_bad_inputs():
-    with pytest.raises(ValueError, match="magnitude"):
+    with pytest.raises(ValueError, match="needs gradients"):
         sparsity.block_scores(torch.ones(32, 32), score="movement")
+    with pytest.raises(ValueError, match="magnitude"):
+        sparsity.block_scores(torch.ones(32, 32), score="random")
+    with pytest.raises(ValueError, match=r"expected a gradient of shape \(32, 32\), got \(32, 16\)"):
+        sparsity.movement_block_scores(torch.ones(32, 32), torch.ones(32, 16))
+    with pytest.raises(ValueError, match=r"shape \(2, 2\)"):
+        sparsity.shrink_mask(torch.ones(2, 2), torch.ones(1, 4, dtype=torch.bool), 0.5)
     with pytest.raises(ValueError, match=r"\[0, 1\)"):
         sparsity.mask_from_scores(torch.ones(2, 2), 1.0)
