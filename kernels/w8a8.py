@@ -11,7 +11,7 @@ Math (the contract of ``kernels.reference.w8a8_matmul_ref``), with ``x`` (M, K) 
 Two paths, the same integers and the same output bits:
 
 * pre-pass (the default): ``_quantize_rows_kernel`` (one program per row: absmax pass, then quantize
-  pass; a row of K <= 2048 is read once and kept in registers) writes ``xq`` (M, K) int8 and ``s_x`` (M,) fp32; ``_w8a8_matmul_kernel`` multiplies with
+  pass) writes ``xq`` (M, K) int8 and ``s_x`` (M,) fp32; ``_w8a8_matmul_kernel`` multiplies with
   ``tl.dot(..., out_dtype=int32)`` and dequantizes in its epilogue.
 * fused (opt-in, ``TileConfig(fused=True)``, :mod:`kernels.w8a8_fused`): one launch; each GEMM
   program computes its rows' scales and quantizes its x tiles in registers. It saves a launch, but
@@ -64,7 +64,7 @@ class TileConfig(NamedTuple):
 def _quantize_rows_kernel(
     x_ptr, xq_ptr, sx_ptr, static_ptr,  # x (M, K), xq (M, K) int8 contiguous, s_x (M,) fp32, static scale
     K, stride_xm, stride_xk,
-    STATIC: tl.constexpr, STATIC_PER_ROW: tl.constexpr, BLOCK_K: tl.constexpr, ONE_TILE: tl.constexpr,
+    STATIC: tl.constexpr, STATIC_PER_ROW: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     row = tl.program_id(0)
     x_row = x_ptr + row.to(tl.int64) * stride_xm
@@ -74,9 +74,6 @@ def _quantize_rows_kernel(
             scale = tl.load(static_ptr + row)
         else:
             scale = tl.load(static_ptr)
-    elif ONE_TILE:  # the whole row fits one tile: read it once, keep it in registers
-        row_values = tl.load(x_row + offs * stride_xk, mask=offs < K, other=0.0).to(tl.float32)
-        scale = tl.math.div_rn(tl.max(tl.abs(row_values), axis=0), 127.0)
     else:
         absmax = tl.zeros((BLOCK_K,), dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
@@ -86,13 +83,10 @@ def _quantize_rows_kernel(
     scale = tl.where(scale == 0.0, 1.0, scale)
     tl.store(sx_ptr + row, scale)
     xq_row = xq_ptr + row.to(tl.int64) * K
-    if ONE_TILE and not STATIC:
-        tl.store(xq_row + offs, quantize_int8(row_values, scale), mask=offs < K)
-    else:
-        for k0 in range(0, K, BLOCK_K):
-            mask = k0 + offs < K
-            v = tl.load(x_row + (k0 + offs) * stride_xk, mask=mask, other=0.0).to(tl.float32)
-            tl.store(xq_row + k0 + offs, quantize_int8(v, scale), mask=mask)
+    for k0 in range(0, K, BLOCK_K):
+        mask = k0 + offs < K
+        v = tl.load(x_row + (k0 + offs) * stride_xk, mask=mask, other=0.0).to(tl.float32)
+        tl.store(xq_row + k0 + offs, quantize_int8(v, scale), mask=mask)
 
 
 @triton.jit
@@ -209,7 +203,7 @@ def quantize_rows(x2: torch.Tensor, x_scale: torch.Tensor | None = None):
     _quantize_rows_kernel[(m,)](
         x2, xq, s_x, static, k, x2.stride(0), x2.stride(1),
         STATIC=x_scale is not None, STATIC_PER_ROW=x_scale is not None and x_scale.numel() > 1,
-        BLOCK_K=block_k, ONE_TILE=k <= block_k, num_warps=4 if block_k <= 1024 else 8,
+        BLOCK_K=block_k, num_warps=4 if block_k <= 1024 else 8,
     )
     return xq, s_x
 
