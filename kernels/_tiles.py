@@ -9,9 +9,13 @@
   BLOCK_N (so loads are 16 bytes wide) and wrapped modulo N otherwise (loads need no mask; the
   stores mask the wrapped columns).
 * :func:`split_k_for` (host side): how many K splits a launch needs to give every SM work.
+* ``SMALL_LAYER`` (host side): layers with N * K up to this (e.g. MiniLM's 384 / 1536) sit in L2 and
+  get their own tiles in the W8A8 and W4A16 launchers (no split-K where its reduce costs more).
 """
 import triton
 import triton.language as tl
+
+SMALL_LAYER = 4 * 2**20
 
 
 @triton.jit

@@ -49,7 +49,7 @@ import triton.language as tl
 
 from kernels._checks import interpreting, check_activation, check_bias, check_same_device, check_shape, check_tensor
 from kernels._splitk import splitk_reduce
-from kernels._tiles import grouped_tile, split_k_for, split_k_range, weight_columns
+from kernels._tiles import SMALL_LAYER, grouped_tile, split_k_for, split_k_range, weight_columns
 from kernels.w4a16_fma import launch_fma
 from kernels.w4a16_gemv import launch_skinny
 from kernels.w4a16_swap import launch_swap
@@ -57,8 +57,7 @@ from kernels.w4a16_swap import launch_swap
 GROUP_SIZES = (32, 64, 128)
 FMA_MAX_M = 2  # up to here, the CUDA-core kernel of kernels.w4a16_fma (one program per token row and tile),
 FMA_MIN_WEIGHTS = 4 * 2**20  # for layers this large (at 1024x1024 the tiled kernel measured faster)
-SMALL_LAYER = 4 * 2**20  # n * k up to this with K <= SHORT_K (MiniLM's 384-wide inputs): no split-K at M <= 64
-SHORT_K = 512
+SHORT_K = 512  # with n * k <= SMALL_LAYER (MiniLM's 384-wide inputs): no split-K at M <= 64
 DEQUANT_MIN_M = 128  # from here on, dequantize once and let cuBLAS run the fp16 GEMM (see docs/kernels-notes.md)
 
 

@@ -43,7 +43,7 @@ import triton.language as tl
 
 from kernels._checks import check_activation, check_bias, check_same_device, check_shape, check_tensor
 from kernels._splitk import splitk_reduce
-from kernels._tiles import grouped_tile, split_k_for, split_k_range
+from kernels._tiles import SMALL_LAYER, grouped_tile, split_k_for, split_k_range
 from kernels.w8a8_fused import launch_fused, quantize_int8
 
 
@@ -133,7 +133,6 @@ def _w8a8_matmul_kernel(
     tl.store(out_ptrs, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-SMALL_LAYER = 4 * 2**20  # n * k up to this (MiniLM's 384 / 1536 layers): tiles that fill the GPU, no split-K
 TARGET_TILES = 132  # one program per SM of an H100 / H200
 SMALL_LAYER_TILES = (  # largest first; the first giving TARGET_TILES output tiles wins, else the last
     TileConfig(128, 128, 128, num_warps=8, num_stages=3),
