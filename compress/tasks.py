@@ -2,7 +2,9 @@
 
 The task holds the Hugging Face model as ``self.model`` (the compression callbacks look for it
 there) and calls it as ``self.model(**batch)``. The model comes either from ``model_name_or_path``
-(a directory, a hub id, or ``"all-MiniLM-L6-v2"``, see :mod:`compress.paths`), loaded in
+(a directory, a hub id, or ``"all-MiniLM-L6-v2"``, see :mod:`compress.paths`; a directory may also
+be a ``compress.save_compressed`` dir of float weights, e.g. the ``float/`` of an earlier run, so a
+model fine-tuned once can be compressed in later runs), loaded in
 ``dtype`` (float32 by default: train in fp32 even from an fp16 copy), or from ``config``: a mapping
 with ``model_type`` and the fields of that ``transformers`` config class, for a model built from
 scratch (e.g. a tiny Bert or Llama).
@@ -28,6 +30,7 @@ Optimizer: AdamW (no weight decay on biases and norms) with a linear warm-up ove
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Any, Optional
 
 import lightning.pytorch as pl
@@ -116,12 +119,35 @@ def build_model(auto_class, model_name_or_path: str | None, config: dict | None,
         raise ValueError(f"dtype: expected one of {sorted(_DTYPES)}, got {dtype!r}")
     if model_name_or_path is not None:
         path = resolve_model_path(model_name_or_path)
-        model = auto_class.from_pretrained(path, dtype=_DTYPES[dtype], **model_kwargs)
+        model = _saved_float_model(path, model_kwargs)
+        if model is None:
+            model = auto_class.from_pretrained(path, dtype=_DTYPES[dtype], **model_kwargs)
+        model = model.to(_DTYPES[dtype])
     else:
         model = auto_class.from_config(build_config(config, **model_kwargs)).to(_DTYPES[dtype])
     # from_pretrained returns the model in eval mode, and Lightning keeps submodules' modes:
     # without this, dropout would stay off during fine-tuning.
     return model.train()
+
+
+def _saved_float_model(path: str, model_kwargs: dict):
+    """The model of a ``compress.save_compressed`` dir holding float weights (e.g. a run's ``float/``,
+    to compress a model fine-tuned earlier), or None when ``path`` is not such a dir."""
+    from compress.checkpoint import MANIFEST, load_compressed
+    from compress.evaluate import is_inference_module
+
+    if not (Path(path) / MANIFEST).is_file():
+        return None
+    model = load_compressed(path)
+    compressed = [name for name, module in model.named_modules() if is_inference_module(module)]
+    if compressed:
+        raise ValueError(f"model_name_or_path: expected float weights to fine-tune, got compressed layers "
+                         f"{compressed[:3]} in {path}")
+    expected = model_kwargs.get("num_labels")
+    actual = getattr(getattr(model, "config", None), "num_labels", None)
+    if expected is not None and actual != expected:
+        raise ValueError(f"model_name_or_path: expected a model with num_labels={expected}, got {actual} in {path}")
+    return model
 
 
 def build_config(config: dict, **overrides):

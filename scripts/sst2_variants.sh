@@ -7,7 +7,7 @@
 # The variant named "dense" must be the dense recipe (its float model is the report's baseline).
 # MAX_TIME is Lightning's trainer.max_time (e.g. 00:00:07:30): a run that is too slow stops there, its
 # Export callback still writes the model, and the log says so. Every run writes its models under
-# runs/minilm-sst2-NAME (the recipe is copied to OUTDIR/recipes/NAME.yaml with its runs/ paths
+# runs/minilm-sst2-NAME (the recipe is copied to OUTDIR/recipes/NAME.yaml with its export dirpath
 # rewritten so) and its per-validation metrics to OUTDIR/NAME/metrics.csv; logs go to
 # OUTDIR/train-NAME.log. $SWEEP_RUN_ARGS / $SWEEP_EVAL_ARGS: overrides for every run / the evaluation;
 # $SWEEP_BASELINE: an already trained dense model dir, evaluated first as "dense" (no dense spec then).
@@ -22,9 +22,10 @@ for spec in "$@"; do
   IFS='|' read -r name recipe overrides <<< "$spec"
   [ -f "$recipe" ] || { echo "variant $name: no recipe file $recipe" >&2; exit 2; }
   names+=("$name")
-  # a copy of the recipe whose paths (the Export callback's dirpath) point at this variant's run dir
+  # a copy of the recipe whose output paths (the Export callback's dirpath) point at this variant's
+  # run dir; input paths (a model or teacher to start from) are left as they are
   mkdir -p "$out/recipes"
-  sed -E "s|runs/minilm-sst2-[A-Za-z0-9_.-]+/|runs/minilm-sst2-$name/|g" "$recipe" > "$out/recipes/$name.yaml"
+  sed -E "/dirpath:/ s|runs/minilm-sst2-[A-Za-z0-9_.-]+/|runs/minilm-sst2-$name/|g" "$recipe" > "$out/recipes/$name.yaml"
   # shellcheck disable=SC2086  # overrides are separate words on purpose
   python -m compress.cli run --config "$out/recipes/$name.yaml" --compress.evaluate=false \
     --compress.output_dir="runs/minilm-sst2-$name" --trainer.enable_progress_bar=false \

@@ -65,6 +65,29 @@ def test_pretrained_minilm_loads_in_float32(monkeypatch):
     assert all(p.dtype == torch.float32 for p in task.model.parameters())
 
 
+def test_model_from_a_saved_float_dir_keeps_its_weights(tmp_path):
+    import compress
+
+    first = SequenceClassificationTask(config=TINY_BERT, num_labels=10)
+    saved = compress.save_compressed(first.model, tmp_path / "float")
+    task = SequenceClassificationTask(model_name_or_path=str(saved), num_labels=10)
+    assert task.model.training, "a model to fine-tune must come back in train mode (dropout on)"
+    for name, tensor in first.model.state_dict().items():
+        assert torch.equal(task.model.state_dict()[name], tensor), name
+    with pytest.raises(ValueError, match="num_labels=3"):
+        SequenceClassificationTask(model_name_or_path=str(saved), num_labels=3)
+
+
+def test_model_from_a_compressed_dir_is_refused(tmp_path):
+    import compress
+
+    model = SequenceClassificationTask(config=TINY_BERT, num_labels=10).model
+    compress.convert(model, compress.W8A8Config())
+    saved = compress.save_compressed(model, tmp_path / "w8a8")
+    with pytest.raises(ValueError, match="expected float weights"):
+        SequenceClassificationTask(model_name_or_path=str(saved), num_labels=10)
+
+
 def test_classification_metrics_binary_and_multiclass():
     binary = ClassificationMetrics(2)
     logits = torch.tensor([[2.0, 0.0], [0.0, 1.0], [0.0, 3.0], [1.0, 0.0]])  # predicts 0, 1, 1, 0
