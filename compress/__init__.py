@@ -9,12 +9,14 @@ Public API (docs/architecture.md)::
     compress.convert(model, plan, calibration_data=...)  # post-training: prune, calibrate, quantize
     compress.save_compressed(model, path)                # atomic directory: safetensors + manifest
     compress.load_compressed(path)                       # rebuild without the original weights
+    compress.fuse_siblings(model)                        # q/k/v (and gate/up) as one kernel call each
 
 Lightning callbacks live in :mod:`compress.callbacks` (imported lazily so the core library does not
 import Lightning).
 """
 from compress.checkpoint import CheckpointError, load_compressed, save_compressed
 from compress.configs import BlockSparseConfig, W4A16Config, W8A8Config
+from compress.fusion import fuse_siblings
 from compress.modules import BSRLinear, W4A16Linear, W8A8Linear
 from compress.plan import DEFAULT_EXCLUDE, Plan, convert, prepare
 from compress.qat import CompressedLinear
@@ -31,6 +33,7 @@ __all__ = [
     "W8A8Config",
     "W8A8Linear",
     "convert",
+    "fuse_siblings",
     "load_compressed",
     "prepare",
     "save_compressed",

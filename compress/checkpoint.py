@@ -34,6 +34,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from compress.configs import config_from_dict
+from compress.fusion import is_fused
 from compress.modules import INFERENCE_MODULES, BSRLinear, W4A16Linear, W8A8Linear
 from compress.plan import compressed_layers, replace_submodule
 
@@ -129,6 +130,9 @@ def save_compressed(model: nn.Module, path) -> pathlib.Path:
     if compressed_layers(model):
         raise ValueError("save_compressed: the model still has training (CompressedLinear) layers; "
                          "call compress.convert(model) first")
+    if is_fused(model):
+        raise ValueError("save_compressed: the model has fused sibling layers (compress.fuse_siblings), whose "
+                         "state differs from the saved layout; save the model before fusing it")
     target = pathlib.Path(path).absolute()
     target.parent.mkdir(parents=True, exist_ok=True)
     temporary = pathlib.Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))

@@ -58,7 +58,9 @@ class CompressOptions:
     lets float32 training use TF32 tensor cores on GPUs that have them). ``latency_mode``: how the
     report times a forward pass on CUDA: ``"cuda_graph"`` (default: replays of a captured CUDA
     graph, no Python launch overhead), ``"compile"`` (``torch.compile`` then the same capture) or
-    ``"eager"``; on CPU timing is always eager (see :mod:`compress.evaluate`).
+    ``"eager"``; on CPU timing is always eager (see :mod:`compress.evaluate`). ``fuse_siblings``:
+    evaluate compressed models with their query/key/value (and gate/up) layers fused into one
+    kernel call each (:mod:`compress.fusion`; the saved models are not changed).
     """
 
     def __post_init__(self):
@@ -85,6 +87,7 @@ class CompressOptions:
     save_float_model: bool = False
     float32_matmul_precision: str = "high"
     latency_mode: str = "cuda_graph"
+    fuse_siblings: bool = True
 
 
 class CompressCLI(LightningCLI):
@@ -220,6 +223,7 @@ def eval_options(options: CompressOptions, datamodule) -> "EvalOptions":
         max_eval_batches=options.max_eval_batches,
         device=options.eval_device,
         latency_mode=options.latency_mode,
+        fuse_siblings=options.fuse_siblings,
     )
 
 

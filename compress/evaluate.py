@@ -24,7 +24,10 @@ For each model (the dense baseline and every compressed variant):
   of the whole model (shared tensors counted once).
 
 On CUDA the model runs in fp16 (the kernels take fp16/bf16 activations): the whole model is cast,
-and the inference modules keep their float32 scales float32 under the cast.
+and the inference modules keep their float32 scales float32 under the cast. Compressed sibling
+layers (query/key/value, gate/up) are then fused into one kernel call each
+(:mod:`compress.fusion`; ``fuse_siblings=False`` keeps them apart); dense layers are never fused,
+so the dense baseline runs as ``transformers`` wrote it.
 On CPU the model runs in float32, and the inference modules use the reference implementation.
 """
 from __future__ import annotations
@@ -39,6 +42,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from compress.fusion import SiblingGroup, fuse_siblings
 from compress.report import LatencyPoint, ModelResult
 from compress.tasks import metrics_for
 
@@ -54,7 +58,9 @@ class EvalOptions:
     """How to evaluate: batch sizes for timing, sequence length, warm-up and timed repeats.
 
     ``latency_mode``: one of :data:`LATENCY_MODES` (see the module docstring); on CPU it resolves
-    to ``"eager"``.
+    to ``"eager"``. ``fuse_siblings``: fuse the compressed query/key/value (and gate/up) layers of
+    each model into one kernel call (:mod:`compress.fusion`) before it is evaluated; dense layers
+    stay as they are.
     """
 
     batch_sizes: tuple[int, ...] = (1, 8, 32)
@@ -65,6 +71,7 @@ class EvalOptions:
     device: str = "auto"
     dtype: str = "auto"
     latency_mode: str = "cuda_graph"
+    fuse_siblings: bool = True
 
     def __post_init__(self):
         self.batch_sizes = tuple(self.batch_sizes)
@@ -307,13 +314,19 @@ def describe_compression(model: nn.Module) -> str:
         counts[key] = counts.get(key, 0) + 1
     if set(counts) <= {"dense"}:
         return "dense"
-    return ", ".join(f"{k} x{v}" for k, v in sorted(counts.items(), key=lambda kv: kv[0] == "dense"))
+    summary = ", ".join(f"{k} x{v}" for k, v in sorted(counts.items(), key=lambda kv: kv[0] == "dense"))
+    groups = sum(isinstance(m, SiblingGroup) for m in model.modules())
+    if not groups:
+        return summary
+    return f"{summary} ({groups} fused sibling group{'s' if groups > 1 else ''})"
 
 
 def evaluate_model(name: str, model: nn.Module, dataloader, options: EvalOptions, source: str = "") -> ModelResult:
     """Metrics, latency and memory of one model, run on ``options``' device and dtype."""
     device, dtype = options.resolved_device(), options.resolved_dtype()
     model = cast_for_inference(model, device, dtype)
+    if options.fuse_siblings:
+        fuse_siblings(model)
     linear_bytes, total_bytes = weight_memory(model)  # as it runs: after the cast
     metrics_module = metrics_for(model)
     log.info("evaluating %s on %s (%s), latency mode %s", name, device, dtype, options.resolved_latency_mode())

@@ -24,6 +24,12 @@ Variants (``--variants``), each built from the same seeded weights, one at a tim
 Every variant but ``fp16-eager`` runs in the same harness: ``torch.compile`` of the decoder layer
 and one CUDA graph per decode step.
 
+Sibling fusion (default; ``--no-fuse`` turns it off): in every variant, the fp16 ones included, the
+attention's ``q_proj`` / ``k_proj`` / ``v_proj`` and the MLP's ``gate_proj`` / ``up_proj`` are first
+fused into one linear layer each (``compress.fusion.fuse_siblings(model, dense=True)``), and the
+variant then compresses those, so a step runs 4 matmuls per layer instead of 7 in every variant
+and the ratios compare kernels, not layouts.
+
 ``lm_head`` and the embeddings stay in fp16 (bf16 for int4-aten) in every variant.
 
 Harness. The decode step is our own short loop over the model's parts (embedding, rotary
@@ -429,6 +435,10 @@ def bench_variant(name: str, config, args) -> dict:
     variant = VARIANTS[name]
     began = time.perf_counter()
     model = build_model(config, variant.dtype, args.device, args.seed)
+    if args.fuse:
+        from compress.fusion import fuse_siblings
+
+        fuse_siblings(model, dense=True)
     if variant.apply is not None:
         variant.apply(model, args.seed)
     build_s = time.perf_counter() - began
@@ -573,6 +583,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--time-budget", type=float, default=float("inf"),
                         help="seconds; variants not started by then are skipped (and listed as skipped)")
     parser.add_argument("--fail-fast", action="store_true", help="stop at the first failing variant")
+    parser.add_argument("--no-fuse", dest="fuse", action="store_false",
+                        help="keep q/k/v and gate/up as separate linear layers (default: fused in every variant)")
     parser.add_argument("--out", type=Path, default=None, help="JSON report path")
     args = parser.parse_args(argv)
     return finish_args(parser, args)
@@ -605,6 +617,7 @@ def run(args: argparse.Namespace) -> dict:
                   config=dict(layers=args.layers, tiny=args.tiny, batch=args.batch, steps=args.steps,
                               prompt_len=args.prompt_len, repeats=args.repeats, warmup=args.warmup, seed=args.seed,
                               compile_backend=args.compile_backend, compile_mode=args.compile_mode,
+                              fused_siblings=args.fuse,
                               model={k: getattr(config, k) for k in ("hidden_size", "intermediate_size",
                                                                    "num_attention_heads", "vocab_size")}),
                   results=[], skipped=[], failed=[])

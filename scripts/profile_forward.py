@@ -8,7 +8,8 @@ inputs (:func:`compress.evaluate.latency_inputs`, fp16 on CUDA), runs warm-up fo
 kernel per forward. Kernels are grouped by name into our Triton kernels (one group per kernel
 function), cuBLAS / other GEMMs, and everything else (norms, softmax, elementwise, copies). The sum
 of kernel time is not the latency: under CUDA graphs the gaps between kernels are ~1 us each, so a
-forward of many small kernels also pays for their count, which is printed too.
+forward of many small kernels also pays for their count, which is printed too. Compressed sibling
+layers are fused first, as ``compress evaluate`` runs them (``--no-fuse`` keeps them apart).
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from compress.evaluate import cast_for_inference, latency_inputs, load_model_dir  # noqa: E402
+from compress.fusion import fuse_siblings  # noqa: E402
 
 GEMM_NAME = re.compile(r"gemm|sm90_xmma|cutlass|cublas|nvjet", re.IGNORECASE)
 
@@ -67,6 +69,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--seq-len", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--no-fuse", dest="fuse", action="store_false", help="keep compressed q/k/v layers apart")
     parser.add_argument("--out", type=Path, default=None, help="write every figure as JSON here")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
@@ -75,6 +78,8 @@ def main(argv: list[str] | None = None) -> None:
     results = {}
     for path in args.models:
         model = cast_for_inference(load_model_dir(path), device, torch.float16)
+        if args.fuse:
+            fuse_siblings(model)
         inputs = latency_inputs(model, args.batch_size, args.seq_len, device)
         result = profile_model(model, inputs, args.repeats)
         results[str(path)] = result

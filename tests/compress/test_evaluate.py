@@ -1,4 +1,7 @@
 """Evaluation: weight memory, latency timing, metrics of a model, loading saved model dirs."""
+import copy
+import dataclasses
+
 import pytest
 import torch
 from torch import nn
@@ -192,3 +195,21 @@ def test_compile_mode_captures_the_compiled_w8a8_forward():
     points, mode, note = measure_latency_or_eager(_on_gpu(tiny_w8a8_bert()), options, torch.device("cuda"))
     assert (mode, note) == ("compile", "")
     assert points[0].latency_ms > 0
+
+
+@pytest.mark.parametrize("fuse", [True, False])
+def test_evaluate_model_fuses_compressed_siblings_unless_asked_not_to(fuse):
+    data = DigitsData(batch_size=32)
+    data.setup()
+    options = EvalOptions(batch_sizes=(1,), seq_len=DigitsData.SEQ_LEN, warmup=0, repeats=1, max_eval_batches=2,
+                          device="cpu", fuse_siblings=fuse)
+    unfused = tiny_w8a8_bert()
+    expected = evaluate_model("unfused", copy.deepcopy(unfused), data.val_dataloader(),
+                              dataclasses.replace(options, fuse_siblings=False))
+    result = evaluate_model("w8a8", unfused, data.val_dataloader(), options)
+    assert result.metrics == expected.metrics  # fusion changes no prediction
+    assert result.linear_weight_bytes == expected.linear_weight_bytes
+    if fuse:
+        assert result.compression == "W8A8Linear x4, dense x2 (1 fused sibling group)"
+    else:
+        assert result.compression == "W8A8Linear x6, dense x2"

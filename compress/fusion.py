@@ -1,0 +1,222 @@
+"""Sibling fusion: linear layers that read the same input run as one wider matmul.
+
+Attention's query, key and value projections read the same hidden states, and so do a gated MLP's
+``gate_proj`` and ``up_proj``. At small batch each of our kernels costs mostly fixed time (the
+launch, W8A8's activation-quantization pre-pass, a split-K reduce), not bytes, so one launch with
+N = N_q + N_k + N_v costs much less than three. :func:`fuse_siblings` rewrites a model in place:
+
+* **A group** is a parent module's children named as one entry of :data:`SIBLING_NAMES` (e.g.
+  ``("q_proj", "k_proj", "v_proj")``), all of one kind with the same ``in_features``: all
+  ``W8A8Linear`` (same config, same static activation scale and smoothing factors, as siblings
+  calibrated on one input have), all ``W4A16Linear`` (same group size), all ``BSRLinear`` (same
+  block), or, only with ``dense=True``, all ``nn.Linear``. Other groups are left as they are.
+* **The fused module** is one module of that kind whose output rows are the members' rows, stacked
+  in the group's order, so output ``n`` of member ``i`` is row ``N_1 + ... + N_{i-1} + n``:
+  W8A8 ``w_q`` / ``w_scale`` / ``bias`` are concatenated along N (dim 0); W4A16 ``qweight``
+  (K/8, N) and ``scales`` (K/G, N) along dim 1; BSR block rows are appended (``crow_indices`` of
+  member ``i`` shifted by the blocks of the members before it). Each output element is the same
+  dot product as before; only the tile shape the wider N gets (and so the order of a split
+  reduction) may differ.
+* **Each member** becomes a :class:`SiblingOutput` that returns its columns of the fused output.
+  The group (:class:`SiblingGroup`, holding the fused module) is registered on the parent as
+  ``fused_<name>_<name>...``, so ``model.to(...)`` and the state dict see the fused tensors once.
+
+The model's own forward is not changed. The first member called with an input ``x`` runs the fused
+module once and keeps the other members' slices; a member called with that same tensor object
+takes its slice and drops it. A member called with another input, or twice, runs the fused module
+on its own input and uses its slice (correct, just not faster), e.g. cross-attention's key and
+value on encoder states. Once every member has taken its slice nothing is held, so no tensor
+outlives the forward: this works in eager mode, under CUDA graph capture and under
+``torch.compile`` (the bookkeeping is attribute writes that dynamo replays).
+
+A fused model's state dict differs from the saved layout: save before fusing
+(``compress.save_compressed`` refuses a fused model, :func:`is_fused` tells).
+"""
+from __future__ import annotations
+
+import logging
+
+import torch
+from torch import nn
+
+from compress.modules import BSRLinear, W4A16Linear, W8A8Linear
+
+logger = logging.getLogger(__name__)
+
+SIBLING_NAMES = (
+    ("q_proj", "k_proj", "v_proj"),  # Llama, Mistral, Qwen, ... attention
+    ("query", "key", "value"),  # BERT-style attention (all-MiniLM-L6-v2)
+    ("gate_proj", "up_proj"),  # gated MLP (Llama)
+)
+
+
+class SiblingGroup(nn.Module):
+    """The fused module of one group and the slices its members have not taken yet."""
+
+    def __init__(self, fused: nn.Module, names: tuple[str, ...], sizes: tuple[int, ...]):
+        super().__init__()
+        if len(names) != len(sizes) or sum(sizes) != fused.out_features:
+            raise ValueError(f"SiblingGroup: expected one size per name summing to the fused out_features "
+                             f"{fused.out_features}, got names {names} and sizes {sizes}")
+        self.fused, self.names, self.sizes = fused, tuple(names), tuple(sizes)
+        self._input: torch.Tensor | None = None
+        self._pending: tuple = (None,) * len(sizes)
+
+    def output(self, index: int, x: torch.Tensor) -> torch.Tensor:
+        """Member ``index``'s output for ``x``: its pending slice if ``x`` is the input it came from."""
+        pending = self._pending
+        if self._input is not x or pending[index] is None:
+            pending = tuple(self.fused(x).split(self.sizes, dim=-1))
+        result = pending[index]
+        pending = pending[:index] + (None,) + pending[index + 1:]
+        if all(p is None for p in pending):
+            self._input, self._pending = None, pending
+        else:
+            self._input, self._pending = x, pending
+        return result
+
+    def extra_repr(self) -> str:
+        return f"names={self.names}, sizes={self.sizes}"
+
+
+class SiblingOutput(nn.Module):
+    """Stands where member ``index`` of a :class:`SiblingGroup` was; returns its output columns."""
+
+    def __init__(self, group: SiblingGroup, index: int):
+        super().__init__()
+        object.__setattr__(self, "group", group)  # not a submodule: the parent owns the group
+        self.index = index
+        self.in_features, self.out_features = group.fused.in_features, group.sizes[index]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.group.output(self.index, x)
+
+    def extra_repr(self) -> str:
+        return f"{self.group.names[self.index]} of the fused group, out_features={self.out_features}"
+
+
+# ---- concatenation along N, one function per module kind -----------------------------------------
+def _stacked_bias(members) -> torch.Tensor | None:
+    """The members' biases along N (zeros for a member without one), or None if none has a bias."""
+    present = [m.bias for m in members if m.bias is not None]
+    if not present:
+        return None
+    like = present[0]
+    return torch.cat([like.new_zeros(m.out_features) if m.bias is None else m.bias.to(like.dtype) for m in members])
+
+
+def _same_optional(tensors) -> bool:
+    first = tensors[0]
+    if first is None:
+        return all(t is None for t in tensors)
+    return all(t is not None and t.shape == first.shape and torch.equal(t, first) for t in tensors)
+
+
+def _concat_w8a8(members) -> W8A8Linear | str:
+    if any(m.config != members[0].config for m in members):
+        return "different W8A8 configs"
+    if not _same_optional([m.act_scale for m in members]):
+        return "different static activation scales"
+    if not _same_optional([m.input_smoothing for m in members]):
+        return "different smoothing factors"
+    first = members[0]
+    bias = _stacked_bias(members)
+    fused = W8A8Linear(first.in_features, sum(m.out_features for m in members), bias is not None, first.config,
+                       smoothing=first.input_smoothing is not None).to(first.w_q.device)
+    fused.w_q = torch.cat([m.w_q for m in members])
+    fused.w_scale = torch.cat([m.w_scale for m in members])
+    if first.act_scale is not None:
+        fused.act_scale = first.act_scale.clone()
+    if first.input_smoothing is not None:
+        fused.input_smoothing = first.input_smoothing.clone()
+    fused.bias = bias
+    return fused
+
+
+def _concat_w4a16(members) -> W4A16Linear | str:
+    first = members[0]
+    if any(m.config != first.config or m.padded_in_features != first.padded_in_features for m in members):
+        return "different W4A16 group sizes"
+    bias = _stacked_bias(members)
+    fused = W4A16Linear(first.in_features, sum(m.out_features for m in members), bias is not None,
+                        first.config).to(first.qweight.device)
+    fused.qweight = torch.cat([m.qweight for m in members], dim=1)
+    fused.scales = torch.cat([m.scales for m in members], dim=1)
+    fused.bias = bias
+    return fused
+
+
+def _concat_bsr(members) -> BSRLinear | str:
+    first = members[0]
+    if any(m.block != first.block for m in members):
+        return "different block sizes"
+    crows, offset = [first.crow_indices[:1]], 0
+    for m in members:
+        crows.append(m.crow_indices[1:] + offset)
+        offset += m.nnz
+    bias = _stacked_bias(members)
+    fused = BSRLinear(first.in_features, sum(m.out_features for m in members), bias is not None, offset,
+                      first.block).to(first.values.device)
+    fused.crow_indices = torch.cat(crows)
+    fused.col_indices = torch.cat([m.col_indices for m in members])
+    fused.values = torch.cat([m.values for m in members])
+    fused.bias = bias
+    return fused
+
+
+def _concat_linear(members) -> nn.Linear:
+    first = members[0]
+    bias = _stacked_bias(members)
+    fused = nn.Linear(first.in_features, sum(m.out_features for m in members), bias=bias is not None,
+                      device=first.weight.device, dtype=first.weight.dtype)
+    with torch.no_grad():
+        fused.weight.copy_(torch.cat([m.weight for m in members]))
+        if bias is not None:
+            fused.bias.copy_(bias)
+    return fused
+
+
+_CONCAT = {W8A8Linear: _concat_w8a8, W4A16Linear: _concat_w4a16, BSRLinear: _concat_bsr}
+
+
+def fuse_members(members: list[nn.Module], dense: bool = False) -> nn.Module | str:
+    """The fused module of ``members``, or a string saying why they cannot be fused."""
+    kind = type(members[0])
+    if any(type(m) is not kind for m in members):
+        return f"mixed kinds {sorted({type(m).__name__ for m in members})}"
+    if any(m.in_features != members[0].in_features for m in members):
+        return "different in_features"
+    if kind is nn.Linear:
+        return _concat_linear(members) if dense else "dense layers (dense=False)"
+    if kind not in _CONCAT:
+        return f"{kind.__name__} has no fused form"
+    return _CONCAT[kind](members)
+
+
+def fuse_siblings(model: nn.Module, dense: bool = False) -> int:
+    """Fuse every group of sibling layers of ``model`` in place (module docstring); returns how many."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model: expected an nn.Module, got {type(model).__name__}")
+    fused_groups = 0
+    for parent_name, parent in list(model.named_modules()):
+        for names in SIBLING_NAMES:
+            members = [parent._modules.get(name) for name in names]
+            if any(m is None for m in members):
+                continue
+            fused = fuse_members(members, dense)
+            if isinstance(fused, str):
+                if "dense=False" not in fused:
+                    logger.info("fuse_siblings: %s.%s left unfused: %s", parent_name or "<model>", "/".join(names), fused)
+                continue
+            group = SiblingGroup(fused, names, tuple(m.out_features for m in members))
+            parent.add_module("fused_" + "_".join(names), group)
+            for index, name in enumerate(names):
+                setattr(parent, name, SiblingOutput(group, index))
+            fused_groups += 1
+    logger.info("fuse_siblings: %d groups fused", fused_groups)
+    return fused_groups
+
+
+def is_fused(model: nn.Module) -> bool:
+    """True if ``model`` holds any :class:`SiblingGroup`."""
+    return any(isinstance(m, SiblingGroup) for m in model.modules())
