@@ -99,7 +99,11 @@ def choose_config(m: int, n: int, k: int, nnz: int | None = None) -> BsrConfig:
         # cover a whole 90%-sparse row in one step (fewer dependent index -> data round trips).
         return BsrConfig("gemv", 1, 8, 16, 4, 3)
     if m <= 16:
-        if blocks_per_row >= SPLIT_MIN_BLOCKS_PER_ROW:  # long serial loops: 4 programs per output tile
+        # Long serial loops over few block rows: 4 programs per output tile. With more block rows
+        # than FEW_PROGRAMS the SMs are busy anyway and the split only adds its reduce (H100, 50%:
+        # 4096x11008 27.7 -> 25.1 us and 8192x28672 109.6 -> 103.0 us unsplit; 8192x8192, 256 rows,
+        # keeps the split: 35.0 vs 36.8 us).
+        if blocks_per_row >= SPLIT_MIN_BLOCKS_PER_ROW and block_rows <= FEW_PROGRAMS:
             return BsrConfig("gemm", 16, 32, 4, 4, 3, split=4)
         return BsrConfig("gemm", 16, 32, 8, 4, 3)
     if m <= 64:

@@ -176,6 +176,8 @@ def test_choose_config_splits_only_long_block_rows():
     short_rows = choose_config(16, n, k, block_rows * blocks_per_row // 10)  # ~26 blocks per row
     assert long_rows.split > 1 and short_rows.split == 1
     assert choose_config(16, n, k).split > 1  # no nnz given: treated as dense
+    many_rows = 28672  # 896 block rows: enough programs without splitting them
+    assert choose_config(16, many_rows, 8192, (many_rows // 32) * (8192 // 32) // 2).split == 1
 
 
 def test_custom_op_fake_and_schema():
