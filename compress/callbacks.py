@@ -88,7 +88,8 @@ class BlockPruning(pl.Callback):
     high) and a block's score is the sum of ``S`` over the block. Every optimizer step, from the
     first training step on (the dense phase gives signal before pruning starts), each matched
     layer's ``-W * grad`` is reduced at once to its (N/32, K/32) grid and added to a float32 sum
-    (:func:`compress.sparsity.movement_block_scores`), with ``W`` the layer's masked weight and
+    (:func:`compress.sparsity.movement_block_scores`), with ``W`` the layer's weight (its pruned
+    blocks are exact zeros: the masks are re-applied after every optimizer step) and
     ``grad`` the gradient of its ``weight`` Parameter as the optimizer receives it
     (``on_before_optimizer_step``: once per optimizer step under gradient accumulation, after AMP
     unscaling, before Lightning's gradient clipping; a step with a non-finite contribution, which
@@ -121,12 +122,13 @@ class BlockPruning(pl.Callback):
         self.last_pruned_step: Optional[int] = None
         self.movement_scores: dict[str, torch.Tensor] = {}  # layer name -> (N/32, K/32) float32
         self._hooks = []
+        self._layers: dict[str, CompressedLinear] = {}  # the matched layers, found once per fit
 
     def setup(self, trainer, pl_module, stage):
         prepare(target_model(pl_module), self.plan)
 
     def on_train_start(self, trainer, pl_module):
-        matched = _layers_matching(target_model(pl_module), self.plan)
+        matched = self._layers = _layers_matching(target_model(pl_module), self.plan)
         layers = list(matched.values())
 
         def reapply_masks(optimizer, args, kwargs):
@@ -158,9 +160,9 @@ class BlockPruning(pl.Callback):
         if self.score != "movement":
             return
         updated = {id(p) for group in optimizer.param_groups for p in group["params"]}
-        layers = {name: layer for name, layer in _layers_matching(target_model(pl_module), self.plan).items()
+        layers = {name: layer for name, layer in self._layers.items()
                   if layer.weight.grad is not None and id(layer.weight) in updated}
-        steps = {name: movement_block_scores(layer.masked_weight(), layer.weight.grad, layer.sparse_config.block)
+        steps = {name: movement_block_scores(layer.weight, layer.weight.grad, layer.sparse_config.block)
                  for name, layer in layers.items()}
         if not steps:
             return
