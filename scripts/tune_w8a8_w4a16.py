@@ -21,6 +21,8 @@ and cuBLAS fp16, at M <= 64 on the large shapes and at MiniLM's small layers (38
 heuristics in ``kernels.w4a16.pick_config`` / ``kernels.w8a8.pick_config``. ``--sweep skinny`` times
 only the W4A16 small-M variants (``kernels/w4a16_gemv.py``: tile, warps, stages, split-K, inline-PTX
 vs plain unpack) against the previous default; ``--methods fp16,w4a16,int4pk`` limits the table.
+``--sweep decode`` times W8A8 / W4A16 alternatives at the decode benchmark's fused layer shapes
+(q/k/v 4096x12288, gate/up 4096x22016, o 4096x4096, down 11008x4096) at M = 1 and 8, tinygemm alongside.
 """
 from __future__ import annotations
 
@@ -368,6 +370,50 @@ def sweep_fused(deadline, out_dir, meta):
     return sweep_cells(FUSED_CELLS, deadline, w8_weights, time_cell, out_dir, "fused_sweep", meta)
 
 
+DECODE_CELLS = [((4096, 4096), 1), ((11008, 4096), 1), ((4096, 12288), 1), ((4096, 22016), 1),
+                ((4096, 4096), 8), ((11008, 4096), 8)]  # Llama-2-7B decode, q/k/v and gate/up fused
+
+
+def decode_variants(m, n, k):
+    """W8A8 and W4A16 alternatives at the decode benchmark's fused layer shapes, next to the current picks.
+
+    W8A8 at M <= 16 runs 16x64 tiles without split-K, so a 4096-wide layer gives only 64 programs;
+    narrower tiles or a split-K give more. W4A16 at M = 1 runs the CUDA-core kernel; its split and
+    column tile are varied around the current choice."""
+    T4, T8 = w4.TileConfig, w8.TileConfig
+    w8_tiles = [T8(16, 32, 256, 1, num_warps=4, num_stages=5), T8(16, 32, 256, 1, num_warps=2, num_stages=5),
+                T8(16, 64, 512, 1, num_warps=4, num_stages=3), T8(16, 128, 256, 1, num_warps=4, num_stages=4),
+                T8(16, 64, 256, 2, num_warps=4, num_stages=5), T8(16, 64, 256, 4, num_warps=4, num_stages=5)]
+    current4 = w4.pick_config(m, n, k, GROUP)
+    w4_tiles = []
+    if current4.path == "fma":
+        w4_tiles = [with_split(current4._replace(block_n=bn, split_k=None), m, n, k) for bn in (32, 64, 128)]
+        w4_tiles += [current4._replace(split_k=max(1, current4.split_k // 2)),
+                     current4._replace(split_k=min(32, current4.split_k * 2)),
+                     current4._replace(num_stages=current4.num_stages + 1)]
+    return ([("w8a8", "current", w8.pick_config(m, n, k))] + [("w8a8", "alt", t) for t in w8_tiles]
+            + [("w4a16", "current", current4)] + [("w4a16", "alt", t) for t in w4_tiles])
+
+
+def sweep_decode(deadline, out_dir, meta):
+    """Time ``decode_variants``, cuBLAS fp16 and tinygemm at ``DECODE_CELLS``; rewrite the files after every cell."""
+    def time_cell(k, n, m, wsets, xs, fp16_us):
+        try:
+            tiny = time_graph(torch.ops.aten._weight_int4pack_mm,
+                              [(x.bfloat16(), w["int4pk"], GROUP, w["sz"]) for x, w in zip(xs, wsets)])
+        except Exception as err:  # noqa: BLE001 - the anchor may be missing
+            tiny = repr(err)[:160]
+        rows = []
+        for kernel, label, cfg in decode_variants(m, n, k):
+            launch, args = (w4.launch, w4_args(xs, wsets)) if kernel == "w4a16" else (w8.launch, w8_args(xs, wsets))
+            rows += time_variants(kernel, launch, [(label, cfg)], args,
+                                  dict(k=k, n=n, m=m, fp16_us=fp16_us, int4pk_us=tiny))
+        return rows
+
+    return sweep_cells(DECODE_CELLS, deadline, lambda k, n: make_weights(k, n, rotations(k, n)), time_cell,
+                       out_dir, "decode_sweep", meta)
+
+
 SMALL_CELLS = [((384, 384), 64), ((384, 1536), 64), ((1536, 384), 64),
                ((384, 384), 512), ((384, 1536), 512), ((1536, 384), 512),
                ((384, 384), 2048), ((384, 1536), 2048), ((1536, 384), 2048)]  # MiniLM at batch 1, 8, 32
@@ -453,7 +499,7 @@ def sweep_markdown(rows) -> str:
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
-    parser.add_argument("--sweep", nargs="?", const="all", choices=["all", "skinny", "chunk", "fused", "small"], default=None)
+    parser.add_argument("--sweep", nargs="?", const="all", choices=["all", "skinny", "chunk", "fused", "small", "decode"], default=None)
     parser.add_argument("--deadline-epoch", type=float, default=None, help="absolute stop time (overrides budgets)")
     parser.add_argument("--methods", default=",".join(METHODS), help="table columns to time, e.g. fp16,w4a16,int4pk")
     parser.add_argument("--no-table", action="store_true")
@@ -498,6 +544,8 @@ def main():
             rows = sweep_fused(sweep_deadline, args.out, meta)
         elif args.sweep == "small":
             rows = sweep_small(sweep_deadline, args.out, meta)
+        elif args.sweep == "decode":
+            rows = sweep_decode(sweep_deadline, args.out, meta)
         elif args.sweep == "skinny":
             rows = sweep_skinny(sweep_deadline)
         else:

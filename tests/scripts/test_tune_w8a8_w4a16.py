@@ -57,3 +57,16 @@ def test_sweep_cells_times_each_cell_skips_late_ones_and_rewrites_files(monkeypa
     assert json.loads((tmp_path / "demo.json").read_text())["rows"] == rows
     late = tune.sweep_cells([((32, 16), 2)], 0.0, weights, time_cell, device="cpu")
     assert late == [dict(skipped="32x16 M=2: out of time")] and len(seen) == 2
+
+
+@pytest.mark.parametrize("m,k,n", [(1, 4096, 4096), (1, 4096, 22016), (8, 11008, 4096)])
+def test_decode_variants_time_current_picks_against_alternatives(m, k, n):
+    variants = tune.decode_variants(m, n, k)
+    assert ("w8a8", "current", tune.w8.pick_config(m, n, k)) in variants
+    assert ("w4a16", "current", tune.w4.pick_config(m, n, k, tune.GROUP)) in variants
+    alternatives = [(kernel, cfg) for kernel, label, cfg in variants if label == "alt"]
+    assert sum(kernel == "w8a8" for kernel, _ in alternatives) == 6
+    assert all(cfg.split_k is not None and cfg.split_k >= 1 for _, cfg in alternatives)
+    if tune.w4.pick_config(m, n, k, tune.GROUP).path == "fma":  # M = 1: the CUDA-core kernel's neighbours
+        assert sum(kernel == "w4a16" for kernel, _ in alternatives) == 6
+    assert {(m, k, n) for (k, n), m in tune.DECODE_CELLS} >= {(1, 4096, 12288), (1, 11008, 4096)}
