@@ -9,6 +9,8 @@
   BLOCK_N (so loads are 16 bytes wide) and wrapped modulo N otherwise (loads need no mask; the
   stores mask the wrapped columns).
 * :func:`split_k_for` (host side): how many K splits a launch needs to give every SM work.
+* :func:`resident_split_k` (host side): the K split for the one-row CUDA-core kernels, which hide
+  DRAM latency with many resident programs rather than with deep pipelines.
 * ``SMALL_LAYER`` (host side): layers with N * K up to this (e.g. MiniLM's 384 / 1536) sit in L2 and
   get their own tiles in the W8A8 and W4A16 launchers (no split-K where its reduce costs more).
 """
@@ -56,4 +58,23 @@ def split_k_for(m: int, n: int, k: int, cfg, target_programs: int = 264) -> int:
     split = 1
     while tiles * split < target_programs // 2 and split * 2 <= k_tiles and split < 16:
         split *= 2
+    return split
+
+
+def resident_split_k(m: int, n: int, k: int, cfg, min_programs: int = 640, max_split: int = 32) -> int:
+    """Smallest power-of-two K split giving >= ``min_programs`` programs with >= 2 K tiles each.
+
+    For the kernels that give each program one token row and ``cfg.block_n`` outputs (grid
+    ``m x cdiv(n, block_n) x split``). They hide DRAM latency with many resident programs (each
+    prefetches one tile ahead in registers): on the H200 the W4A16 one's time fell until ~5 programs
+    per SM and rose past ~8. Shapes too small for that get as many programs as one K tile per split
+    allows."""
+    tiles = m * triton.cdiv(n, cfg.block_n)
+    k_tiles = triton.cdiv(k, cfg.block_k)
+    split = 1
+    while tiles * split < min_programs and split < max_split and k_tiles // (split * 2) >= 2:
+        split *= 2
+    if tiles * split < min_programs:  # still short: down to one K tile per split
+        while split < max_split and k_tiles // (split * 2) >= 1:
+            split *= 2
     return split

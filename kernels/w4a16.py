@@ -49,7 +49,7 @@ import triton.language as tl
 
 from kernels._checks import interpreting, check_activation, check_bias, check_same_device, check_shape, check_tensor
 from kernels._splitk import splitk_reduce
-from kernels._tiles import SMALL_LAYER, grouped_tile, split_k_for, split_k_range, weight_columns
+from kernels._tiles import SMALL_LAYER, grouped_tile, resident_split_k, split_k_for, split_k_range, weight_columns
 from kernels.w4a16_fma import launch_fma
 from kernels.w4a16_gemv import launch_skinny
 from kernels.w4a16_swap import launch_swap
@@ -248,7 +248,7 @@ def pick_config(m: int, n: int, k: int, group_size: int) -> TileConfig:
         return TileConfig(0, 0, 0, path="dequant")
     if m <= FMA_MAX_M and n * k >= FMA_MIN_WEIGHTS:  # H200: 1.3-1.9x fp16 at M = 1 where the tensor-core kernels gave ~1.0x (kernels-notes)
         cfg = TileConfig(1, 64, 128 if group_size == k else min(128, group_size), num_warps=4, num_stages=3, path="fma")
-        return cfg._replace(split_k=_fma_split_k(m, n, k, cfg))
+        return cfg._replace(split_k=resident_split_k(m, n, k, cfg))
     if m <= 64 and k <= SHORT_K and n * k <= SMALL_LAYER:
         # Small layers sit in L2 and take a few K steps: split-K's reduce launch costs more than it buys
         # (H200, M = 64: 384x384 5.6 -> 4.4 us, 384x1536 6.5 -> 4.9 us; docs/kernels-notes.md)
@@ -265,23 +265,6 @@ def pick_config(m: int, n: int, k: int, group_size: int) -> TileConfig:
     if m <= 16:  # H100 call 5: >= 2 programs per SM in near-full waves, 7-14% faster on 8192x28672, 11008x4096
         return cfg._replace(split_k=_balanced_split_k(m, n, k, cfg))
     return cfg._replace(split_k=split_k_for(m, n, k, cfg))
-
-
-def _fma_split_k(m: int, n: int, k: int, cfg: TileConfig, min_programs: int = 640, max_split: int = 32) -> int:
-    """Smallest power-of-two K split giving >= ``min_programs`` programs with >= 2 K tiles each.
-
-    The CUDA-core kernel hides DRAM latency with many resident programs (each prefetches one tile
-    ahead in registers): on the H200 the time fell until ~5 programs per SM and rose past ~8.
-    Shapes too small for that get as many programs as one K tile per split allows."""
-    tiles = m * triton.cdiv(n, cfg.block_n)
-    k_tiles = triton.cdiv(k, cfg.block_k)
-    split = 1
-    while tiles * split < min_programs and split < max_split and k_tiles // (split * 2) >= 2:
-        split *= 2
-    if tiles * split < min_programs:  # still short: down to one K tile per split
-        while split < max_split and k_tiles // (split * 2) >= 1:
-            split *= 2
-    return split
 
 
 def skinny_config(m: int, n: int, k: int, group_size: int) -> TileConfig:

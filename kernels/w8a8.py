@@ -17,6 +17,9 @@ Two paths, the same integers and the same output bits:
   program computes its rows' scales and quantizes its x tiles in registers. It saves a launch, but
   every N tile redoes the quantization, and on an H200 that cost more than the launch at every shape
   and M measured (docs/kernels-notes.md), so ``pick_config`` never chooses it.
+* gemv (opt-in, ``TileConfig(gemv=True)`` / :func:`gemv_config`, :mod:`kernels.w8a8_gemv`): one
+  launch, one token row per program on CUDA cores, the row quantized in the kernel; for M <= 2.
+  Not chosen by ``pick_config`` until a GPU run shows it faster.
 
 Quantization uses IEEE division (``div_rn``; the fused kernel an exactly equivalent float64
 multiply), clamps to [-128, 127], then rounds with the float trick ``(v + 1.5 * 2**23) - 1.5 * 2**23``,
@@ -43,12 +46,14 @@ import triton.language as tl
 
 from kernels._checks import check_activation, check_bias, check_same_device, check_shape, check_tensor
 from kernels._splitk import splitk_reduce
-from kernels._tiles import SMALL_LAYER, grouped_tile, split_k_for, split_k_range
+from kernels._tiles import SMALL_LAYER, grouped_tile, resident_split_k, split_k_for, split_k_range
 from kernels.w8a8_fused import launch_fused, quantize_int8
+from kernels.w8a8_gemv import launch_gemv
 
 
 class TileConfig(NamedTuple):
-    """Launch parameters of the GEMM; ``fused``: one launch that quantizes x itself (no pre-pass)."""
+    """Launch parameters of the GEMM; ``fused``: one launch that quantizes x itself (no pre-pass);
+    ``gemv``: the one-row CUDA-core kernel of :mod:`kernels.w8a8_gemv` (``block_m`` ignored)."""
 
     block_m: int
     block_n: int
@@ -58,6 +63,7 @@ class TileConfig(NamedTuple):
     num_warps: int = 4
     num_stages: int = 3
     fused: bool = False
+    gemv: bool = False
 
 
 @triton.jit
@@ -171,6 +177,13 @@ def pick_config(m: int, n: int, k: int) -> TileConfig:
     return cfg._replace(split_k=split_k_for(m, n, k, cfg))
 
 
+def gemv_config(m: int, n: int, k: int, block_n: int = 64, block_k: int = 128) -> TileConfig:
+    """The one-row CUDA-core kernel (:mod:`kernels.w8a8_gemv`) with enough K splits to keep many
+    programs resident. Opt-in (``launch(..., config=gemv_config(...))``): not yet measured on a GPU."""
+    cfg = TileConfig(1, block_n, block_k, num_warps=4, num_stages=3, gemv=True)
+    return cfg._replace(split_k=resident_split_k(m, n, k, cfg))
+
+
 def _validate(x, w_q, w_scale, bias, x_scale) -> None:
     check_activation(x)
     check_tensor("w_q", w_q, (torch.int8,), ndim=2)
@@ -223,6 +236,8 @@ def launch(x2, w_q, w_scale, bias=None, x_scale=None, config: TileConfig | None 
     bias = bias.contiguous() if bias is not None else None
     if cfg.fused:
         return launch_fused(x2, w_q, w_scale, bias, x_scale, cfg, y)
+    if cfg.gemv:
+        return launch_gemv(x2, w_q, w_scale, bias, x_scale, cfg, y)
     xq, s_x = quantize_rows(x2, x_scale)
     out = y if cfg.split_k == 1 else torch.empty((cfg.split_k, m, n), dtype=torch.float32, device=x2.device)
     grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n), cfg.split_k)

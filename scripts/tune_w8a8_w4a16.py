@@ -39,7 +39,7 @@ from triton.testing import do_bench
 
 from kernels import w4a16 as w4
 from kernels import w8a8 as w8
-from kernels._tiles import split_k_for
+from kernels._tiles import resident_split_k, split_k_for
 
 SHAPES = [(1024, 1024), (4096, 4096), (4096, 11008), (11008, 4096), (8192, 8192), (8192, 28672)]  # K x N
 MS = [1, 16, 64, 256, 2048, 8192]
@@ -378,12 +378,16 @@ def decode_variants(m, n, k):
     """W8A8 and W4A16 alternatives at the decode benchmark's fused layer shapes, next to the current picks.
 
     W8A8 at M <= 16 runs 16x64 tiles without split-K, so a 4096-wide layer gives only 64 programs;
-    narrower tiles or a split-K give more. W4A16 at M = 1 runs the CUDA-core kernel; its split and
+    narrower tiles or a split-K give more, and at M <= 2 the one-row kernel (``gemv_config``) drops
+    the quantize launch. W4A16 at M = 1 runs the CUDA-core kernel; its split and
     column tile are varied around the current choice."""
     T4, T8 = w4.TileConfig, w8.TileConfig
     w8_tiles = [T8(16, 32, 256, 1, num_warps=4, num_stages=5), T8(16, 32, 256, 1, num_warps=2, num_stages=5),
                 T8(16, 64, 512, 1, num_warps=4, num_stages=3), T8(16, 128, 256, 1, num_warps=4, num_stages=4),
                 T8(16, 64, 256, 2, num_warps=4, num_stages=5), T8(16, 64, 256, 4, num_warps=4, num_stages=5)]
+    if m <= 2:  # the one-row CUDA-core kernel with the row quantized inside (kernels/w8a8_gemv.py)
+        w8_tiles += [w8.gemv_config(m, n, k, block_n=bn, block_k=bk) for bn, bk in ((32, 128), (64, 128), (64, 256),
+                                                                                     (128, 128))]
     current4 = w4.pick_config(m, n, k, GROUP)
     w4_tiles = []
     if current4.path == "fma":
@@ -454,7 +458,7 @@ def with_split(cfg, m, n, k):
     if cfg.split_k is not None or getattr(cfg, "path", "") == "dequant":
         return cfg
     if getattr(cfg, "path", "") == "fma":  # the fma kernel's own rule (many resident programs)
-        return cfg._replace(split_k=w4._fma_split_k(m, n, k, cfg._replace(split_k=1)))
+        return cfg._replace(split_k=resident_split_k(m, n, k, cfg._replace(split_k=1)))
     return cfg._replace(split_k=split_k_for(m, n, k, cfg._replace(split_k=1)))
 
 
@@ -481,7 +485,7 @@ def sweep_markdown(rows) -> str:
         c = r["cfg"]
         desc = f"{c['block_m']}x{c['block_n']}x{c['block_k']} sk{c['split_k']} w{c['num_warps']} s{c['num_stages']}"
         if r["kernel"] == "w8a8" and "label" in r:
-            desc = f"{r['label']}: {desc}{' fused' if c.get('fused') else ''}"
+            desc = f"{r['label']}: {desc}{' fused' if c.get('fused') else ''}{' gemv' if c.get('gemv') else ''}"
         if r["kernel"] == "w4a16" and c["path"] == "skinny":
             desc += f" skinny asm{int(c['asm_unpack'])}"
         elif r["kernel"] == "w4a16":

@@ -182,15 +182,15 @@ def test_fma_last_split_reduces_and_leaves_counters_zeroed():
 
 
 def test_fma_split_rule():
-    from kernels.w4a16 import _fma_split_k
+    from kernels._tiles import resident_split_k
 
     cfg = TileConfig(1, 64, 128, path="fma")
     for k, n in [(4096, 4096), (11008, 4096), (4096, 11008), (8192, 8192), (8192, 28672)]:
-        split = _fma_split_k(1, n, k, cfg)
+        split = resident_split_k(1, n, k, cfg)
         assert (n // 64) * split >= 640 and (k // 128) // split >= 2  # enough programs, two K tiles each
         assert split == 1 or (n // 64) * split // 2 < 640  # and the smallest such split
-    assert _fma_split_k(1, 1024, 1024, cfg) == 8  # too small for 640 programs: one K tile per split
-    assert _fma_split_k(2, 28672, 8192, cfg) == 1  # two token rows double the programs
+    assert resident_split_k(1, 1024, 1024, cfg) == 8  # too small for 640 programs: one K tile per split
+    assert resident_split_k(2, 28672, 8192, cfg) == 1  # two token rows double the programs
 
 
 def test_op_is_registered_with_fake():

@@ -197,6 +197,77 @@ def test_fused_zero_rows_and_strided_x():
     assert torch.equal(fused, prepass)
 
 
+# ------------------------------------------------ gemv path: one row per program, in-kernel quantization
+
+GEMV = TileConfig(1, 32, 32, gemv=True)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m,k,n", [(1, 64, 48), (2, 200, 40), (1, 256, 96)])  # 200: masked K tail; 40, 48: wrapped N
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_gemv_unsplit_has_the_two_launch_bits(dtype, m, k, n, with_bias):
+    x = torch.randn(m, k, device=DEVICE).to(dtype) * 2
+    w_q, w_scale = random_int8_weight(n, k, DEVICE)
+    bias = torch.randn(n, device=DEVICE).to(dtype) if with_bias else None
+    gemv = launch(x, w_q, w_scale, bias, config=GEMV)
+    prepass = launch(x, w_q, w_scale, bias, config=TileConfig(16, 32, 32))
+    assert gemv.dtype == dtype and torch.equal(gemv, prepass)
+    assert rel_error(gemv, reference.w8a8_matmul_ref(x, w_q, w_scale, bias)) <= TOL[dtype]
+
+
+@pytest.mark.parametrize("split_k", [2, 3])
+def test_gemv_split_k_reduces_in_the_kernel(split_k):
+    from kernels._splitk import tile_counters
+
+    m, k, n = 2, 200, 40
+    x = torch.randn(m, k, device=DEVICE).half()
+    w_q, w_scale = random_int8_weight(n, k, DEVICE)
+    bias = torch.randn(n, device=DEVICE).half()
+    cfg = GEMV._replace(split_k=split_k)
+    first = launch(x, w_q, w_scale, bias, config=cfg)
+    assert torch.equal(launch(x, w_q, w_scale, bias, config=cfg), first)  # deterministic
+    assert rel_error(first, reference.w8a8_matmul_ref(x, w_q, w_scale, bias)) <= TOL[torch.float16]
+    assert not tile_counters(x.device, m * 2).any(), "every ticket counter is left at zero"
+
+
+def test_gemv_integers_are_the_references():
+    k = 32
+    x = torch.randn(2, k, device=DEVICE).half() * 5
+    ties = [127.0, 0.5, 1.5, 2.5, -0.5, -2.5]  # absmax 127 -> scale exactly 1: exact ties, half to even
+    x[0, : len(ties)] = torch.tensor(ties, device=DEVICE).half()
+    y = launch(x, torch.eye(k, dtype=torch.int8, device=DEVICE), torch.ones(k, device=DEVICE), config=GEMV)
+    ref_q, ref_s = reference.quantize_per_token(x)
+    assert torch.equal(y, (ref_q.float() * ref_s[:, None]).half())
+    assert y[0, : len(ties)].tolist() == [127, 0, 2, 2, 0, -2]
+
+
+@pytest.mark.parametrize("kind", ["scalar", "per_row"])
+def test_gemv_static_scale(kind):
+    m, k, n = 2, 64, 32
+    x = torch.randn(m, k, device=DEVICE).half() * 4  # some values clamp at the static scale
+    w_q, w_scale = random_int8_weight(n, k, DEVICE)
+    x_scale = torch.tensor(0.02, device=DEVICE) if kind == "scalar" else torch.tensor([0.03, 0.0], device=DEVICE)
+    gemv = launch(x, w_q, w_scale, x_scale=x_scale, config=GEMV)
+    assert torch.equal(gemv, launch(x, w_q, w_scale, x_scale=x_scale, config=TileConfig(16, 32, 32)))
+
+
+def test_gemv_zero_row_and_strided_x():
+    x = torch.randn(64, 2, device=DEVICE).half().t()  # (2, 64), column-major
+    x[1] = 0
+    w_q, w_scale = random_int8_weight(24, 64, DEVICE)
+    gemv = launch(x, w_q, w_scale, config=GEMV)
+    assert torch.isfinite(gemv).all() and (gemv[1] == 0).all()
+    assert torch.equal(gemv, launch(x, w_q, w_scale, config=TileConfig(16, 32, 32)))
+
+
+def test_gemv_is_opt_in_and_splits_for_resident_programs():
+    from kernels.w8a8 import gemv_config
+
+    assert not any(pick_config(m, 4096, 4096).gemv for m in (1, 2, 16))
+    cfg = gemv_config(1, 4096, 4096)
+    assert cfg.gemv and (4096 // cfg.block_n) * cfg.split_k >= 640
+
+
 def test_op_is_registered_with_fake():
     x = torch.randn(2, 3, 64, device="meta", dtype=torch.float16)
     w_q = torch.empty(24, 64, dtype=torch.int8, device="meta")
@@ -270,6 +341,22 @@ def test_gpu_fused_equals_prepass(dtype, m, k, n):
     fused, prepass = _fused_and_prepass(x, w_q, w_scale, bias, cfg=cfg)
     assert torch.equal(fused, prepass)
     assert rel_error(fused, reference.w8a8_matmul_ref(x, w_q, w_scale, bias)) <= {torch.float16: 1e-3, torch.bfloat16: 4e-3}[dtype]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m,k,n", [(1, 4096, 4096), (2, 11008, 4096), (1, 4096, 22016), (1, 1000, 384)])
+def test_gpu_gemv(dtype, m, k, n):
+    from kernels.w8a8 import gemv_config
+
+    x = torch.randn(m, k, device="cuda").to(dtype) * 3
+    w_q, w_scale = random_int8_weight(n, k, "cuda")
+    bias = torch.randn(n, device="cuda").to(dtype)
+    unsplit = launch(x, w_q, w_scale, bias, config=gemv_config(m, n, k)._replace(split_k=1))
+    assert torch.equal(unsplit, launch(x, w_q, w_scale, bias, config=TileConfig(16, 64, 256)))
+    split = launch(x, w_q, w_scale, bias, config=gemv_config(m, n, k))
+    tol = {torch.float16: 1e-3, torch.bfloat16: 4e-3}[dtype]
+    assert rel_error(split, reference.w8a8_matmul_ref(x, w_q, w_scale, bias)) <= tol
 
 
 @pytest.mark.gpu

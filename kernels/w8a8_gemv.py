@@ -1,0 +1,126 @@
+"""W8A8 for one token row per program: quantize the row in the kernel, int8 x int8 on CUDA cores.
+
+Same contract as :mod:`kernels.w8a8` (``x`` (M, K) fp16/bf16, ``w_q`` (N, K) int8, ``w_scale`` (N,)
+fp32, dynamic or static activation scale)::
+
+    s_x[m]     = max_k |x[m, k]| / 127      (IEEE division; 0 -> 1)   or the static scale (0 -> 1)
+    xq[m, k]   = rint(clamp(x[m, k] / s_x[m], -128, 127))              rint = round half to even
+    acc[m, n]  = sum_k xq[m, k] * w_q[n, k]                            exact, int32
+    y[m, n]    = (acc[m, n] * s_x[m]) * w_scale[n] (+ bias[n])         fp32, stored in x's dtype
+
+Why: at M = 1 the matmul is a stream of int8 weights. The tiled kernel pads the row to a 16-row
+tensor-core tile and needs a separate quantize launch; at M = 1 a layer with N = 4096 gives its
+16x64 tiles only 64 programs. Here program (row, n tile, k split) owns BLOCK_N outputs of one row:
+
+1. scale: it reduces its row of x to ``s_x`` itself (:func:`kernels.w8a8_fused.row_scales`, the
+   same absmax and division as the pre-pass kernel). One row, so this is K values read from L2,
+   not the 16 padded rows the fused tensor-core kernel had to quantize per N tile.
+2. main loop over its K slice: loads a (BLOCK_N, BLOCK_K) int8 weight tile (contiguous along K)
+   and BLOCK_K values of x, quantizes those to the reference's integers
+   (:func:`kernels.w8a8_fused.quantize_int8_recip`, exact) and accumulates ``w * xq`` in int32 per
+   (n, k) lane; the lanes are summed once at the end. Integer sums are exact in any order.
+3. epilogue: the tiled kernel's operations in its order, so with SPLIT_K = 1 the output has the
+   same bits as the two-launch path. With SPLIT_K > 1 each split dequantizes its partial sum and the
+   last split of each (row, tile) to finish adds the fp32 partials in split order and the bias
+   (:mod:`kernels._splitk`, "the last split reduces": one launch, deterministic), as the tiled
+   kernel's split-K reduce does.
+
+Like :mod:`kernels.w4a16_fma` it hides DRAM latency with many resident programs (the launcher's
+split: :func:`kernels._tiles.resident_split_k`). Opt-in: ``TileConfig(gemv=True)``; ``pick_config``
+does not choose it until it is measured faster on a GPU.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels._splitk import last_split_reduces, tile_counters
+from kernels._tiles import split_k_range
+from kernels.w8a8_fused import quantize_int8_recip, row_scales
+
+SCALE_BLOCK_MAX = 4096  # x values per load of the scale pass (one row of K <= 4096: a single step)
+
+
+@triton.jit
+def _w8a8_gemv_kernel(
+    x_ptr, w_ptr, static_ptr, sw_ptr, bias_ptr, out_ptr,  # x (M, K), w (N, K) i8, static scale, (N,), (N,), out (M, N)
+    ws_ptr, cnt_ptr,  # SPLIT_K > 1: fp32 partials (SPLIT_K, M, N), int32 ticket counters (M * N / BLOCK_N,)
+    M, N, K,
+    stride_xm, stride_xk, stride_wn, stride_wk, stride_om,
+    SPLIT_K, STATIC: tl.constexpr, STATIC_PER_ROW: tl.constexpr, HAS_BIAS: tl.constexpr,
+    EVEN_K: tl.constexpr, EVEN_SCALE_K: tl.constexpr, EVEN_N: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SCALE_BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    rows = row + tl.arange(0, 1)  # this program's row as a 1-element block
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    if EVEN_N:
+        cols = offs_n.to(tl.int64)
+    else:
+        cols = (offs_n % N).to(tl.int64)  # wrapped: loads need no N mask, the store is masked
+    offs_k = tl.arange(0, BLOCK_K)
+
+    s_x = row_scales(x_ptr, static_ptr, rows, M, K, stride_xm, stride_xk,
+                     STATIC, STATIC_PER_ROW, EVEN_SCALE_K, 1, SCALE_BLOCK)  # (1,)
+    recip = 1.0 / s_x.to(tl.float64)  # IEEE float64 division, once per program
+
+    k_first, k_last = split_k_range(pid_k, K, SPLIT_K, BLOCK_K)
+    w_ptrs = w_ptr + cols[:, None] * stride_wn + (k_first + offs_k)[None, :] * stride_wk  # (BN, BK)
+    x_ptrs = x_ptr + row.to(tl.int64) * stride_xm + (k_first + offs_k) * stride_xk  # (BK,)
+
+    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.int32)
+    for k0 in range(k_first, k_last, BLOCK_K):
+        if EVEN_K:
+            v = tl.load(x_ptrs)
+            w = tl.load(w_ptrs)
+        else:
+            in_k = (k0 + offs_k) < K
+            v = tl.load(x_ptrs, mask=in_k, other=0.0)
+            w = tl.load(w_ptrs, mask=in_k[None, :], other=0)
+        xq = quantize_int8_recip(v.to(tl.float32), recip)  # (BK,) int8, the reference's integers
+        acc += w.to(tl.int32) * xq.to(tl.int32)[None, :]
+        w_ptrs += BLOCK_K * stride_wk
+        x_ptrs += BLOCK_K * stride_xk
+
+    total = tl.sum(acc, axis=1)  # (BN,) int32, exact
+    s_w = tl.load(sw_ptr + cols)
+    y = total.to(tl.float32) * s_x * s_w  # the tiled kernel's order: (acc * s_x) * s_w
+    if SPLIT_K > 1:  # store the partial; the last split of this (row, tile) to arrive reduces
+        last_split_reduces(y[None, :], ws_ptr, cnt_ptr, out_ptr, bias_ptr, rows, offs_n, M, N,
+                           stride_om, row * tl.num_programs(1) + pid_n, pid_k, SPLIT_K, HAS_BIAS)
+    else:
+        if HAS_BIAS:
+            y += tl.load(bias_ptr + cols).to(tl.float32)
+        tl.store(out_ptr + row.to(tl.int64) * stride_om + offs_n, y.to(out_ptr.dtype.element_ty), mask=offs_n < N)
+
+
+def launch_gemv(x2, w_q, w_scale, bias, x_scale, cfg, y) -> torch.Tensor:
+    """Write ``w8a8(x2)`` into ``y`` (M, N) in one launch whatever the K split.
+
+    Inputs are validated by the caller; ``cfg`` has ``block_n``, ``block_k``, ``split_k``,
+    ``num_warps`` and ``num_stages`` (``block_m`` is ignored: one row per program); ``x_scale`` is
+    None or a static fp32 scalar / (M,) tensor.
+    """
+    m, k = x2.shape
+    n = w_q.shape[0]
+    grid = (m, triton.cdiv(n, cfg.block_n), cfg.split_k)
+    if cfg.split_k > 1:
+        workspace = torch.empty((cfg.split_k, m, n), dtype=torch.float32, device=x2.device)
+        counters = tile_counters(x2.device, m * grid[1])
+    else:
+        workspace = counters = y  # unused
+    static = x_scale.reshape(-1).contiguous() if x_scale is not None else w_scale  # placeholder when dynamic
+    scale_block = min(triton.next_power_of_2(k), SCALE_BLOCK_MAX)
+    _w8a8_gemv_kernel[grid](
+        x2, w_q, static, w_scale, bias if bias is not None else w_scale, y, workspace, counters,
+        m, n, k,
+        x2.stride(0), x2.stride(1), w_q.stride(0), w_q.stride(1), y.stride(0),
+        cfg.split_k, STATIC=x_scale is not None, STATIC_PER_ROW=x_scale is not None and x_scale.numel() > 1,
+        HAS_BIAS=bias is not None, EVEN_K=k % (cfg.block_k * cfg.split_k) == 0, EVEN_SCALE_K=k % scale_block == 0,
+        EVEN_N=n % cfg.block_n == 0, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SCALE_BLOCK=scale_block,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    return y
