@@ -35,15 +35,18 @@ from compress.plan import DEFAULT_EXCLUDE, Plan, compressed_layers, convert, for
 from compress.qat import CompressedLinear
 from compress.smoothquant import apply_smoothquant
 from compress.sparsity import (
+    allocation_bounds,
     block_mask,
     block_scores,
     cubic_sparsity,
+    global_block_masks,
     mask_sparsity,
     movement_block_scores,
     shrink_mask,
 )
 
 logger = logging.getLogger(__name__)
+ALLOCATIONS = ("layer", "global")  # BlockPruning: each layer to the target, or all layers ranked together
 
 
 def target_model(pl_module: pl.LightningModule) -> nn.Module:
@@ -100,14 +103,29 @@ class BlockPruning(pl.Callback):
     a checkpoint without them starts them at zero. Under DDP the gradients are all-reduced before
     the optimizer step, so every rank accumulates the same sums; the masks are still broadcast from
     rank 0.
+
+    ``allocation``: ``"layer"`` (default) prunes every layer to the schedule's sparsity;
+    ``"global"`` ranks the blocks of all matched layers together, so the model as a whole reaches the
+    schedule's sparsity while each layer stays within ``[(1 - spread) * s, s + spread * (1 - s)]`` of
+    its blocks (:func:`compress.sparsity.global_block_masks`; ``spread`` 0 is per-layer pruning).
+    Scores are compared as they are (mean |w| per block, or movement sums), so layers whose blocks
+    score lower give more. Needs one sparsity for all layers (no ``plan``). At a movement re-scoring
+    where some layer has no sum yet, every layer is scored by magnitude, so the ranking compares one
+    kind of score.
     """
 
     def __init__(self, sparsity: float = 0.5, start_step: int = 0, end_step: int = 100, frequency: int = 10,
                  score: str = "magnitude", plan: Optional[dict[str, float]] = None,
-                 exclude: Optional[list[str]] = None):
+                 exclude: Optional[list[str]] = None, allocation: str = "layer", spread: float = 0.5):
         super().__init__()
         if score not in BLOCK_SCORES:
             raise ValueError(f"score: expected one of {BLOCK_SCORES}, got {score!r}")
+        if allocation not in ALLOCATIONS:
+            raise ValueError(f"allocation: expected one of {ALLOCATIONS}, got {allocation!r}")
+        if allocation == "global" and plan is not None:
+            raise ValueError("allocation='global' ranks all layers against one sparsity; expected plan=None, "
+                             f"got plan={plan!r}")
+        allocation_bounds(sparsity, spread)  # validates spread
         BlockSparseConfig(sparsity=sparsity, score=score)  # validates sparsity
         _check_step("start_step", start_step)
         _check_step("end_step", end_step)
@@ -119,6 +137,7 @@ class BlockPruning(pl.Callback):
         self.plan = Plan({p: BlockSparseConfig(sparsity=s, score=score) for p, s in rules.items()},
                          exclude=DEFAULT_EXCLUDE if exclude is None else tuple(exclude))
         self.start_step, self.end_step, self.frequency, self.score = start_step, end_step, frequency, score
+        self.sparsity, self.allocation, self.spread = sparsity, allocation, spread
         self.last_pruned_step: Optional[int] = None
         self.movement_scores: dict[str, torch.Tensor] = {}  # layer name -> (N/32, K/32) float32
         self._hooks = []
@@ -193,6 +212,9 @@ class BlockPruning(pl.Callback):
         step = trainer.global_step
         if not self._due(step):
             return
+        if self.allocation == "global":
+            self._prune_globally(target_model(pl_module), step)
+            return
         reached, fallbacks = [], 0
         for name, layer in _layers_matching(target_model(pl_module), self.plan).items():
             config = layer.sparse_config
@@ -213,6 +235,33 @@ class BlockPruning(pl.Callback):
         if reached:
             rank_zero_info(f"BlockPruning: step {step}, mean block sparsity {sum(reached) / len(reached):.3f} "
                            f"over {len(reached)} layers")
+
+    def _prune_globally(self, model: nn.Module, step: int) -> None:
+        """One re-scoring with ``allocation="global"``: all matched layers ranked together."""
+        layers = _layers_matching(model, self.plan)
+        target = cubic_sparsity(step, self.start_step, self.end_step, self.sparsity)
+        scores = {name: self.movement_scores.get(name) for name in layers} if self.score == "movement" else {}
+        fell_back = self.score == "movement" and any(s is None or not bool(s.any()) for s in scores.values())
+        if self.score != "movement" or fell_back:
+            kind = "magnitude" if self.score == "movement" else self.score
+            scores = {name: block_scores(layer.masked_weight(), layer.sparse_config.block, kind)
+                      for name, layer in layers.items()}
+        masks = global_block_masks(scores, {name: layer.mask for name, layer in layers.items()}, target, self.spread)
+        shares = []
+        for name, layer in layers.items():
+            mask = masks[name]
+            _broadcast_(mask)
+            layer.set_mask(mask)
+            shares.append(mask_sparsity(mask))
+        self.last_pruned_step = step
+        if fell_back:
+            rank_zero_info(f"BlockPruning: step {step}, movement not accumulated in every layer yet; "
+                           "ranked all layers by magnitude")
+        if shares:
+            pruned = sum(int((~layer.mask).sum()) for layer in layers.values())
+            blocks = sum(layer.mask.numel() for layer in layers.values())
+            rank_zero_info(f"BlockPruning: step {step}, block sparsity {pruned / blocks:.3f} over {len(shares)} "
+                           f"layers (global; per layer {min(shares):.3f} to {max(shares):.3f})")
 
     def state_dict(self):
         return {"last_pruned_step": self.last_pruned_step,

@@ -16,6 +16,11 @@ blocks)`` lowest-scoring blocks (ties broken by position with a stable sort, so 
 sees the same weights builds the same mask). :func:`shrink_mask` does the same but never revives a
 block that an earlier mask pruned (it scores them ``-inf``).
 
+:func:`global_block_masks` ranks the blocks of several layers together: the model as a whole
+prunes ``floor(sparsity * all blocks)``, the lowest scores first, while each layer stays within
+``[(1 - spread) * sparsity, sparsity + spread * (1 - sparsity)]`` of its own blocks (so layers whose
+blocks matter less give more, none is emptied, and none is left whole).
+
 Schedule (Zhu & Gupta, 2017): ``s(t) = s_f + (s_i - s_f) * (1 - (t - t0) / (t1 - t0))^3`` for
 ``t0 <= t <= t1``, ``s_i`` before ``t0`` and ``s_f`` after ``t1``.
 
@@ -106,6 +111,64 @@ def shrink_mask(scores: torch.Tensor, mask: torch.Tensor, sparsity: float) -> to
     if int((~kept).sum()) >= int(sparsity * scores.numel()):
         return kept.clone()
     return mask_from_scores(scores.float().masked_fill(~kept, float("-inf")), sparsity)
+
+
+def allocation_bounds(sparsity: float, spread: float) -> tuple[float, float]:
+    """(lowest, highest) per-layer sparsity :func:`global_block_masks` allows around ``sparsity``."""
+    _check_sparsity(sparsity)
+    if not 0.0 <= spread < 1.0:
+        raise ValueError(f"spread: expected a fraction in [0, 1), got {spread}")
+    return (1.0 - spread) * sparsity, sparsity + spread * (1.0 - sparsity)
+
+
+def global_block_masks(scores: dict[str, torch.Tensor], masks: dict[str, torch.Tensor], sparsity: float,
+                       spread: float) -> dict[str, torch.Tensor]:
+    """Block masks for several layers ranked together (module docstring).
+
+    ``scores`` / ``masks``: {layer: (N/b, K/b) grid}; blocks pruned in ``masks`` stay pruned. Layer
+    ``i`` of ``n_i`` blocks prunes at least ``max(floor(lo * n_i), its pruned blocks, 1 if sparsity > 0
+    and n_i >= 2)`` and at most ``max(floor(hi * n_i), that)`` blocks, ``(lo, hi) =
+    allocation_bounds(sparsity, spread)``; between those, the blocks with the lowest scores over all
+    layers are pruned until ``floor(sparsity * sum n_i)`` are (or every layer is at its maximum).
+    Ties go to the earlier layer and the earlier block (stable sorts), so equal inputs give equal masks.
+    """
+    if set(scores) != set(masks):
+        raise ValueError(f"global_block_masks: expected masks for the scored layers {sorted(scores)}, got {sorted(masks)}")
+    lo, hi = allocation_bounds(sparsity, spread)
+    names = list(scores)
+    if not names:
+        return {}
+    device = scores[names[0]].device
+    orders, candidates, forced_total, total = {}, [], 0, 0
+    for name in names:
+        grid = scores[name]
+        kept = masks[name].to(device=device, dtype=torch.bool).flatten()
+        if kept.shape[0] != grid.numel():
+            raise ValueError(f"global_block_masks: layer {name!r}: expected a mask of {grid.numel()} blocks, "
+                             f"got {kept.shape[0]}")
+        count = grid.numel()
+        order = torch.argsort(grid.float().flatten().to(device).masked_fill(~kept, float("-inf")), stable=True)
+        floor_blocks = 1 if sparsity > 0 and count >= 2 else 0
+        low = max(int(lo * count), int((~kept).sum()), floor_blocks)
+        high = max(int(hi * count), low)
+        orders[name] = (order, low)
+        ranked = grid.float().flatten().to(device)[order]
+        candidates.append(ranked[low:high])
+        forced_total += low
+        total += count
+    remaining = max(0, int(sparsity * total) - forced_total)
+    pool = torch.cat(candidates)
+    taken = torch.zeros(pool.numel(), dtype=torch.bool, device=device)
+    taken[torch.argsort(pool, stable=True)[:remaining]] = True
+    result, start = {}, 0
+    for name, chosen in zip(names, candidates):
+        order, low = orders[name]
+        extra = int(taken[start:start + chosen.numel()].sum())  # the layer's lowest candidates, a prefix
+        start += chosen.numel()
+        mask = torch.ones(order.numel(), dtype=torch.bool, device=device)
+        mask[order[:low + extra]] = False
+        result[name] = mask.reshape(scores[name].shape)
+    return result
 
 
 def block_mask(w: torch.Tensor, sparsity: float, block: int = 32, score: str = "magnitude") -> torch.Tensor:

@@ -68,6 +68,9 @@ def _trainer(callbacks, max_steps, **kwargs):
     (lambda: BlockPruning(score="taylor"), "'movement'"),
     (lambda: BlockPruning(start_step=10, end_step=5), "end_step"),
     (lambda: BlockPruning(frequency=0), "positive int"),
+    (lambda: BlockPruning(allocation="uniform"), "'global'"),
+    (lambda: BlockPruning(allocation="global", plan={"*up*": 0.5}), "plan=None"),
+    (lambda: BlockPruning(spread=1.0), "spread"),
     (lambda: QuantizationAware(), "exactly one of config"),
     (lambda: QuantizationAware(W8A8Config(), start_step=-1), "non-negative"),
     (lambda: Calibration(observer="minmax"), "'absmax'"),
@@ -217,6 +220,34 @@ def test_movement_prunes_blocks_moving_towards_zero_on_schedule(accumulate):
         assert mask_sparsity(mask) == int(cubic_sparsity(step, 1, 3, 0.5) * 4) / 4
         assert not (mask & ~previous).any()  # masks only shrink
         previous = mask
+
+
+class RecordMasks(pl.Callback):
+    """Every layer's mask after each training batch."""
+
+    def __init__(self):
+        self.masks = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.masks.append({n: m.mask.clone() for n, m in compressed_layers(pl_module.model).items()})
+
+
+@pytest.mark.parametrize("score", ["magnitude", "movement"])
+def test_global_allocation_reaches_the_target_over_all_layers(score):
+    task = TinyTask()
+    with torch.no_grad():
+        task.model.down.weight.mul_(0.01)  # down's blocks score far below up's: it should give more
+    pruning = BlockPruning(0.5, start_step=0, end_step=4, frequency=1, allocation="global", spread=0.5, score=score)
+    record = RecordMasks()
+    _trainer([pruning, record], max_steps=6).fit(task, loader())
+    up, down = task.model.up.mask, task.model.down.mask  # 8 blocks each
+    assert int((~up).sum()) + int((~down).sum()) == 8  # half of all 16 blocks
+    if score == "magnitude":
+        assert (int((~up).sum()), int((~down).sum())) == (2, 6)  # the bounds: 0.25 and 0.75 of 8
+    assert 2 <= int((~up).sum()) <= 6 and 2 <= int((~down).sum()) <= 6
+    for before, after in zip(record.masks, record.masks[1:]):
+        for name in before:
+            assert not (after[name] & ~before[name]).any(), "masks only shrink"
 
 
 def test_movement_falls_back_to_magnitude_before_any_step():

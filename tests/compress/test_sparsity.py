@@ -106,3 +106,55 @@ def test_bad_inputs():
         sparsity.shrink_mask(torch.ones(2, 2), torch.ones(1, 4, dtype=torch.bool), 0.5)
     with pytest.raises(ValueError, match=r"\[0, 1\)"):
         sparsity.mask_from_scores(torch.ones(2, 2), 1.0)
+
+
+def _full(*shape):
+    return torch.ones(*shape, dtype=torch.bool)
+
+
+def test_global_masks_give_more_to_layers_whose_blocks_score_lower():
+    low = torch.arange(16.0).reshape(4, 4) / 100  # every block of this layer scores below the other's
+    high = torch.arange(16.0).reshape(4, 4) + 1
+    masks = sparsity.global_block_masks({"a": low, "b": high}, {"a": _full(4, 4), "b": _full(4, 4)}, 0.5, 0.5)
+    pruned = {name: int((~m).sum()) for name, m in masks.items()}
+    assert pruned["a"] + pruned["b"] == 16  # half of all 32 blocks
+    assert pruned == {"a": 12, "b": 4}  # a at its ceiling (0.75 * 16), b at its floor (0.25 * 16)
+    assert not masks["a"].flatten()[:12].any() and masks["a"].flatten()[12:].all()  # a's lowest blocks go
+    assert not masks["b"].flatten()[:4].any() and masks["b"].flatten()[4:].all()
+
+
+def test_global_masks_within_bounds_follow_the_scores():
+    torch.manual_seed(0)
+    scores = {"a": torch.rand(8, 8), "b": torch.rand(8, 8) * 0.9, "c": torch.rand(4, 16) * 1.1}
+    kept = {name: _full(*s.shape) for name, s in scores.items()}
+    masks = sparsity.global_block_masks(scores, kept, 0.5, 0.5)
+    lo, hi = sparsity.allocation_bounds(0.5, 0.5)
+    assert sum(int((~m).sum()) for m in masks.values()) == 96
+    threshold = max(scores[n][~m].max() for n, m in masks.items())
+    for name, mask in masks.items():
+        share = float((~mask).float().mean())
+        assert lo <= share <= hi
+        if lo < share < hi:  # not held by a bound: every kept block scores above every pruned block
+            assert (scores[name][mask] >= threshold).all()
+
+
+def test_global_masks_keep_pruned_blocks_pruned_and_equal_spread_zero_to_per_layer_masks():
+    torch.manual_seed(1)
+    scores = {"a": torch.rand(4, 8), "b": torch.rand(4, 8)}
+    earlier = {"a": torch.rand(4, 8) > 0.3, "b": _full(4, 8)}
+    masks = sparsity.global_block_masks(scores, earlier, 0.5, 0.5)
+    assert not (masks["a"] & ~earlier["a"]).any(), "a block pruned before stays pruned"
+    uniform = sparsity.global_block_masks(scores, {"a": _full(4, 8), "b": _full(4, 8)}, 0.5, 0.0)
+    for name in scores:
+        assert torch.equal(uniform[name], sparsity.mask_from_scores(scores[name], 0.5))
+
+
+def test_global_masks_never_leave_a_layer_whole_or_accept_bad_arguments():
+    masks = sparsity.global_block_masks({"a": torch.full((1, 2), 9.0), "b": torch.zeros(8, 8)},
+                                        {"a": _full(1, 2), "b": _full(8, 8)}, 0.1, 0.9)
+    assert int((~masks["a"]).sum()) == 1  # two blocks: at least one pruned whenever sparsity > 0
+    assert sparsity.global_block_masks({}, {}, 0.5, 0.5) == {}
+    with pytest.raises(ValueError, match="spread"):
+        sparsity.allocation_bounds(0.5, 1.0)
+    with pytest.raises(ValueError, match="masks for the scored layers"):
+        sparsity.global_block_masks({"a": torch.rand(2, 2)}, {}, 0.5, 0.5)
