@@ -30,3 +30,24 @@ def test_recipe_copy_rewrites_run_paths(tmp_path):
     copied = subprocess.run(["bash", "-c", command], cwd=REPO, capture_output=True, text=True, check=True).stdout
     assert "dirpath: runs/minilm-sst2-v1/compressed" in copied
     assert "minilm-sst2-sparse50/" not in copied
+
+
+def test_a_bad_edit_in_any_spec_is_refused_before_any_run_starts(tmp_path):
+    out = tmp_path / "out"
+    result = run(str(out), "00:00:01:00", "ok|recipes/minilm-sst2-sparse50.yaml|",
+                 "bad|recipes/minilm-sst2-sparse50.yaml||NoSuchCallback.x=1")
+    assert result.returncode == 2 and "variant bad: bad edits" in result.stderr
+    assert not (out / "train-ok.log").exists()  # the first, valid variant never started
+
+
+def test_edits_land_in_the_recipe_copy(tmp_path):
+    import yaml
+
+    out = tmp_path / "out"
+    # a bad override makes the run itself fail at once; the copy is written before that
+    recipe = REPO / "recipes" / "minilm-sst2-sparse50.yaml"
+    run(str(out), "00:00:01:00", f"g|{recipe}|--no-such-flag|BlockPruning.allocation=global", cwd=tmp_path)
+    copied = yaml.safe_load((out / "recipes" / "g.yaml").read_text())
+    pruning = next(c for c in copied["trainer"]["callbacks"] if c["class_path"].endswith("BlockPruning"))
+    assert pruning["init_args"]["allocation"] == "global"
+    assert any(c.get("init_args", {}).get("dirpath") == "runs/minilm-sst2-g/compressed" for c in copied["trainer"]["callbacks"])
