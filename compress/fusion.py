@@ -201,8 +201,8 @@ def fuse_siblings(model: nn.Module, dense: bool = False) -> int:
     for parent_name, parent in list(model.named_modules()):
         for names in SIBLING_NAMES:
             members = [parent._modules.get(name) for name in names]
-            if any(m is None for m in members):
-                continue
+            if any(m is None or isinstance(m, SiblingOutput) for m in members):
+                continue  # not this group's names, or fused already
             fused = fuse_members(members, dense)
             if isinstance(fused, str):
                 if "dense=False" not in fused:

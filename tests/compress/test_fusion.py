@@ -35,6 +35,7 @@ def test_fused_llama_gives_the_unfused_logits(kind):
     model = compress.convert(_llama(), CONFIGS[kind])
     fused = copy.deepcopy(model)
     assert fuse_siblings(fused) == 4  # per layer: q/k/v and gate/up
+    assert fuse_siblings(fused) == 0  # a second call finds nothing left to fuse
     attention = fused.model.layers[0].self_attn
     assert isinstance(attention.q_proj, SiblingOutput) and attention.q_proj.out_features == 64
     group = attention.fused_q_proj_k_proj_v_proj
