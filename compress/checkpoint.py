@@ -132,7 +132,8 @@ def save_compressed(model: nn.Module, path) -> pathlib.Path:
                          "call compress.convert(model) first")
     if is_fused(model):
         raise ValueError("save_compressed: the model has fused sibling layers (compress.fuse_siblings), whose "
-                         "state differs from the saved layout; save the model before fusing it")
+                         "state differs from the saved layout; save it before fusing, or call "
+                         "compress.fusion.unfuse_siblings(model) first")
     target = pathlib.Path(path).absolute()
     target.parent.mkdir(parents=True, exist_ok=True)
     temporary = pathlib.Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))

@@ -29,8 +29,10 @@ value on encoder states. Once every member has taken its slice nothing is held, 
 outlives the forward: this works in eager mode, under CUDA graph capture and under
 ``torch.compile`` (the bookkeeping is attribute writes that dynamo replays).
 
-A fused model's state dict differs from the saved layout: save before fusing
-(``compress.save_compressed`` refuses a fused model, :func:`is_fused` tells).
+A fused model's state dict differs from the saved layout: ``compress.save_compressed`` refuses a
+fused model (:func:`is_fused` tells); :func:`unfuse_siblings` splits every group back into its
+members (rows ``N_1 + ... + N_{i-1}`` onwards of the fused module; a member that had no bias gets a
+zero one when a sibling had one), after which the model saves as before.
 """
 from __future__ import annotations
 
@@ -215,6 +217,59 @@ def fuse_siblings(model: nn.Module, dense: bool = False) -> int:
             fused_groups += 1
     logger.info("fuse_siblings: %d groups fused", fused_groups)
     return fused_groups
+
+
+# ---- splitting a fused module back into its members --------------------------------------------
+def _row_slice(fused: nn.Module, start: int, stop: int) -> nn.Module:
+    """Output rows ``[start, stop)`` of a fused module, as a module of the same kind."""
+    bias = None if fused.bias is None else fused.bias[start:stop].clone()
+    if isinstance(fused, W8A8Linear):
+        part = W8A8Linear(fused.in_features, stop - start, bias is not None, fused.config,
+                          smoothing=fused.input_smoothing is not None).to(fused.w_q.device)
+        part.w_q, part.w_scale = fused.w_q[start:stop].clone(), fused.w_scale[start:stop].clone()
+        if fused.act_scale is not None:
+            part.act_scale = fused.act_scale.clone()
+        if fused.input_smoothing is not None:
+            part.input_smoothing = fused.input_smoothing.clone()
+    elif isinstance(fused, W4A16Linear):
+        part = W4A16Linear(fused.in_features, stop - start, bias is not None, fused.config).to(fused.qweight.device)
+        part.qweight = fused.qweight[:, start:stop].contiguous()
+        part.scales = fused.scales[:, start:stop].contiguous()
+    elif isinstance(fused, BSRLinear):
+        first_row, last_row = start // fused.block, stop // fused.block
+        first, last = int(fused.crow_indices[first_row]), int(fused.crow_indices[last_row])
+        part = BSRLinear(fused.in_features, stop - start, bias is not None, last - first, fused.block).to(fused.values.device)
+        part.crow_indices = (fused.crow_indices[first_row:last_row + 1] - first).contiguous()
+        part.col_indices = fused.col_indices[first:last].clone()
+        part.values = fused.values[first:last].clone()
+    else:  # nn.Linear
+        part = nn.Linear(fused.in_features, stop - start, bias=bias is not None, device=fused.weight.device,
+                         dtype=fused.weight.dtype)
+        with torch.no_grad():
+            part.weight.copy_(fused.weight[start:stop])
+            if bias is not None:
+                part.bias.copy_(bias)
+        return part
+    part.bias = bias
+    return part
+
+
+def unfuse_siblings(model: nn.Module) -> int:
+    """Split every :class:`SiblingGroup` of ``model`` back into its members, in place; returns how many."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model: expected an nn.Module, got {type(model).__name__}")
+    count = 0
+    for parent in list(model.modules()):
+        for attr, group in list(parent._modules.items()):
+            if not isinstance(group, SiblingGroup):
+                continue
+            start = 0
+            for name, size in zip(group.names, group.sizes):
+                setattr(parent, name, _row_slice(group.fused, start, start + size))
+                start += size
+            delattr(parent, attr)
+            count += 1
+    return count
 
 
 def is_fused(model: nn.Module) -> bool:

@@ -8,7 +8,7 @@ from torch import nn
 from transformers import BertConfig, BertModel, LlamaConfig, LlamaForCausalLM
 
 import compress
-from compress.fusion import SiblingGroup, SiblingOutput, fuse_members, fuse_siblings, is_fused
+from compress.fusion import SiblingGroup, SiblingOutput, fuse_members, fuse_siblings, is_fused, unfuse_siblings
 from compress.modules import BSRLinear, W4A16Linear, W8A8Linear
 
 LLAMA = dict(hidden_size=64, intermediate_size=128, num_attention_heads=2, num_key_value_heads=2, vocab_size=50,
@@ -146,14 +146,43 @@ def test_dense_fusion_matches():
         torch.testing.assert_close(fused(ids).logits, model(ids).logits, rtol=1e-5, atol=1e-5)
 
 
-def test_save_refuses_a_fused_model(tmp_path):
+def test_save_refuses_a_fused_model_until_it_is_unfused(tmp_path):
     model = compress.convert(_llama(), compress.W8A8Config())
     compress.save_compressed(model, tmp_path / "unfused")
     fuse_siblings(model)
-    with pytest.raises(ValueError, match="save the model before fusing"):
+    with pytest.raises(ValueError, match="save it before fusing, or call compress.fusion.unfuse_siblings"):
         compress.save_compressed(model, tmp_path / "fused")
     loaded = compress.load_compressed(tmp_path / "unfused")
     assert not is_fused(loaded) and fuse_siblings(loaded) == 4
+    assert unfuse_siblings(model) == 4 and not is_fused(model)
+    compress.save_compressed(model, tmp_path / "again")
+    assert (tmp_path / "again" / "model.safetensors").read_bytes() == (tmp_path / "unfused" / "model.safetensors").read_bytes()
+
+
+@pytest.mark.parametrize("kind", [*CONFIGS, "dense"])
+def test_unfuse_restores_every_member_exactly(kind):
+    model = _llama()
+    if kind != "dense":
+        compress.convert(model, CONFIGS[kind])
+    original = {k: v.clone() for k, v in model.state_dict().items()}
+    fuse_siblings(model, dense=kind == "dense")
+    assert unfuse_siblings(model) == 4
+    state = model.state_dict()
+    assert state.keys() == original.keys()
+    for key, tensor in original.items():
+        assert torch.equal(state[key], tensor), key
+    assert unfuse_siblings(model) == 0
+
+
+def test_unfuse_gives_a_member_without_bias_a_zero_one():
+    members = _three_w8a8(bias=(True, False, True))
+    parent = _parent(copy.deepcopy(members))
+    fuse_siblings(parent)
+    unfuse_siblings(parent)
+    assert torch.equal(parent.k_proj.bias, torch.zeros(32))
+    x = torch.randn(4, 32)
+    for name, member in zip(("q_proj", "k_proj", "v_proj"), members):
+        assert torch.equal(getattr(parent, name)(x), member(x))
 
 
 def test_compiled_layers_share_one_graph_and_match_eager():
