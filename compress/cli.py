@@ -32,11 +32,14 @@ import logging
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.cli import LightningCLI
+
+if TYPE_CHECKING:  # imported lazily at run time (evaluation pulls in more than the CLI needs)
+    from compress.evaluate import EvalOptions
 
 log = logging.getLogger(__name__)
 

@@ -33,7 +33,7 @@ def check_activation(x) -> None:
     """``x`` is (..., K) fp16/bf16 on a device the kernels run on (CUDA, or CPU when interpreting)."""
     check_tensor("x", x, ACTIVATION_DTYPES)
     if x.dim() < 1:
-        raise ValueError(f"x: expected shape (..., K), got a 0-d tensor")
+        raise ValueError("x: expected shape (..., K), got a 0-d tensor")
     if x.device.type not in ("cuda", "meta") and not interpreting():  # meta: shape inference only
         raise ValueError(
             f"x: expected a CUDA tensor (or TRITON_INTERPRET=1 for CPU tests), got device {x.device}; "

@@ -381,7 +381,7 @@ def decode_variants(m, n, k):
     narrower tiles or a split-K give more, and at M <= 2 the one-row kernel (``gemv_config``) drops
     the quantize launch. W4A16 at M = 1 runs the CUDA-core kernel; its split and
     column tile are varied around the current choice."""
-    T4, T8 = w4.TileConfig, w8.TileConfig
+    T8 = w8.TileConfig
     w8_tiles = [T8(16, 32, 256, 1, num_warps=4, num_stages=5), T8(16, 32, 256, 1, num_warps=2, num_stages=5),
                 T8(16, 64, 512, 1, num_warps=4, num_stages=3), T8(16, 128, 256, 1, num_warps=4, num_stages=4),
                 T8(16, 64, 256, 2, num_warps=4, num_stages=5), T8(16, 64, 256, 4, num_warps=4, num_stages=5)]
