@@ -188,6 +188,9 @@ def fuse_members(members: list[nn.Module], dense: bool = False) -> nn.Module | s
         return f"mixed kinds {sorted({type(m).__name__ for m in members})}"
     if any(m.in_features != members[0].in_features for m in members):
         return "different in_features"
+    devices = {t.device for m in members for t in (*m.parameters(recurse=False), *m.buffers(recurse=False))}
+    if len(devices) > 1:
+        return f"members on different devices {sorted(map(str, devices))}"
     if kind is nn.Linear:
         return _concat_linear(members) if dense else "dense layers (dense=False)"
     if kind not in _CONCAT:

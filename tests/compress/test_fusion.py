@@ -129,6 +129,7 @@ def test_incompatible_groups_are_left_alone():
     assert "group sizes" in fuse_members(groups)
     dense = [nn.Linear(32, 16) for _ in range(3)]
     assert "dense=False" in fuse_members(dense)
+    assert "different devices" in fuse_members([nn.Linear(32, 16), nn.Linear(32, 16, device="meta")], dense=True)
     parent = _parent(mixed)
     assert fuse_siblings(parent) == 0 and not is_fused(parent)
     assert fuse_siblings(_parent(dense)) == 0
