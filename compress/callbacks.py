@@ -74,6 +74,13 @@ def _check_step(name: str, value) -> None:
         raise ValueError(f"{name}: expected a non-negative int, got {value!r}")
 
 
+def _install_mask(layer: CompressedLinear, mask: torch.Tensor) -> float:
+    """Rank 0's ``mask`` into ``layer`` (pruned weights zeroed); returns its block sparsity."""
+    _broadcast_(mask)
+    layer.set_mask(mask)
+    return mask_sparsity(mask)
+
+
 def _layers_matching(model: nn.Module, plan: Plan) -> dict[str, CompressedLinear]:
     return {name: m for name, m in compressed_layers(model).items() if plan.configs_for(name) is not None}
 
@@ -225,9 +232,7 @@ class BlockPruning(pl.Callback):
                 mask = shrink_mask(scores, layer.mask, target)
             else:
                 mask = block_mask(layer.masked_weight(), target, config.block, config.score)
-            _broadcast_(mask)
-            layer.set_mask(mask)
-            reached.append(mask_sparsity(mask))
+            reached.append(_install_mask(layer, mask))
         self.last_pruned_step = step
         if fallbacks:
             rank_zero_info(f"BlockPruning: step {step}, no movement accumulated yet for {fallbacks} layers; "
@@ -247,12 +252,7 @@ class BlockPruning(pl.Callback):
             scores = {name: block_scores(layer.masked_weight(), layer.sparse_config.block, kind)
                       for name, layer in layers.items()}
         masks = global_block_masks(scores, {name: layer.mask for name, layer in layers.items()}, target, self.spread)
-        shares = []
-        for name, layer in layers.items():
-            mask = masks[name]
-            _broadcast_(mask)
-            layer.set_mask(mask)
-            shares.append(mask_sparsity(mask))
+        shares = [_install_mask(layer, masks[name]) for name, layer in layers.items()]
         self.last_pruned_step = step
         if fell_back:
             rank_zero_info(f"BlockPruning: step {step}, movement not accumulated in every layer yet; "

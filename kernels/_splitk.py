@@ -17,6 +17,7 @@ partials in split order (the same order and arithmetic as the pass above, so the
 bias, stores the output and resets the counter to zero. :func:`tile_counters` hands out those
 counters: one zeroed int32 buffer per device and stream, grown on demand, that every kernel leaves
 zeroed again; a launch captured into a CUDA graph gets its own buffer, zeroed inside the graph.
+:func:`last_split_buffers` gives a launcher both the partials workspace and the counters.
 """
 from __future__ import annotations
 
@@ -93,3 +94,12 @@ def tile_counters(device: torch.device, count: int) -> torch.Tensor:
     if cached is None or cached.numel() < count:
         cached = _COUNTERS[key] = torch.zeros(max(count, 1024), dtype=torch.int32, device=device)
     return cached
+
+
+def last_split_buffers(out: torch.Tensor, split_k: int, m: int, n: int, tiles: int):
+    """``(workspace, counters)`` for a one-launch split-K kernel writing ``out`` (M, N): fp32 partials
+    (SPLIT_K, M, N) and ``tiles`` zeroed ticket counters; ``(out, out)`` (unused) when not split."""
+    if split_k == 1:
+        return out, out
+    workspace = torch.empty((split_k, m, n), dtype=torch.float32, device=out.device)
+    return workspace, tile_counters(out.device, tiles)

@@ -34,11 +34,10 @@ The FMA count grows with M, so the launcher uses this kernel only for M <= 2.
 """
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 
-from kernels._splitk import last_split_reduces, tile_counters
+from kernels._splitk import last_split_buffers, last_split_reduces
 from kernels._tiles import split_k_range, weight_columns
 
 
@@ -121,11 +120,7 @@ def launch_fma(x2, qweight, scales, group_size, bias, y, cfg) -> None:
     m, k = x2.shape
     n = qweight.shape[1]
     grid = (m, triton.cdiv(n, cfg.block_n), cfg.split_k)
-    if cfg.split_k > 1:
-        workspace = torch.empty((cfg.split_k, m, n), dtype=torch.float32, device=x2.device)
-        counters = tile_counters(x2.device, m * grid[1])
-    else:
-        workspace = counters = y  # unused
+    workspace, counters = last_split_buffers(y, cfg.split_k, m, n, m * grid[1])
     _w4a16_fma_kernel[grid](
         x2, qweight, scales, bias if bias is not None else scales, y, workspace, counters,
         m, n, k, group_size,

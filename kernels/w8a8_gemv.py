@@ -35,7 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._splitk import last_split_reduces, tile_counters
+from kernels._splitk import last_split_buffers, last_split_reduces
 from kernels._tiles import split_k_range
 from kernels.w8a8_fused import quantize_int8_recip, row_scales
 
@@ -107,11 +107,7 @@ def launch_gemv(x2, w_q, w_scale, bias, x_scale, cfg, y) -> torch.Tensor:
     m, k = x2.shape
     n = w_q.shape[0]
     grid = (m, triton.cdiv(n, cfg.block_n), cfg.split_k)
-    if cfg.split_k > 1:
-        workspace = torch.empty((cfg.split_k, m, n), dtype=torch.float32, device=x2.device)
-        counters = tile_counters(x2.device, m * grid[1])
-    else:
-        workspace = counters = y  # unused
+    workspace, counters = last_split_buffers(y, cfg.split_k, m, n, m * grid[1])
     static = x_scale.reshape(-1).contiguous() if x_scale is not None else w_scale  # placeholder when dynamic
     scale_block = min(triton.next_power_of_2(k), SCALE_BLOCK_MAX)
     _w8a8_gemv_kernel[grid](

@@ -279,6 +279,15 @@ def sweep_skinny(deadline):
     return sweep_cells(SKINNY_CELLS, deadline, lambda k, n: make_weights(k, n, rotations(k, n)), time_cell)
 
 
+def time_tinygemm(xs, wsets):
+    """us per call of PyTorch's int4 kernel (tinygemm, bf16 x) over the rotating sets, or the error text."""
+    try:
+        return time_graph(torch.ops.aten._weight_int4pack_mm,
+                          [(x.bfloat16(), w["int4pk"], GROUP, w["sz"]) for x, w in zip(xs, wsets)])
+    except Exception as err:  # noqa: BLE001 - the anchor may be missing
+        return repr(err)[:160]
+
+
 def chunk_variants(m, n, k):
     """Tiled W4A16 with CHUNK K tiles per loop step (one scale load per step) vs the current default."""
     base = w4.pick_config(m, n, k, GROUP)
@@ -301,11 +310,7 @@ CHUNK_CELLS = [((8192, 28672), 1), ((4096, 4096), 1), ((11008, 4096), 1), ((8192
 def sweep_chunk(deadline, out_dir, meta):
     """Time ``chunk_variants`` with fp16 and tinygemm alongside; rewrite the result files after every cell."""
     def time_cell(k, n, m, wsets, xs, fp16_us):
-        try:
-            tiny = time_graph(torch.ops.aten._weight_int4pack_mm,
-                              [(x.bfloat16(), w["int4pk"], GROUP, w["sz"]) for x, w in zip(xs, wsets)])
-        except Exception as err:  # noqa: BLE001 - the anchor may be missing
-            tiny = repr(err)[:160]
+        tiny = time_tinygemm(xs, wsets)
         return time_variants("w4a16", w4.launch, [(None, c) for c in chunk_variants(m, n, k)], w4_args(xs, wsets),
                              dict(k=k, n=n, m=m, fp16_us=fp16_us, int4pk_us=tiny))
 
@@ -402,11 +407,7 @@ def decode_variants(m, n, k):
 def sweep_decode(deadline, out_dir, meta):
     """Time ``decode_variants``, cuBLAS fp16 and tinygemm at ``DECODE_CELLS``; rewrite the files after every cell."""
     def time_cell(k, n, m, wsets, xs, fp16_us):
-        try:
-            tiny = time_graph(torch.ops.aten._weight_int4pack_mm,
-                              [(x.bfloat16(), w["int4pk"], GROUP, w["sz"]) for x, w in zip(xs, wsets)])
-        except Exception as err:  # noqa: BLE001 - the anchor may be missing
-            tiny = repr(err)[:160]
+        tiny = time_tinygemm(xs, wsets)
         rows = []
         for kernel, label, cfg in decode_variants(m, n, k):
             launch, args = (w4.launch, w4_args(xs, wsets)) if kernel == "w4a16" else (w8.launch, w8_args(xs, wsets))

@@ -146,14 +146,16 @@ def test_fused_equals_prepass_and_reference(dtype, m, k, n, cfg):
     assert rel_error(fused, reference.w8a8_matmul_ref(x, w_q, w_scale, bias)) <= TOL[dtype]
 
 
-def test_fused_integers_are_the_references():
+@pytest.mark.parametrize("cfg", [TileConfig(16, 32, 32, fused=True), TileConfig(1, 32, 32, gemv=True)],
+                         ids=["fused", "gemv"])
+def test_in_kernel_quantization_gives_the_references_integers(cfg):
     # with an identity-like weight (one 1 per output channel, scale 1) the output is xq * s_x itself
     m, k = 3, 32
     x = torch.randn(m, k, device=DEVICE).half() * 5
     ties = [127.0, 0.5, 1.5, 2.5, -0.5, -2.5]  # absmax 127 -> scale exactly 1: exact ties, half to even
     x[0, : len(ties)] = torch.tensor(ties, device=DEVICE).half()
     w_q = torch.eye(k, dtype=torch.int8, device=DEVICE)
-    y = launch(x, w_q, torch.ones(k, device=DEVICE), config=TileConfig(16, 32, 32, fused=True))
+    y = launch(x, w_q, torch.ones(k, device=DEVICE), config=cfg)
     ref_q, ref_s = reference.quantize_per_token(x)
     assert torch.equal(y, (ref_q.float() * ref_s[:, None]).half())
     assert y[0, : len(ties)].tolist() == [127, 0, 2, 2, 0, -2]
@@ -228,17 +230,6 @@ def test_gemv_split_k_reduces_in_the_kernel(split_k):
     assert torch.equal(launch(x, w_q, w_scale, bias, config=cfg), first)  # deterministic
     assert rel_error(first, reference.w8a8_matmul_ref(x, w_q, w_scale, bias)) <= TOL[torch.float16]
     assert not tile_counters(x.device, m * 2).any(), "every ticket counter is left at zero"
-
-
-def test_gemv_integers_are_the_references():
-    k = 32
-    x = torch.randn(2, k, device=DEVICE).half() * 5
-    ties = [127.0, 0.5, 1.5, 2.5, -0.5, -2.5]  # absmax 127 -> scale exactly 1: exact ties, half to even
-    x[0, : len(ties)] = torch.tensor(ties, device=DEVICE).half()
-    y = launch(x, torch.eye(k, dtype=torch.int8, device=DEVICE), torch.ones(k, device=DEVICE), config=GEMV)
-    ref_q, ref_s = reference.quantize_per_token(x)
-    assert torch.equal(y, (ref_q.float() * ref_s[:, None]).half())
-    assert y[0, : len(ties)].tolist() == [127, 0, 2, 2, 0, -2]
 
 
 @pytest.mark.parametrize("kind", ["scalar", "per_row"])
