@@ -73,6 +73,24 @@ def test_time_budget_skips_variants_not_started_in_time(tmp_path):
     assert report["results"] == [] and report["failed"] == []
 
 
+def test_siblings_are_fused_in_every_variant_unless_asked_not_to(tmp_path):
+    from compress.fusion import SiblingGroup, fuse_siblings
+
+    fused = _run(tmp_path, "--device", "cpu", "--variants", "fp16,w8a8", "--batch", "1")
+    unfused = _run(tmp_path, "--device", "cpu", "--variants", "fp16,w8a8", "--batch", "1", "--no-fuse")
+    assert fused["config"]["fused_siblings"] is True and unfused["config"]["fused_siblings"] is False
+    for report in (fused, unfused):
+        assert report["failed"] == []
+        assert all(b["first_step_logits_rel_err_vs_eager"] < 1e-2 for r in report["results"] for b in r["batches"])
+    # the same weights either way: the fused decoder holds exactly the unfused one's bytes
+    assert {r["variant"]: r["weight_bytes"] for r in fused["results"]} == \
+        {r["variant"]: r["weight_bytes"] for r in unfused["results"]}
+    config = bench.llama_config(1, tiny=True, max_positions=16)
+    model = bench.build_model(config, torch.float16, torch.device("cpu"), seed=0)
+    assert fuse_siblings(model, dense=True) == 2
+    assert sum(isinstance(m, SiblingGroup) for m in model.modules()) == 2
+
+
 def test_random_block_sparsity_prunes_exactly_the_fraction():
     from compress.modules import BSRLinear
 
