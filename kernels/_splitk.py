@@ -16,8 +16,11 @@ barrier, release/acquire at GPU scope); the program that draws the last ticket s
 partials in split order (the same order and arithmetic as the pass above, so the same bits), adds the
 bias, stores the output and resets the counter to zero. :func:`tile_counters` hands out those
 counters: one zeroed int32 buffer per device and stream, grown on demand, that every kernel leaves
-zeroed again; a launch captured into a CUDA graph gets its own buffer, zeroed inside the graph.
-:func:`last_split_buffers` gives a launcher both the partials workspace and the counters.
+zeroed again. A launch captured into a CUDA graph gets counters of its own, so a replay never shares
+them with eager calls or with another graph: a slice of a pool zeroed before capture (graphs keep
+their slices for good; pools are never freed), or, when the pool is short, a buffer zeroed inside the
+graph (a memset node per launch, ~1-2 us each at decode). :func:`last_split_buffers` gives a launcher
+both the partials workspace and the counters.
 """
 from __future__ import annotations
 
@@ -46,10 +49,13 @@ def _splitk_reduce_kernel(
 
 @triton.jit
 def last_split_reduces(acc, ws_ptr, cnt_ptr, out_ptr, bias_ptr, offs_m, offs_n, M, N, stride_om, tile_id, pid_k,
-                       SPLIT_K, HAS_BIAS: tl.constexpr):
+                       SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr):
     """In-kernel second pass for one (BM, BN) output tile: store this split's fp32 partial ``acc`` into
     ``ws`` (SPLIT_K, M, N); the program drawing the last ticket of counter ``tile_id`` sums the partials
-    in split order, adds the bias, stores the output and zeroes the counter."""
+    in split order, adds the bias, stores the output and zeroes the counter.
+
+    The sum is unrolled (``SPLIT_K`` is a compile-time constant) so the SPLIT_K loads, which do not
+    depend on each other, are in flight together: one L2 round trip, not SPLIT_K in a row."""
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     ws = ws_ptr + offs_m[:, None].to(tl.int64) * N + offs_n[None, :]
     tl.store(ws + pid_k * M * N, acc, mask=mask)
@@ -57,7 +63,7 @@ def last_split_reduces(acc, ws_ptr, cnt_ptr, out_ptr, bias_ptr, offs_m, offs_n, 
     ticket = tl.atomic_add(cnt_ptr + tile_id, 1, sem="acq_rel", scope="gpu")
     if ticket == SPLIT_K - 1:
         total = tl.zeros(acc.shape, dtype=tl.float32)
-        for s in range(0, SPLIT_K):  # split order: the same sum as splitk_reduce below
+        for s in tl.static_range(SPLIT_K):  # split order: the same sum as splitk_reduce below
             total += tl.load(ws + s * M * N, mask=mask, other=0.0, cache_modifier=".cg")
         if HAS_BIAS:
             total += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
@@ -79,16 +85,40 @@ def splitk_reduce(partial: torch.Tensor, bias: torch.Tensor | None, y: torch.Ten
 
 
 _COUNTERS: dict[tuple[int, int], torch.Tensor] = {}
+CAPTURE_POOL = 2**20  # counters per pool of capture slices (4 MiB): ~30 decode-step graphs of a 7B model
+_CAPTURE_POOLS: dict[int, list] = {}  # device index -> [pool, next free offset]
+_RETIRED_POOLS: list[torch.Tensor] = []  # exhausted pools: graphs may still point into them
+
+
+def _refill_capture_pool(device: torch.device) -> None:
+    """Outside capture: make sure a zeroed pool with room for more captures exists on ``device``."""
+    entry = _CAPTURE_POOLS.get(device.index or 0)
+    if entry is not None and entry[1] <= CAPTURE_POOL // 2:
+        return
+    if entry is not None:
+        _RETIRED_POOLS.append(entry[0])
+    _CAPTURE_POOLS[device.index or 0] = [torch.zeros(CAPTURE_POOL, dtype=torch.int32, device=device), 0]
+
+
+def _captured_counters(device: torch.device, count: int) -> torch.Tensor:
+    """Counters for a launch being captured: a fresh slice of the pre-zeroed pool, else zeroed in the graph."""
+    entry = _CAPTURE_POOLS.get(device.index or 0)
+    if entry is None or entry[1] + count > CAPTURE_POOL:
+        return torch.zeros(count, dtype=torch.int32, device=device)
+    start = entry[1]
+    entry[1] = start + -(-count // 32) * 32  # 128-byte aligned slices
+    return entry[0][start:start + count]
 
 
 def tile_counters(device: torch.device, count: int) -> torch.Tensor:
     """A zeroed int32 tensor of at least ``count`` ticket counters, for kernels that reset what they use.
 
     Eager calls share one buffer per device and stream (calls on one stream never overlap). A call
-    being captured into a CUDA graph gets a buffer of its own, zeroed inside the graph, so a replay
-    never shares counters with eager calls or other graphs running on another stream."""
-    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        return torch.zeros(count, dtype=torch.int32, device=device)
+    being captured into a CUDA graph gets counters no other launch uses (see the module docstring)."""
+    if device.type == "cuda":
+        if torch.cuda.is_current_stream_capturing():
+            return _captured_counters(device, count)
+        _refill_capture_pool(device)
     key = (device.index or 0, torch.cuda.current_stream(device).cuda_stream) if device.type == "cuda" else (-1, 0)
     cached = _COUNTERS.get(key)
     if cached is None or cached.numel() < count:

@@ -9,8 +9,10 @@
   BLOCK_N (so loads are 16 bytes wide) and wrapped modulo N otherwise (loads need no mask; the
   stores mask the wrapped columns).
 * :func:`split_k_for` (host side): how many K splits a launch needs to give every SM work.
-* :func:`resident_split_k` (host side): the K split for the one-row CUDA-core kernels, which hide
-  DRAM latency with many resident programs rather than with deep pipelines.
+* :func:`resident_split_k` (host side): the K split for the one-row W8A8 kernel, which hides DRAM
+  latency with many resident programs rather than with deep pipelines.
+* :func:`prefetch_split_k` (host side): the K split for the one-row W4A16 kernel, which loads one
+  tile ahead, so a program wants a run of K tiles and the split needs fewer programs.
 * ``SMALL_LAYER`` (host side): layers with N * K up to this (e.g. MiniLM's 384 / 1536) sit in L2 and
   get their own tiles in the W8A8 and W4A16 launchers (no split-K where its reduce costs more).
 """
@@ -64,11 +66,10 @@ def split_k_for(m: int, n: int, k: int, cfg, target_programs: int = 264) -> int:
 def resident_split_k(m: int, n: int, k: int, cfg, min_programs: int = 640, max_split: int = 32) -> int:
     """Smallest power-of-two K split giving >= ``min_programs`` programs with >= 2 K tiles each.
 
-    For the kernels that give each program one token row and ``cfg.block_n`` outputs (grid
-    ``m x cdiv(n, block_n) x split``). They hide DRAM latency with many resident programs (each
-    prefetches one tile ahead in registers): on the H200 the W4A16 one's time fell until ~5 programs
-    per SM and rose past ~8. Shapes too small for that get as many programs as one K tile per split
-    allows."""
+    For the one-row W8A8 kernel (grid ``m x cdiv(n, block_n) x split``), which hides DRAM latency with
+    many resident programs (on the H200 the W4A16 one-row kernel, before it loaded a tile ahead, got
+    faster up to ~5 programs per SM and slower past ~8). Shapes too small for that get as many
+    programs as one K tile per split allows."""
     tiles = m * triton.cdiv(n, cfg.block_n)
     k_tiles = triton.cdiv(k, cfg.block_k)
     split = 1
@@ -78,3 +79,26 @@ def resident_split_k(m: int, n: int, k: int, cfg, min_programs: int = 640, max_s
         while split < max_split and k_tiles // (split * 2) >= 1:
             split *= 2
     return split
+
+
+def prefetch_split_k(m: int, n: int, k: int, cfg, min_programs: int = 512, max_split_channels: int = 1536,
+                     max_split: int = 32) -> int:
+    """Smallest power-of-two K split giving >= ``min_programs`` programs (about 4 per SM), then doubled
+    while a split spans more than ``max_split_channels`` of K; never under two K tiles per split.
+
+    Grid ``m x cdiv(n, block_n) x split``. Measured on an H100 at M = 1 with the W4A16 kernel
+    (docs/kernels-notes.md): 4096x4096 and 11008x4096 fastest at split 8 (512 programs; 16 was 15%
+    and 9% slower), 4096x12288 at 4 (768 programs), 4096x22016 at 4 (2 spans 2048 channels: 3% slower)."""
+    tiles = m * triton.cdiv(n, cfg.block_n)
+    k_tiles = triton.cdiv(k, cfg.block_k)
+
+    def can_double(split):
+        return split < max_split and k_tiles // (split * 2) >= 2
+
+    split = 1
+    while tiles * split < min_programs and can_double(split):
+        split *= 2
+    while triton.cdiv(k, split) > max_split_channels and can_double(split):
+        split *= 2
+    return split
+

@@ -49,7 +49,7 @@ import triton.language as tl
 
 from kernels._checks import interpreting, check_activation, check_bias, check_same_device, check_shape, check_tensor
 from kernels._splitk import splitk_reduce
-from kernels._tiles import SMALL_LAYER, grouped_tile, resident_split_k, split_k_for, split_k_range, weight_columns
+from kernels._tiles import SMALL_LAYER, grouped_tile, prefetch_split_k, split_k_for, split_k_range, weight_columns
 from kernels.w4a16_fma import launch_fma
 from kernels.w4a16_gemv import launch_skinny
 from kernels.w4a16_swap import launch_swap
@@ -248,7 +248,7 @@ def pick_config(m: int, n: int, k: int, group_size: int) -> TileConfig:
         return TileConfig(0, 0, 0, path="dequant")
     if m <= FMA_MAX_M and n * k >= FMA_MIN_WEIGHTS:  # H200: 1.3-1.9x fp16 at M = 1 where the tensor-core kernels gave ~1.0x (kernels-notes)
         cfg = TileConfig(1, 64, 128 if group_size == k else min(128, group_size), num_warps=4, num_stages=3, path="fma")
-        return cfg._replace(split_k=resident_split_k(m, n, k, cfg))
+        return cfg._replace(split_k=prefetch_split_k(m, n, k, cfg))
     if m <= 64 and k <= SHORT_K and n * k <= SMALL_LAYER:
         # Small layers sit in L2 and take a few K steps: split-K's reduce launch costs more than it buys
         # (H200, M = 64: 384x384 5.6 -> 4.4 us, 384x1536 6.5 -> 4.9 us; docs/kernels-notes.md)

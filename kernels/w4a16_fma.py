@@ -42,38 +42,66 @@ from kernels._tiles import split_k_range, weight_columns
 
 
 @triton.jit
-def _load_tile(q_ptrs, s_ptrs, kt, k_last, K, group_size, offs_r, stride_sg, EVEN_K: tl.constexpr):
-    """The packed (BLOCK_K/8, BLOCK_N) tile starting at channel ``kt`` (zeros past ``k_last``) and its scales."""
-    if EVEN_K:
-        packed = tl.load(q_ptrs)
+def _load_tile(q_ptrs, x_ptrs, s_ptrs, kt, k_last, K, offs_r, offs_j, stride_qk, stride_xk, stride_sg,
+               GROUP_SHIFT: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The packed (BLOCK_K/8, BLOCK_N) tile at channel ``kt``, its x values as (BLOCK_K/8, 8) (row r,
+    column j: channel kt + 8r + j) and its scales; zeros past ``k_last`` (a whole tile past it loads
+    nothing: the prefetch after the last tile)."""
+    q_ptrs = q_ptrs + (kt // 8) * stride_qk
+    x_ptrs = x_ptrs + kt * stride_xk
+    packed = tl.load(q_ptrs, mask=(kt // 8 + offs_r)[:, None] < k_last // 8, other=0)  # constant along N
+    if EVEN_K:  # whole tiles: the mask is constant along j too, so x loads stay 16 bytes wide
+        xt = tl.load(x_ptrs, mask=(kt + 8 * offs_r)[:, None] < k_last, other=0.0)
     else:
-        packed = tl.load(q_ptrs, mask=(kt // 8 + offs_r)[:, None] < k_last // 8, other=0)
-    scale = tl.load(s_ptrs + (tl.minimum(kt, K - 1) // group_size) * stride_sg).to(tl.float32)  # (BN,)
-    return packed, scale
+        xt = tl.load(x_ptrs, mask=(kt + 8 * offs_r[:, None] + offs_j[None, :]) < k_last, other=0.0)
+    if GROUP_SHIFT >= 0:  # group_size = 2**GROUP_SHIFT; the clamp keeps the dead prefetch in bounds
+        s_ptrs += (tl.minimum(kt, K - 1) >> GROUP_SHIFT) * stride_sg
+    scale = tl.load(s_ptrs)  # GROUP_SHIFT < 0: one group (per channel), row 0
+    return packed, xt.to(tl.float32), scale.to(tl.float32)
 
 
 @triton.jit
-def _tile_partial(packed, x_ptrs, kt, k_last, offs_r, stride_xk, EVEN_K: tl.constexpr, BLOCK_K: tl.constexpr,
-                  BLOCK_N: tl.constexpr):
+def _nibble_columns(xt, ROWS: tl.constexpr):
+    """The 8 columns of ``xt`` (ROWS, 8) as (ROWS,) tensors, j = 0..7."""
+    e, o = tl.split(tl.reshape(xt, (ROWS, 2, 2, 2)))  # j = 4a + 2b + c: c = 0 / 1
+    e0, e1 = tl.split(e)  # (c=0, b=0): j in {0, 4}; (c=0, b=1): {2, 6}
+    o0, o1 = tl.split(o)  # (c=1, b=0): {1, 5}; (c=1, b=1): {3, 7}
+    x0, x4 = tl.split(e0)
+    x2, x6 = tl.split(e1)
+    x1, x5 = tl.split(o0)
+    x3, x7 = tl.split(o1)
+    return x0, x1, x2, x3, x4, x5, x6, x7
+
+
+@triton.jit
+def _nibble_product(u_lo, u_hi, xj, j: tl.constexpr):
+    """``x[8r + j] * q[8r + j, n]`` for nibble plane ``j``, from the biased words (see the module docstring)."""
+    if j < 5:  # nibble j sits at bits 4j..4j+3 <= 19: inside the fp32 mantissa where it is
+        src = u_lo
+        p: tl.constexpr = j
+    else:
+        src = u_hi
+        p: tl.constexpr = j - 3
+    bits = src & ((0xF << (4 * p)) | 0x4B000000)  # fp32 2^23 + (q + 8) * 16^p, exact
+    w = bits.to(tl.float32, bitcast=True) - (8388608.0 + 8.0 * (1 << (4 * p)))  # q * 16^p, exact
+    return (xj * (1.0 / (1 << (4 * p))))[:, None] * w  # x * 16^-p: a power of two, exact
+
+
+@triton.jit
+def _tile_partial(packed, xt, BLOCK_K: tl.constexpr):
     """sum_j x[kt + 8r + j] * q[kt + 8r + j, n] for one packed tile: (BLOCK_K/8, BLOCK_N) fp32, unscaled."""
     u = (packed ^ -0x77777778).to(tl.uint32, bitcast=True)  # 0x88888888: each nibble q -> q + 8 in 0..15
     u_lo = u | 0x4B000000  # exponent bits of 2^23 set once per word; the and below keeps them
     u_hi = (u >> 12) | 0x4B000000  # nibbles 5..7 moved to bit positions 8..19
-    part = tl.zeros((BLOCK_K // 8, BLOCK_N), dtype=tl.float32)
-    for j in tl.static_range(8):
-        if j < 5:  # nibble j sits at bits 4j..4j+3 <= 19: inside the fp32 mantissa where it is
-            src = u_lo
-            p = j
-        else:
-            src = u_hi
-            p = j - 3
-        if EVEN_K:
-            xj = tl.load(x_ptrs + j * stride_xk).to(tl.float32)
-        else:
-            xj = tl.load(x_ptrs + j * stride_xk, mask=kt + 8 * offs_r + j < k_last, other=0.0).to(tl.float32)
-        bits = src & ((0xF << (4 * p)) | 0x4B000000)  # fp32 2^23 + (q + 8) * 16^p, exact
-        w = bits.to(tl.float32, bitcast=True) - (8388608.0 + 8.0 * (1 << (4 * p)))  # q * 16^p, exact
-        part += (xj * (1.0 / (1 << (4 * p))))[:, None] * w  # x * 16^-p: a power of two, exact
+    x0, x1, x2, x3, x4, x5, x6, x7 = _nibble_columns(xt, BLOCK_K // 8)
+    part = _nibble_product(u_lo, u_hi, x0, 0)
+    part += _nibble_product(u_lo, u_hi, x1, 1)
+    part += _nibble_product(u_lo, u_hi, x2, 2)
+    part += _nibble_product(u_lo, u_hi, x3, 3)
+    part += _nibble_product(u_lo, u_hi, x4, 4)
+    part += _nibble_product(u_lo, u_hi, x5, 5)
+    part += _nibble_product(u_lo, u_hi, x6, 6)
+    part += _nibble_product(u_lo, u_hi, x7, 7)
     return part
 
 
@@ -81,9 +109,9 @@ def _tile_partial(packed, x_ptrs, kt, k_last, offs_r, stride_xk, EVEN_K: tl.cons
 def _w4a16_fma_kernel(
     x_ptr, qw_ptr, s_ptr, bias_ptr, out_ptr,  # x (M, K), qweight (K/8, N), scales (K/G, N), bias (N,), out (M, N)
     ws_ptr, cnt_ptr,  # SPLIT_K > 1: fp32 partials (SPLIT_K, M, N), int32 ticket counters (M * N / BLOCK_N,)
-    M, N, K, group_size,
+    M, N, K,
     stride_xm, stride_xk, stride_qk, stride_qn, stride_sg, stride_sn, stride_om,
-    SPLIT_K, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
+    GROUP_SHIFT: tl.constexpr, SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     row = tl.program_id(0)
@@ -92,18 +120,21 @@ def _w4a16_fma_kernel(
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     cols = weight_columns(offs_n, N, BLOCK_N, EVEN_N)  # contiguous (16-byte loads) or wrapped
     offs_r = tl.arange(0, BLOCK_K // 8)
+    offs_j = tl.arange(0, 8)
 
     k_first, k_last = split_k_range(pid_k, K, SPLIT_K, BLOCK_K)
-    q_ptrs = qw_ptr + (k_first // 8 + offs_r)[:, None] * stride_qk + cols[None, :] * stride_qn  # (BK/8, BN)
-    x_ptrs = x_ptr + row.to(tl.int64) * stride_xm + (k_first + 8 * offs_r) * stride_xk  # channel 8r of the tile
+    q_ptrs = qw_ptr + offs_r[:, None] * stride_qk + cols[None, :] * stride_qn  # (BK/8, BN) at channel 0
+    x_ptrs = x_ptr + row.to(tl.int64) * stride_xm + (8 * offs_r[:, None] + offs_j[None, :]) * stride_xk  # (BK/8, 8)
     s_ptrs = s_ptr + cols * stride_sn
 
     acc = tl.zeros((BLOCK_K // 8, BLOCK_N), dtype=tl.float32)
-    for k0 in range(k_first, k_last, BLOCK_K):
-        packed, scale = _load_tile(q_ptrs, s_ptrs, k0, k_last, K, group_size, offs_r, stride_sg, EVEN_K)
-        acc += _tile_partial(packed, x_ptrs, k0, k_last, offs_r, stride_xk, EVEN_K, BLOCK_K, BLOCK_N) * scale[None, :]
-        q_ptrs += (BLOCK_K // 8) * stride_qk
-        x_ptrs += BLOCK_K * stride_xk
+    packed, xt, scale = _load_tile(q_ptrs, x_ptrs, s_ptrs, k_first, k_last, K, offs_r, offs_j,
+                                   stride_qk, stride_xk, stride_sg, GROUP_SHIFT, EVEN_K, BLOCK_K)
+    for k0 in range(k_first, k_last, BLOCK_K):  # the next tile's loads are in flight during this one's FMAs
+        next_packed, next_xt, next_scale = _load_tile(q_ptrs, x_ptrs, s_ptrs, k0 + BLOCK_K, k_last, K, offs_r, offs_j,
+                                                      stride_qk, stride_xk, stride_sg, GROUP_SHIFT, EVEN_K, BLOCK_K)
+        acc += _tile_partial(packed, xt, BLOCK_K) * scale[None, :]
+        packed, xt, scale = next_packed, next_xt, next_scale
 
     y = tl.sum(acc, axis=0)  # (BN,)
     if SPLIT_K > 1:  # store the partial; the last split of this (row, tile) to arrive reduces
@@ -115,6 +146,15 @@ def _w4a16_fma_kernel(
         tl.store(out_ptr + row.to(tl.int64) * stride_om + offs_n, y.to(out_ptr.dtype.element_ty), mask=offs_n < N)
 
 
+def _group_shift(group_size: int, k: int) -> int:
+    """log2 of the scale group (the launcher allows 32, 64, 128), or -1 for one group per channel."""
+    if group_size == k:
+        return -1
+    if group_size & (group_size - 1):
+        raise ValueError(f"group_size: expected a power of two or K = {k}, got {group_size}")
+    return group_size.bit_length() - 1
+
+
 def launch_fma(x2, qweight, scales, group_size, bias, y, cfg) -> None:
     """Launch on validated 2-D ``x2`` (M, K), writing ``y`` (M, N) in one launch whatever the K split."""
     m, k = x2.shape
@@ -123,9 +163,9 @@ def launch_fma(x2, qweight, scales, group_size, bias, y, cfg) -> None:
     workspace, counters = last_split_buffers(y, cfg.split_k, m, n, m * grid[1])
     _w4a16_fma_kernel[grid](
         x2, qweight, scales, bias if bias is not None else scales, y, workspace, counters,
-        m, n, k, group_size,
+        m, n, k,
         x2.stride(0), x2.stride(1), qweight.stride(0), qweight.stride(1), scales.stride(0), scales.stride(1),
-        y.stride(0), cfg.split_k, HAS_BIAS=bias is not None,
+        y.stride(0), _group_shift(group_size, k), cfg.split_k, HAS_BIAS=bias is not None,
         EVEN_K=k % (cfg.block_k * cfg.split_k) == 0, EVEN_N=n % cfg.block_n == 0,
         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )

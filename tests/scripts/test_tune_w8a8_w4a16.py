@@ -65,9 +65,9 @@ def test_decode_variants_time_current_picks_against_alternatives(m, k, n):
     assert ("w8a8", "current", tune.w8.pick_config(m, n, k)) in variants
     assert ("w4a16", "current", tune.w4.pick_config(m, n, k, tune.GROUP)) in variants
     alternatives = [(kernel, cfg) for kernel, label, cfg in variants if label == "alt"]
-    assert sum(kernel == "w8a8" for kernel, _ in alternatives) == (10 if m <= 2 else 6)
+    assert sum(kernel == "w8a8" for kernel, _ in alternatives) == (13 if m <= 2 else 6)
     assert any(cfg.gemv for kernel, cfg in alternatives if kernel == "w8a8") == (m <= 2)
     assert all(cfg.split_k is not None and cfg.split_k >= 1 for _, cfg in alternatives)
     if tune.w4.pick_config(m, n, k, tune.GROUP).path == "fma":  # M = 1: the CUDA-core kernel's neighbours
-        assert sum(kernel == "w4a16" for kernel, _ in alternatives) == 6
+        assert sum(kernel == "w4a16" for kernel, _ in alternatives) == 8
     assert {(m, k, n) for (k, n), m in tune.DECODE_CELLS} >= {(1, 4096, 12288), (1, 11008, 4096)}

@@ -1,0 +1,79 @@
+"""Ticket counters of the one-launch split-K kernels: eager buffers, capture slices, graph replays."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels import _splitk
+from kernels.w4a16 import TileConfig, launch
+from tests.kernels.helpers import random_int4_weight
+
+
+@pytest.fixture
+def small_pool(monkeypatch):
+    """A fresh 256-counter pool registry, restored after the test."""
+    monkeypatch.setattr(_splitk, "CAPTURE_POOL", 256)
+    monkeypatch.setattr(_splitk, "_CAPTURE_POOLS", {})
+    monkeypatch.setattr(_splitk, "_RETIRED_POOLS", [])
+
+
+def test_capture_slices_are_zeroed_aligned_and_disjoint(small_pool):
+    cpu = torch.device("cpu")
+    _splitk._refill_capture_pool(cpu)
+    pool = _splitk._CAPTURE_POOLS[0][0]
+    first = _splitk._captured_counters(cpu, 40)
+    second = _splitk._captured_counters(cpu, 8)
+    assert first.numel() == 40 and second.numel() == 8 and not first.any() and not second.any()
+    assert first.data_ptr() == pool.data_ptr()
+    assert second.data_ptr() == pool.data_ptr() + 64 * 4  # 40 rounded up to 32-counter (128-byte) slices
+    first.fill_(1)
+    assert not second.any()  # no overlap
+
+
+def test_capture_falls_back_to_a_fresh_buffer_when_the_pool_is_short(small_pool):
+    cpu = torch.device("cpu")
+    assert _splitk._captured_counters(cpu, 8).numel() == 8  # no pool yet: a buffer of its own
+    _splitk._refill_capture_pool(cpu)
+    pool = _splitk._CAPTURE_POOLS[0][0]
+    _splitk._captured_counters(cpu, 200)
+    spill = _splitk._captured_counters(cpu, 100)  # 224 + 100 > 256
+    assert spill.numel() == 100 and not spill.any()
+    assert not (pool.data_ptr() <= spill.data_ptr() < pool.data_ptr() + pool.numel() * 4)
+
+
+def test_refill_retires_a_pool_past_half_and_keeps_it_alive(small_pool):
+    cpu = torch.device("cpu")
+    _splitk._refill_capture_pool(cpu)
+    pool = _splitk._CAPTURE_POOLS[0][0]
+    _splitk._captured_counters(cpu, 100)
+    _splitk._refill_capture_pool(cpu)
+    assert _splitk._CAPTURE_POOLS[0][0] is pool  # 128 of 256 used: still room
+    _splitk._captured_counters(cpu, 32)
+    _splitk._refill_capture_pool(cpu)
+    assert _splitk._CAPTURE_POOLS[0][0] is not pool and _splitk._RETIRED_POOLS == [pool]
+    assert _splitk._CAPTURE_POOLS[0][1] == 0
+
+
+@pytest.mark.gpu
+def test_gpu_graphs_of_one_split_launch_use_their_own_counters():
+    """Two graphs of the same split-K launch, replayed in turn and between eager calls, stay right."""
+    k, n, g = 4096, 512, 128
+    qweight, _, scales = random_int4_weight(k, n, g, device="cuda")
+    cfg = TileConfig(1, 64, 128, split_k=16, path="fma")
+    xs = [torch.randn(1, k, device="cuda").half() for _ in range(2)]
+    launch(xs[0], qweight, scales, g, None, config=cfg)  # compile, and create the capture pool
+    graphs, outs = [], []
+    for x in xs:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            outs.append(launch(x, qweight, scales, g, None, config=cfg))
+        graphs.append(graph)
+    for _ in range(3):
+        for x, graph, out in zip(xs, graphs, outs):
+            x.copy_(torch.randn_like(x))
+            graph.replay()
+            eager = launch(x, qweight, scales, g, None, config=cfg)
+            torch.testing.assert_close(out, eager, rtol=0, atol=0)
+    torch.cuda.synchronize()
+    pool, used = _splitk._CAPTURE_POOLS[torch.cuda.current_device()]
+    assert used >= 2 * 8 and not pool.any()  # the slices handed out are back at zero after replays
