@@ -19,7 +19,7 @@ Two paths, the same integers and the same output bits:
   and M measured (docs/kernels-notes.md), so ``pick_config`` never chooses it.
 * gemv (``TileConfig(gemv=True)`` / :func:`gemv_config`, :mod:`kernels.w8a8_gemv`): one launch,
   one token row per program on CUDA cores, the row quantized in the kernel; ``pick_config`` takes
-  it at M = 1 on layers larger than ``SMALL_LAYER`` (measured faster there on an H100).
+  it at M = 1 on layers larger than ``SMALL_LAYER`` with N <= ``GEMV_MAX_N`` (faster there on an H100).
 
 Quantization uses IEEE division (``div_rn``; the fused kernel an exactly equivalent float64
 multiply), clamps to [-128, 127], then rounds with the float trick ``(v + 1.5 * 2**23) - 1.5 * 2**23``,
@@ -49,6 +49,9 @@ from kernels._splitk import splitk_reduce
 from kernels._tiles import SMALL_LAYER, grouped_tile, resident_split_k, split_k_for, split_k_range
 from kernels.w8a8_fused import launch_fused, quantize_int8
 from kernels.w8a8_gemv import launch_gemv
+
+
+GEMV_MAX_N = 264 * 64  # the one-row kernel at M = 1 while the 16x64 tile would give <= 264 programs
 
 
 class TileConfig(NamedTuple):
@@ -159,16 +162,17 @@ def small_layer_config(m: int, n: int) -> TileConfig:
 def pick_config(m: int, n: int, k: int) -> TileConfig:
     """Tiles by M bucket and layer size, from the shape alone (CUDA-graph safe: no autotuning).
 
-    M = 1 on layers above ``SMALL_LAYER``: the one-row kernel (``gemv_config``, 32 outputs, 2
-    warps), 7% less time summed over the Llama-2-7B decode layers on an H100 (docs/kernels-notes.md,
-    "W8A8 one-row kernel"). Otherwise the pre-pass path: the fused one (``TileConfig(fused=True)``)
+    M = 1 on layers above ``SMALL_LAYER`` with N <= ``GEMV_MAX_N``: the one-row kernel
+    (``gemv_config``, 32 outputs, 2 warps). On an H100 it was 3-16% faster than the tensor-core tile
+    where that tile gives at most ~2 programs per SM (N <= 12288), even at N = 22016 and 9% slower at
+    N = 28672 (docs/kernels-notes.md, "Decode kernels"). Otherwise the pre-pass path: the fused one (``TileConfig(fused=True)``)
     measured slower at every shape and M tried ("W8A8 fused activation quantization"). Small layers
     (N * K <= ``SMALL_LAYER``) at 16 < M take ``small_layer_config``, except M <= 64 with K >= 1024,
     where split-K measured faster (1536x384 M=64: 9.3 vs 11.3 us on an H200).
     """
     if n * k <= SMALL_LAYER and m > 16 and not (m <= 64 and k >= 1024):
         return small_layer_config(m, n)
-    if m == 1 and n * k > SMALL_LAYER:  # one token row: the one-row kernel, no quantize launch
+    if m == 1 and n * k > SMALL_LAYER and n <= GEMV_MAX_N:  # one token row: no quantize launch
         return gemv_config(m, n, k, block_n=32, block_k=128, num_warps=2)
     if m <= 16:  # no split-K: the reduce launch costs more than the idle SMs (sweep, docs/kernels-notes.md)
         return TileConfig(16, 64, 256, split_k=1, num_warps=4, num_stages=5)

@@ -28,7 +28,7 @@ tensor-core tile and needs a separate quantize launch; at M = 1 a layer with N =
 
 It hides DRAM latency with many resident programs (the launcher's split:
 :func:`kernels._tiles.resident_split_k`). ``pick_config`` takes it at M = 1 on layers larger than
-``SMALL_LAYER`` (H100: 7% less time than the tensor-core path over the Llama-2-7B decode layers).
+``SMALL_LAYER`` whose N gives the tensor-core tile few programs (``kernels.w8a8.GEMV_MAX_N``).
 """
 from __future__ import annotations
 

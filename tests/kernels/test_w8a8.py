@@ -257,6 +257,7 @@ def test_gemv_is_picked_for_one_row_and_splits_for_resident_programs():
     assert pick_config(1, 4096, 4096).gemv and pick_config(1, 4096, 4096).block_n == 32
     assert not any(pick_config(m, 4096, 4096).gemv for m in (2, 16))
     assert not pick_config(1, 1024, 1024).gemv  # small layers keep the tensor-core tile (not measured)
+    assert pick_config(1, 12288, 4096).gemv and not pick_config(1, 28672, 8192).gemv  # wide N: many tiles already
     cfg = gemv_config(1, 4096, 4096)
     assert cfg.gemv and (4096 // cfg.block_n) * cfg.split_k >= 640
 
