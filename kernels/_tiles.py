@@ -101,4 +101,3 @@ def prefetch_split_k(m: int, n: int, k: int, cfg, min_programs: int = 512, max_s
     while triton.cdiv(k, split) > max_split_channels and can_double(split):
         split *= 2
     return split
-

@@ -22,10 +22,13 @@ three instructions per nibble (and, subtract, fma; the or is once per word). A b
 loses bits when scaled by 16^-p (fp32 subnormal range), far under anything that moves a sum of fp32
 products.
 
-``part`` holds one K tile (inside one scale group), so it is scaled once per tile into ``acc``; the K
-rows of ``acc`` are summed once at the end. The kernel waits mostly on DRAM latency ("long scoreboard"
-was 62% of its stalls under ncu on the H200), so the launcher gives it many resident programs by
-splitting K; loading two K tiles per loop step before using either measured no faster.
+``part`` holds one K tile (inside one scale group, whose row is ``k >> GROUP_SHIFT``), so it is
+scaled once per tile into ``acc``; the K rows of ``acc`` are summed once at the end. x comes in as one
+(BLOCK_K/8, 8) tile per step, split into its 8 columns in registers. The kernel is bound by DRAM
+latency, so each step first issues the loads of the next tile (weights, x, scales) and then
+multiplies the current one: the loads are in flight during the FMAs (on an H100 this took the decode
+layers 10-20% below the version that loaded and then waited; docs/kernels-notes.md). The launcher
+splits K so that ~4 programs per SM each stream a run of tiles (``kernels._tiles.prefetch_split_k``).
 Grid: (M, N / BLOCK_N, SPLIT_K) with the token row fastest, so programs that share a weight tile run
 together and the tile comes from DRAM once.
 With SPLIT_K > 1 the last split of each (row, tile) to finish sums the fp32 partials in split order

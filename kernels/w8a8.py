@@ -164,9 +164,9 @@ def pick_config(m: int, n: int, k: int) -> TileConfig:
 
     M = 1 on layers above ``SMALL_LAYER`` with N <= ``GEMV_MAX_N``: the one-row kernel
     (``gemv_config``, 32 outputs, 2 warps). On an H100 it was 3-16% faster than the tensor-core tile
-    where that tile gives at most ~2 programs per SM (N <= 12288), even at N = 22016 and 9% slower at
-    N = 28672 (docs/kernels-notes.md, "Decode kernels"). Otherwise the pre-pass path: the fused one (``TileConfig(fused=True)``)
-    measured slower at every shape and M tried ("W8A8 fused activation quantization"). Small layers
+    up to N = 12288, even at N = 22016 and 9% slower at N = 28672, where the tile already has 448
+    programs (docs/kernels-notes.md, "Decode kernels"). Otherwise the pre-pass path: the fused one
+    (``TileConfig(fused=True)``) measured slower at every shape and M tried. Small layers
     (N * K <= ``SMALL_LAYER``) at 16 < M take ``small_layer_config``, except M <= 64 with K >= 1024,
     where split-K measured faster (1536x384 M=64: 9.3 vs 11.3 us on an H200).
     """
