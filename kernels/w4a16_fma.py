@@ -40,27 +40,31 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from kernels._pdl import launch_options, let_dependents_launch, pdl_enabled, wait_for_inputs
 from kernels._splitk import last_split_buffers, last_split_reduces
 from kernels._tiles import split_k_range, weight_columns
 
 
 @triton.jit
-def _load_tile(q_ptrs, x_ptrs, s_ptrs, kt, k_last, K, offs_r, offs_j, stride_qk, stride_xk, stride_sg,
-               GROUP_SHIFT: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_K: tl.constexpr):
-    """The packed (BLOCK_K/8, BLOCK_N) tile at channel ``kt``, its x values as (BLOCK_K/8, 8) (row r,
-    column j: channel kt + 8r + j) and its scales; zeros past ``k_last`` (a whole tile past it loads
-    nothing: the prefetch after the last tile)."""
-    q_ptrs = q_ptrs + (kt // 8) * stride_qk
-    x_ptrs = x_ptrs + kt * stride_xk
-    packed = tl.load(q_ptrs, mask=(kt // 8 + offs_r)[:, None] < k_last // 8, other=0)  # constant along N
-    if EVEN_K:  # whole tiles: the mask is constant along j too, so x loads stay 16 bytes wide
-        xt = tl.load(x_ptrs, mask=(kt + 8 * offs_r)[:, None] < k_last, other=0.0)
-    else:
-        xt = tl.load(x_ptrs, mask=(kt + 8 * offs_r[:, None] + offs_j[None, :]) < k_last, other=0.0)
+def _load_weights(q_ptrs, s_ptrs, kt, k_last, K, offs_r, stride_qk, stride_sg, GROUP_SHIFT: tl.constexpr):
+    """The packed (BLOCK_K/8, BLOCK_N) tile at channel ``kt`` and its scales (fp32); rows past
+    ``k_last`` load nothing (zeros: the prefetch after the last tile)."""
+    packed = tl.load(q_ptrs + (kt // 8) * stride_qk, mask=(kt // 8 + offs_r)[:, None] < k_last // 8, other=0)
     if GROUP_SHIFT >= 0:  # group_size = 2**GROUP_SHIFT; the clamp keeps the dead prefetch in bounds
         s_ptrs += (tl.minimum(kt, K - 1) >> GROUP_SHIFT) * stride_sg
     scale = tl.load(s_ptrs)  # GROUP_SHIFT < 0: one group (per channel), row 0
-    return packed, xt.to(tl.float32), scale.to(tl.float32)
+    return packed, scale.to(tl.float32)
+
+
+@triton.jit
+def _load_x(x_ptrs, kt, k_last, offs_r, offs_j, stride_xk, EVEN_K: tl.constexpr):
+    """x at channels kt + 8r + j as a (BLOCK_K/8, 8) fp32 tile; zeros from ``k_last`` on."""
+    x_ptrs = x_ptrs + kt * stride_xk
+    if EVEN_K:  # whole tiles: the mask is constant along j, so the loads stay vectorized
+        xt = tl.load(x_ptrs, mask=(kt + 8 * offs_r)[:, None] < k_last, other=0.0)
+    else:
+        xt = tl.load(x_ptrs, mask=(kt + 8 * offs_r[:, None] + offs_j[None, :]) < k_last, other=0.0)
+    return xt.to(tl.float32)
 
 
 @triton.jit
@@ -115,7 +119,7 @@ def _w4a16_fma_kernel(
     M, N, K,
     stride_xm, stride_xk, stride_qk, stride_qn, stride_sg, stride_sn, stride_om,
     GROUP_SHIFT: tl.constexpr, SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     row = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -131,13 +135,16 @@ def _w4a16_fma_kernel(
     s_ptrs = s_ptr + cols * stride_sn
 
     acc = tl.zeros((BLOCK_K // 8, BLOCK_N), dtype=tl.float32)
-    packed, xt, scale = _load_tile(q_ptrs, x_ptrs, s_ptrs, k_first, k_last, K, offs_r, offs_j,
-                                   stride_qk, stride_xk, stride_sg, GROUP_SHIFT, EVEN_K, BLOCK_K)
+    packed, scale = _load_weights(q_ptrs, s_ptrs, k_first, k_last, K, offs_r, stride_qk, stride_sg, GROUP_SHIFT)
+    wait_for_inputs(USE_PDL)  # with PDL: x may still be being written until here; the weights are not
+    xt = _load_x(x_ptrs, k_first, k_last, offs_r, offs_j, stride_xk, EVEN_K)
     for k0 in range(k_first, k_last, BLOCK_K):  # the next tile's loads are in flight during this one's FMAs
-        next_packed, next_xt, next_scale = _load_tile(q_ptrs, x_ptrs, s_ptrs, k0 + BLOCK_K, k_last, K, offs_r, offs_j,
-                                                      stride_qk, stride_xk, stride_sg, GROUP_SHIFT, EVEN_K, BLOCK_K)
+        next_packed, next_scale = _load_weights(q_ptrs, s_ptrs, k0 + BLOCK_K, k_last, K, offs_r, stride_qk, stride_sg,
+                                                GROUP_SHIFT)
+        next_xt = _load_x(x_ptrs, k0 + BLOCK_K, k_last, offs_r, offs_j, stride_xk, EVEN_K)
         acc += _tile_partial(packed, xt, BLOCK_K) * scale[None, :]
         packed, xt, scale = next_packed, next_xt, next_scale
+    let_dependents_launch(USE_PDL)
 
     y = tl.sum(acc, axis=0)  # (BN,)
     if SPLIT_K > 1:  # store the partial; the last split of this (row, tile) to arrive reduces
@@ -164,11 +171,13 @@ def launch_fma(x2, qweight, scales, group_size, bias, y, cfg) -> None:
     n = qweight.shape[1]
     grid = (m, triton.cdiv(n, cfg.block_n), cfg.split_k)
     workspace, counters = last_split_buffers(y, cfg.split_k, m, n, m * grid[1])
+    use_pdl = pdl_enabled(x2.device)
     _w4a16_fma_kernel[grid](
         x2, qweight, scales, bias if bias is not None else scales, y, workspace, counters,
         m, n, k,
         x2.stride(0), x2.stride(1), qweight.stride(0), qweight.stride(1), scales.stride(0), scales.stride(1),
         y.stride(0), _group_shift(group_size, k), cfg.split_k, HAS_BIAS=bias is not None,
         EVEN_K=k % (cfg.block_k * cfg.split_k) == 0, EVEN_N=n % cfg.block_n == 0,
-        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, USE_PDL=use_pdl, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages, **launch_options(use_pdl),
     )

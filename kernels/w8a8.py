@@ -45,6 +45,7 @@ import triton
 import triton.language as tl
 
 from kernels._checks import check_activation, check_bias, check_same_device, check_shape, check_tensor
+from kernels._pdl import launch_options, let_dependents_launch, pdl_enabled, wait_for_inputs
 from kernels._splitk import splitk_reduce
 from kernels._tiles import SMALL_LAYER, grouped_tile, resident_split_k, split_k_for, split_k_range
 from kernels.w8a8_fused import launch_fused, quantize_int8
@@ -73,8 +74,10 @@ class TileConfig(NamedTuple):
 def _quantize_rows_kernel(
     x_ptr, xq_ptr, sx_ptr, static_ptr,  # x (M, K), xq (M, K) int8 contiguous, s_x (M,) fp32, static scale
     K, stride_xm, stride_xk,
-    STATIC: tl.constexpr, STATIC_PER_ROW: tl.constexpr, BLOCK_K: tl.constexpr,
+    STATIC: tl.constexpr, STATIC_PER_ROW: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr,
 ):
+    wait_for_inputs(USE_PDL)  # x comes from the kernel before
+    let_dependents_launch(USE_PDL)  # the GEMM may launch now; it waits for this kernel before reading xq
     row = tl.program_id(0)
     x_row = x_ptr + row.to(tl.int64) * stride_xm
     offs = tl.arange(0, BLOCK_K)
@@ -105,7 +108,9 @@ def _w8a8_matmul_kernel(
     stride_xm, stride_xk, stride_wn, stride_wk, stride_os, stride_om,  # stride_os: between split-K slices
     SPLIT_K, ADD_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    wait_for_inputs(USE_PDL)  # xq and s_x come from the quantize kernel before
     # grouped tile order: GROUP_M row-tiles share each weight column-tile while it sits in L2
     pid_m, pid_n = grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     pid_k = tl.program_id(1)
@@ -131,6 +136,7 @@ def _w8a8_matmul_kernel(
         acc = tl.dot(a, b, acc, out_dtype=tl.int32)
         x_ptrs += BLOCK_K * stride_xk
         w_ptrs += BLOCK_K * stride_wk
+    let_dependents_launch(USE_PDL)
 
     s_x = tl.load(sx_ptr + rows)
     s_w = tl.load(sw_ptr + cols)
@@ -220,10 +226,11 @@ def quantize_rows(x2: torch.Tensor, x_scale: torch.Tensor | None = None):
         return xq, s_x
     static = x_scale.reshape(-1).contiguous() if x_scale is not None else s_x
     block_k = min(triton.next_power_of_2(k), 2048)
+    use_pdl = pdl_enabled(x2.device)
     _quantize_rows_kernel[(m,)](
         x2, xq, s_x, static, k, x2.stride(0), x2.stride(1),
         STATIC=x_scale is not None, STATIC_PER_ROW=x_scale is not None and x_scale.numel() > 1,
-        BLOCK_K=block_k, num_warps=4 if block_k <= 1024 else 8,
+        BLOCK_K=block_k, USE_PDL=use_pdl, num_warps=4 if block_k <= 1024 else 8, **launch_options(use_pdl),
     )
     return xq, s_x
 
@@ -247,6 +254,7 @@ def launch(x2, w_q, w_scale, bias=None, x_scale=None, config: TileConfig | None 
     if cfg.gemv:
         return launch_gemv(x2, w_q, w_scale, bias, x_scale, cfg, y)
     xq, s_x = quantize_rows(x2, x_scale)
+    use_pdl = pdl_enabled(x2.device)
     out = y if cfg.split_k == 1 else torch.empty((cfg.split_k, m, n), dtype=torch.float32, device=x2.device)
     grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n), cfg.split_k)
     _w8a8_matmul_kernel[grid](
@@ -256,7 +264,7 @@ def launch(x2, w_q, w_scale, bias=None, x_scale=None, config: TileConfig | None 
         m * n if cfg.split_k > 1 else 0, out.stride(-2),
         cfg.split_k, ADD_BIAS=bias is not None and cfg.split_k == 1, EVEN_K=k % (cfg.block_k * cfg.split_k) == 0,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        USE_PDL=use_pdl, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_options(use_pdl),
     )
     if cfg.split_k > 1:
         splitk_reduce(out, bias, y)

@@ -36,6 +36,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels._pdl import launch_options, let_dependents_launch, pdl_enabled, wait_for_inputs
 from kernels._splitk import last_split_buffers, last_split_reduces
 from kernels._tiles import split_k_range
 from kernels.w8a8_fused import quantize_int8_recip, row_scales
@@ -70,7 +71,7 @@ def _w8a8_gemv_kernel(
     stride_xm, stride_xk, stride_wn, stride_wk, stride_om,
     SPLIT_K: tl.constexpr, STATIC: tl.constexpr, STATIC_PER_ROW: tl.constexpr, HAS_BIAS: tl.constexpr,
     EVEN_K: tl.constexpr, EVEN_SCALE_K: tl.constexpr, EVEN_N: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SCALE_BLOCK: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SCALE_BLOCK: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     row = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -87,6 +88,7 @@ def _w8a8_gemv_kernel(
     w_ptrs = w_ptr + cols[:, None] * stride_wn + (k_first + offs_k)[None, :] * stride_wk  # (BN, BK)
     x_ptrs = x_ptr + row.to(tl.int64) * stride_xm + (k_first + offs_k) * stride_xk  # (BK,)
     w_first = _load_weight_tile(w_ptrs, k_first, k_last, offs_k, EVEN_K)  # in flight during the scale pass
+    wait_for_inputs(USE_PDL)  # with PDL: x may still be being written until here; the weights are not
 
     s_x = row_scales(x_ptr, static_ptr, rows, M, K, stride_xm, stride_xk,
                      STATIC, STATIC_PER_ROW, EVEN_SCALE_K, 1, SCALE_BLOCK)  # (1,)
@@ -100,6 +102,7 @@ def _w8a8_gemv_kernel(
         x_ptrs += BLOCK_K * stride_xk
         w = _load_weight_tile(w_ptrs, k0, k_last, offs_k, EVEN_K)
         acc = _accumulate(acc, w, x_ptrs, k0, k_last, offs_k, recip, EVEN_K)
+    let_dependents_launch(USE_PDL)
 
     total = tl.sum(acc, axis=1)  # (BN,) int32, exact
     s_w = tl.load(sw_ptr + cols)
@@ -126,6 +129,7 @@ def launch_gemv(x2, w_q, w_scale, bias, x_scale, cfg, y) -> torch.Tensor:
     workspace, counters = last_split_buffers(y, cfg.split_k, m, n, m * grid[1])
     static = x_scale.reshape(-1).contiguous() if x_scale is not None else w_scale  # placeholder when dynamic
     scale_block = min(triton.next_power_of_2(k), SCALE_BLOCK_MAX)
+    use_pdl = pdl_enabled(x2.device)
     _w8a8_gemv_kernel[grid](
         x2, w_q, static, w_scale, bias if bias is not None else w_scale, y, workspace, counters,
         m, n, k,
@@ -133,6 +137,6 @@ def launch_gemv(x2, w_q, w_scale, bias, x_scale, cfg, y) -> torch.Tensor:
         cfg.split_k, STATIC=x_scale is not None, STATIC_PER_ROW=x_scale is not None and x_scale.numel() > 1,
         HAS_BIAS=bias is not None, EVEN_K=k % (cfg.block_k * cfg.split_k) == 0, EVEN_SCALE_K=k % scale_block == 0,
         EVEN_N=n % cfg.block_n == 0, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SCALE_BLOCK=scale_block,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        USE_PDL=use_pdl, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_options(use_pdl),
     )
     return y

@@ -1,0 +1,71 @@
+"""Programmatic dependent launch: when it is on, and (GPU) that chained PDL kernels read finished inputs."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels import _pdl
+from kernels import w4a16, w8a8
+from tests.kernels.helpers import random_int4_weight
+
+
+def test_off_unless_opted_in(monkeypatch):
+    monkeypatch.delenv("COMPRESS_KERNELS_PDL", raising=False)
+    assert not _pdl.pdl_enabled(torch.device("cpu"))
+    monkeypatch.setenv("COMPRESS_KERNELS_PDL", "1")
+    assert not _pdl.pdl_enabled(torch.device("cpu"))  # CUDA only
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert not _pdl.pdl_enabled(torch.device("cuda", 0))  # never under the interpreter
+
+
+def test_launch_options_only_name_pdl_when_on():
+    assert _pdl.launch_options(False) == {}
+    assert _pdl.launch_options(True) == {"launch_pdl": True}
+
+
+def _chain(layers, x):
+    """Each layer's output is the next one's input: a PDL kernel reading before its wait would see stale data."""
+    for layer in layers:
+        x = layer(x)
+    return x
+
+
+def _decode_like_layers(k):
+    """W4A16 and W8A8 one-row kernels, and the W8A8 quantize + GEMM pair, with K = N so they chain."""
+    qweight, _, scales = random_int4_weight(k, k, 128, device="cuda")
+    w_q = torch.randint(-127, 128, (k, k), dtype=torch.int8, device="cuda")
+    w_scale = torch.rand(k, device="cuda") * 1e-3 + 1e-4
+    tiled = w8a8.TileConfig(16, 64, 256, split_k=1, num_warps=4, num_stages=5)
+    return [
+        lambda x: w4a16.w4a16_matmul(x, qweight, scales, 128) * 0.05,
+        lambda x: w8a8.w8a8_matmul(x, w_q, w_scale),
+        lambda x: w8a8.launch(x, w_q, w_scale, config=tiled),  # the pre-pass path, quantize then GEMM
+        lambda x: w4a16.w4a16_matmul(x, qweight, scales, 128) * 0.05,
+    ]
+
+
+@pytest.mark.gpu
+def test_gpu_pdl_chain_matches_plain_launches_eager_and_in_a_graph(monkeypatch):
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("PDL needs sm_90 or later")
+    k = 4096
+    layers = _decode_like_layers(k)
+    x = torch.randn(1, k, device="cuda").half()
+    monkeypatch.delenv("COMPRESS_KERNELS_PDL", raising=False)
+    plain = _chain(layers, x)
+    monkeypatch.setenv("COMPRESS_KERNELS_PDL", "1")
+    assert _pdl.pdl_enabled(x.device)
+    for _ in range(3):
+        torch.testing.assert_close(_chain(layers, x), plain, rtol=0, atol=0)
+    static_x = x.clone()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_y = _chain(layers, static_x)
+    for _ in range(3):
+        graph.replay()
+        torch.testing.assert_close(static_y, plain, rtol=0, atol=0)
+    static_x.copy_(torch.randn_like(x))
+    monkeypatch.delenv("COMPRESS_KERNELS_PDL")
+    expected = _chain(layers, static_x)
+    graph.replay()
+    torch.testing.assert_close(static_y, expected, rtol=0, atol=0)
