@@ -31,6 +31,7 @@ from torch import nn
 
 from compress.checkpoint import save_compressed
 from compress.configs import BLOCK_SCORES, OBSERVERS, BlockSparseConfig, W4A16Config, W8A8Config
+from compress.neuron_order import find_mlps, kept_mass, reorder_mlp_neurons
 from compress.plan import DEFAULT_EXCLUDE, Plan, compressed_layers, convert, forward_batch, prepare
 from compress.qat import CompressedLinear
 from compress.smoothquant import apply_smoothquant
@@ -81,6 +82,13 @@ def _install_mask(layer: CompressedLinear, mask: torch.Tensor) -> float:
     return mask_sparsity(mask)
 
 
+def _kept_mlp_mass(mlps, sparsity: float) -> float:
+    """Mean of :func:`compress.neuron_order.kept_mass` over the MLP matrices that tile into blocks."""
+    shares = [kept_mass(lin.weight, sparsity) for mlp in mlps for lin in (*mlp.inputs, mlp.output)
+              if lin.weight.shape[0] % 32 == 0 and lin.weight.shape[1] % 32 == 0]
+    return sum(shares) / len(shares) if shares else float("nan")
+
+
 def _layers_matching(model: nn.Module, plan: Plan) -> dict[str, CompressedLinear]:
     return {name: m for name, m in compressed_layers(model).items() if plan.configs_for(name) is not None}
 
@@ -119,11 +127,17 @@ class BlockPruning(pl.Callback):
     score lower give more. Needs one sparsity for all layers (no ``plan``). At a movement re-scoring
     where some layer has no sum yet, every layer is scored by magnitude, so the ranking compares one
     kind of score.
+
+    ``reorder_neurons``: in ``setup``, before any layer is swapped, list each MLP's hidden neurons by
+    importance so that weak neurons share blocks (:func:`compress.neuron_order.reorder_mlp_neurons`;
+    the function is unchanged). Once per callback: a resumed run gets the reordered weights from its
+    checkpoint. List this callback before ``QuantizationAware`` when both are used.
     """
 
     def __init__(self, sparsity: float = 0.5, start_step: int = 0, end_step: int = 100, frequency: int = 10,
                  score: str = "magnitude", plan: Optional[dict[str, float]] = None,
-                 exclude: Optional[list[str]] = None, allocation: str = "layer", spread: float = 0.5):
+                 exclude: Optional[list[str]] = None, allocation: str = "layer", spread: float = 0.5,
+                 reorder_neurons: bool = False):
         super().__init__()
         if score not in BLOCK_SCORES:
             raise ValueError(f"score: expected one of {BLOCK_SCORES}, got {score!r}")
@@ -145,13 +159,27 @@ class BlockPruning(pl.Callback):
                          exclude=DEFAULT_EXCLUDE if exclude is None else tuple(exclude))
         self.start_step, self.end_step, self.frequency, self.score = start_step, end_step, frequency, score
         self.sparsity, self.allocation, self.spread = sparsity, allocation, spread
+        if not isinstance(reorder_neurons, bool):
+            raise ValueError(f"reorder_neurons: expected a bool, got {reorder_neurons!r}")
+        self.reorder_neurons, self._reordered = reorder_neurons, False
         self.last_pruned_step: Optional[int] = None
         self.movement_scores: dict[str, torch.Tensor] = {}  # layer name -> (N/32, K/32) float32
         self._hooks = []
         self._layers: dict[str, CompressedLinear] = {}  # the matched layers, found once per fit
 
     def setup(self, trainer, pl_module, stage):
+        if self.reorder_neurons and not self._reordered:
+            self._reorder(target_model(pl_module))
         prepare(target_model(pl_module), self.plan)
+
+    def _reorder(self, model: nn.Module) -> None:
+        mlps = find_mlps(model)
+        before = _kept_mlp_mass(mlps, self.sparsity)
+        reorder_mlp_neurons(model)
+        self._reordered = True
+        after = _kept_mlp_mass(mlps, self.sparsity)
+        rank_zero_info(f"BlockPruning: reordered the hidden neurons of {len(mlps)} MLPs; at sparsity "
+                       f"{self.sparsity:g} their blocks would keep {before:.3f} -> {after:.3f} of the L1 mass")
 
     def on_train_start(self, trainer, pl_module):
         matched = self._layers = _layers_matching(target_model(pl_module), self.plan)

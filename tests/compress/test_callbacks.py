@@ -71,6 +71,7 @@ def _trainer(callbacks, max_steps, **kwargs):
     (lambda: BlockPruning(allocation="uniform"), "'global'"),
     (lambda: BlockPruning(allocation="global", plan={"*up*": 0.5}), "plan=None"),
     (lambda: BlockPruning(spread=1.0), "spread"),
+    (lambda: BlockPruning(reorder_neurons="yes"), "bool"),
     (lambda: QuantizationAware(), "exactly one of config"),
     (lambda: QuantizationAware(W8A8Config(), start_step=-1), "non-negative"),
     (lambda: Calibration(observer="minmax"), "'absmax'"),
@@ -248,6 +249,35 @@ def test_global_allocation_reaches_the_target_over_all_layers(score):
     for before, after in zip(record.masks, record.masks[1:]):
         for name in before:
             assert not (after[name] & ~before[name]).any(), "masks only shrink"
+
+
+class GatedMLPTask(TinyTask):
+    """TinyTask whose model is an MLP in the Llama layout (``up_proj`` / ``down_proj``), so neurons reorder."""
+
+    def __init__(self):
+        super().__init__()
+        self.model.up_proj, self.model.down_proj = self.model.up, self.model.down
+        del self.model.up, self.model.down
+        self.model.forward = lambda x: self.model.classifier(x + self.model.down_proj(
+            torch.relu(self.model.up_proj(self.model.norm(x)))))
+
+
+def test_reorder_neurons_once_in_setup_then_prune(caplog):
+    task = GatedMLPTask()
+    x = torch.randn(8, 64)
+    with torch.no_grad():
+        before = task.model(x)
+    pruning = BlockPruning(0.5, start_step=0, end_step=2, frequency=1, reorder_neurons=True)
+    pruning.setup(None, task, "fit")
+    importance = task.model.up_proj.weight.abs().sum(1) + task.model.down_proj.weight.abs().sum(0)
+    assert torch.all(importance[:-1] >= importance[1:])
+    with torch.no_grad():
+        torch.testing.assert_close(task.model(x), before, rtol=1e-5, atol=1e-5)
+    weights = task.model.up_proj.weight.clone()
+    pruning.setup(None, task, "validate")  # a later stage of the same run: no second reordering
+    assert torch.equal(task.model.up_proj.weight, weights)
+    _trainer([pruning], max_steps=3).fit(task, loader())
+    assert float((~task.model.up_proj.mask).float().mean()) == 0.5
 
 
 def test_movement_falls_back_to_magnitude_before_any_step():
