@@ -46,25 +46,24 @@ from kernels._tiles import split_k_range, weight_columns
 
 
 @triton.jit
-def _load_weights(q_ptrs, s_ptrs, kt, k_last, K, offs_r, stride_qk, stride_sg, GROUP_SHIFT: tl.constexpr):
-    """The packed (BLOCK_K/8, BLOCK_N) tile at channel ``kt`` and its scales (fp32); rows past
-    ``k_last`` load nothing (zeros: the prefetch after the last tile)."""
-    packed = tl.load(q_ptrs + (kt // 8) * stride_qk, mask=(kt // 8 + offs_r)[:, None] < k_last // 8, other=0)
-    if GROUP_SHIFT >= 0:  # group_size = 2**GROUP_SHIFT; the clamp keeps the dead prefetch in bounds
-        s_ptrs += (tl.minimum(kt, K - 1) >> GROUP_SHIFT) * stride_sg
-    scale = tl.load(s_ptrs)  # GROUP_SHIFT < 0: one group (per channel), row 0
-    return packed, scale.to(tl.float32)
-
-
-@triton.jit
-def _load_x(x_ptrs, kt, k_last, offs_r, offs_j, stride_xk, EVEN_K: tl.constexpr):
-    """x at channels kt + 8r + j as a (BLOCK_K/8, 8) fp32 tile; zeros from ``k_last`` on."""
+def _load_tile(q_ptrs, x_ptrs, s_ptrs, kt, k_last, K, offs_r, offs_j, stride_qk, stride_xk, stride_sg,
+               GROUP_SHIFT: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_K: tl.constexpr, WAIT: tl.constexpr):
+    """The packed (BLOCK_K/8, BLOCK_N) tile at channel ``kt``, its x values as (BLOCK_K/8, 8) (row r,
+    column j: channel kt + 8r + j) and its scales; zeros past ``k_last`` (a whole tile past it loads
+    nothing: the prefetch after the last tile). ``WAIT``: with PDL, the packed tile is loaded before
+    ``griddepcontrol.wait`` (weights are never written by the kernel before), x after it."""
+    q_ptrs = q_ptrs + (kt // 8) * stride_qk
     x_ptrs = x_ptrs + kt * stride_xk
-    if EVEN_K:  # whole tiles: the mask is constant along j, so the loads stay vectorized
+    packed = tl.load(q_ptrs, mask=(kt // 8 + offs_r)[:, None] < k_last // 8, other=0)  # constant along N
+    wait_for_inputs(WAIT)
+    if EVEN_K:  # whole tiles: the mask is constant along j too, so x loads stay 16 bytes wide
         xt = tl.load(x_ptrs, mask=(kt + 8 * offs_r)[:, None] < k_last, other=0.0)
     else:
         xt = tl.load(x_ptrs, mask=(kt + 8 * offs_r[:, None] + offs_j[None, :]) < k_last, other=0.0)
-    return xt.to(tl.float32)
+    if GROUP_SHIFT >= 0:  # group_size = 2**GROUP_SHIFT; the clamp keeps the dead prefetch in bounds
+        s_ptrs += (tl.minimum(kt, K - 1) >> GROUP_SHIFT) * stride_sg
+    scale = tl.load(s_ptrs)  # GROUP_SHIFT < 0: one group (per channel), row 0
+    return packed, xt.to(tl.float32), scale.to(tl.float32)
 
 
 @triton.jit
@@ -135,13 +134,12 @@ def _w4a16_fma_kernel(
     s_ptrs = s_ptr + cols * stride_sn
 
     acc = tl.zeros((BLOCK_K // 8, BLOCK_N), dtype=tl.float32)
-    packed, scale = _load_weights(q_ptrs, s_ptrs, k_first, k_last, K, offs_r, stride_qk, stride_sg, GROUP_SHIFT)
-    wait_for_inputs(USE_PDL)  # with PDL: x may still be being written until here; the weights are not
-    xt = _load_x(x_ptrs, k_first, k_last, offs_r, offs_j, stride_xk, EVEN_K)
+    packed, xt, scale = _load_tile(q_ptrs, x_ptrs, s_ptrs, k_first, k_last, K, offs_r, offs_j,
+                                   stride_qk, stride_xk, stride_sg, GROUP_SHIFT, EVEN_K, BLOCK_K, USE_PDL)
     for k0 in range(k_first, k_last, BLOCK_K):  # the next tile's loads are in flight during this one's FMAs
-        next_packed, next_scale = _load_weights(q_ptrs, s_ptrs, k0 + BLOCK_K, k_last, K, offs_r, stride_qk, stride_sg,
-                                                GROUP_SHIFT)
-        next_xt = _load_x(x_ptrs, k0 + BLOCK_K, k_last, offs_r, offs_j, stride_xk, EVEN_K)
+        next_packed, next_xt, next_scale = _load_tile(q_ptrs, x_ptrs, s_ptrs, k0 + BLOCK_K, k_last, K, offs_r, offs_j,
+                                                      stride_qk, stride_xk, stride_sg, GROUP_SHIFT, EVEN_K, BLOCK_K,
+                                                      False)
         acc += _tile_partial(packed, xt, BLOCK_K) * scale[None, :]
         packed, xt, scale = next_packed, next_xt, next_scale
     let_dependents_launch(USE_PDL)
