@@ -9,7 +9,8 @@ prologue; it gives no memory ordering (the next kernel still waits), so it can g
 
 Why: at decode a layer is a chain of small kernels, and each of ours starts by streaming weights
 that do not depend on the previous kernel. With PDL the launch latency and the first weight loads of
-our kernel overlap the tail of the one before (a norm, an activation, the quantize pass).
+our kernel overlap the tail of the one before (a norm, an activation, the quantize pass). Users:
+the one-row W4A16 and W8A8 kernels, W8A8's quantize pass and GEMM, and both DDS kernels.
 
 Opt-in while unmeasured: ``COMPRESS_KERNELS_PDL=1`` turns it on for CUDA devices of compute
 capability >= 9.0; the interpreter and older GPUs never use it. In a CUDA graph the launch becomes

@@ -60,6 +60,7 @@ import triton
 import triton.language as tl
 
 from kernels._checks import check_activation, check_bias, check_same_device, check_tensor, interpreting
+from kernels._pdl import launch_options, let_dependents_launch, pdl_enabled, wait_for_inputs
 from kernels._splitk import last_split_reduces, tile_counters
 from kernels.reference import BSR_BLOCK
 
@@ -130,7 +131,7 @@ def _runs_of_block(offsets, BLOCK: tl.constexpr):
 def _bsr_gemv_kernel(
     x_ptr, crow_ptr, col_ptr, val_ptr, bias_ptr, y_ptr,  # x (M, K), crow, col, values (nnz,32,32), bias (N,), y (M, N)
     stride_xm, stride_ym,
-    HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, GROUP: tl.constexpr, BLOCK: tl.constexpr,
+    HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, GROUP: tl.constexpr, BLOCK: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     pid_n = tl.program_id(0)  # which BLOCK_N outputs
     row = tl.program_id(1).to(tl.int64)  # which row of x
@@ -144,6 +145,7 @@ def _bsr_gemv_kernel(
     k_in = offs_k % BLOCK  # column inside that block
     x_row = x_ptr + row * stride_xm
     acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    wait_for_inputs(USE_PDL)  # with PDL: x may still be being written until here (crow is not)
     for p in range(start, end, GROUP):
         blk = p + k_block
         valid = blk < end
@@ -153,6 +155,7 @@ def _bsr_gemv_kernel(
         xv = tl.load(x_row + x_k, mask=valid, other=0.0)  # (32 GROUP,)
         w = tl.load(val_ptr + w_k[None, :] + sub[:, None] * BLOCK, mask=valid[None, :], other=0.0)  # (BLOCK_N, 32 GROUP)
         acc += tl.sum(w.to(tl.float32) * xv.to(tl.float32)[None, :], axis=1)
+    let_dependents_launch(USE_PDL)
 
     offs_n = block_row * BLOCK + sub
     if HAS_BIAS:
@@ -166,7 +169,7 @@ def _bsr_gemm_kernel(
     ws_ptr, cnt_ptr,  # SPLIT > 1: fp32 partials (SPLIT, M, N), int32 ticket counters (one per output tile)
     M, N, stride_xm, stride_ym,
     SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP: tl.constexpr,
-    BLOCK: tl.constexpr, DOT_IN_FP32: tl.constexpr,
+    BLOCK: tl.constexpr, DOT_IN_FP32: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     pid_n = tl.program_id(0)  # which BLOCK_N outputs (fastest: programs of one M tile run together)
     pid_m = tl.program_id(1)  # which BLOCK_M rows of x
@@ -194,6 +197,7 @@ def _bsr_gemm_kernel(
     k_in = offs_k % BLOCK
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    wait_for_inputs(USE_PDL)  # with PDL: x may still be being written until here (crow is not)
     for p in range(start, end, GROUP):
         blk = p + k_block  # (32 GROUP,)
         valid = blk < end
@@ -208,6 +212,7 @@ def _bsr_gemm_kernel(
             a = a.to(tl.float32)
             b = b.to(tl.float32)
         acc = tl.dot(a, b, acc)
+    let_dependents_launch(USE_PDL)
 
     offs_n = block_row * BLOCK + sub
     if SPLIT > 1:  # the last share of this tile to finish sums the partials (kernels._splitk)
@@ -227,8 +232,10 @@ def launch_bsr(x2, crow_indices, col_indices, values, bias, y, config: BsrConfig
     if config is None:
         config = choose_config(m, n, k, col_indices.shape[0])
     bias_arg = bias if bias is not None else y  # never read when HAS_BIAS is False
+    use_pdl = pdl_enabled(x2.device)
     common = dict(HAS_BIAS=bias is not None, BLOCK_N=config.block_n, GROUP=config.group, BLOCK=BSR_BLOCK,
-                  num_warps=config.num_warps, num_stages=config.num_stages)
+                  USE_PDL=use_pdl, num_warps=config.num_warps, num_stages=config.num_stages,
+                  **launch_options(use_pdl))
     if config.kernel == "gemv":
         grid = (n // config.block_n, m)
         _bsr_gemv_kernel[grid](x2, crow_indices, col_indices, values, bias_arg, y,

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from kernels import _pdl
-from kernels import w4a16, w8a8
+from kernels import bsr, w4a16, w8a8
 from tests.kernels.helpers import random_int4_weight
 
 
@@ -31,17 +31,32 @@ def _chain(layers, x):
 
 
 def _decode_like_layers(k):
-    """W4A16 and W8A8 one-row kernels, and the W8A8 quantize + GEMM pair, with K = N so they chain."""
+    """Every PDL path, with K = N so the layers chain: the W4A16 and W8A8 one-row kernels, the W8A8
+    quantize + GEMM pair, and the DDS gemv and gemm kernels (the latter split, so it reduces in-kernel)."""
     qweight, _, scales = random_int4_weight(k, k, 128, device="cuda")
     w_q = torch.randint(-127, 128, (k, k), dtype=torch.int8, device="cuda")
     w_scale = torch.rand(k, device="cuda") * 1e-3 + 1e-4
     tiled = w8a8.TileConfig(16, 64, 256, split_k=1, num_warps=4, num_stages=5)
+    dense = torch.randn(k, k, device="cuda") * 0.02
+    dense *= (torch.rand(k // 32, k // 32, device="cuda") < 0.5).repeat_interleave(32, 0).repeat_interleave(32, 1)
+    sparse = dense.half().to_sparse_bsr((32, 32))
+    parts = (sparse.crow_indices(), sparse.col_indices(), sparse.values())
+    split_gemm = bsr.BsrConfig("gemm", block_m=16, block_n=32, group=4, num_warps=4, num_stages=3, split=4)
+    gemv = bsr.BsrConfig("gemv", block_m=1, block_n=32, group=4, num_warps=4, num_stages=3)
     return [
         lambda x: w4a16.w4a16_matmul(x, qweight, scales, 128) * 0.05,
         lambda x: w8a8.w8a8_matmul(x, w_q, w_scale),
         lambda x: w8a8.launch(x, w_q, w_scale, config=tiled),  # the pre-pass path, quantize then GEMM
+        lambda x: _bsr(x, parts, k, gemv),
+        lambda x: _bsr(x, parts, k, split_gemm),
         lambda x: w4a16.w4a16_matmul(x, qweight, scales, 128) * 0.05,
     ]
+
+
+def _bsr(x, parts, n, config):
+    y = torch.empty((x.shape[0], n), dtype=x.dtype, device=x.device)
+    bsr.launch_bsr(x, *parts, None, y, config)
+    return y
 
 
 @pytest.mark.gpu
