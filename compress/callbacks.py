@@ -83,9 +83,8 @@ def _install_mask(layer: CompressedLinear, mask: torch.Tensor) -> float:
 
 
 def _kept_mlp_mass(mlps, sparsity: float) -> float:
-    """Mean of :func:`compress.neuron_order.kept_mass` over the MLP matrices that tile into blocks."""
-    shares = [kept_mass(lin.weight, sparsity) for mlp in mlps for lin in (*mlp.inputs, mlp.output)
-              if lin.weight.shape[0] % 32 == 0 and lin.weight.shape[1] % 32 == 0]
+    """Mean of :func:`compress.neuron_order.kept_mass` over the MLPs' matrices."""
+    shares = [kept_mass(lin.weight, sparsity) for mlp in mlps for lin in (*mlp.inputs, mlp.output)]
     return sum(shares) / len(shares) if shares else float("nan")
 
 

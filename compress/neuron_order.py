@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from compress.qat import CompressedLinear
+from compress.sparsity import block_scores, expand_mask, mask_from_scores
 
 
 @dataclass(frozen=True)
@@ -106,9 +107,8 @@ def reorder_mlp_neurons(model: nn.Module) -> list[str]:
 
 
 def kept_mass(weight: torch.Tensor, sparsity: float, block: int = 32) -> float:
-    """Share of ``weight``'s L1 mass in the blocks that pruning the lowest ``sparsity`` of its
-    ``block`` x ``block`` blocks by L1 would keep (N and K multiples of ``block``)."""
-    n, k = weight.shape
-    blocks = weight.detach().abs().double().reshape(n // block, block, k // block, block).sum(dim=(1, 3)).flatten()
-    keep = blocks.numel() - int(sparsity * blocks.numel())
-    return float(blocks.sort(descending=True).values[:keep].sum() / blocks.sum().clamp_min(1e-300))
+    """Share of ``weight``'s L1 mass in the blocks that magnitude block pruning to ``sparsity`` keeps
+    (the same scores and rule as :func:`compress.sparsity.block_mask`)."""
+    w = weight.detach().abs().double()
+    kept = mask_from_scores(block_scores(w, block, "magnitude"), sparsity)
+    return float((w * expand_mask(kept, tuple(w.shape), block)).sum() / w.sum().clamp_min(1e-300))
