@@ -7,14 +7,23 @@ export) and write nothing; after the wait, the previous kernel has completed and
 visible. :func:`let_dependents_launch` tells the hardware that the next PDL kernel may start its own
 prologue; it gives no memory ordering (the next kernel still waits), so it can go anywhere.
 
-Why: at decode a layer is a chain of small kernels, and each of ours starts by streaming weights
-that do not depend on the previous kernel. With PDL the launch latency and the first weight loads of
-our kernel overlap the tail of the one before (a norm, an activation, the quantize pass). Users:
-the one-row W4A16 and W8A8 kernels, W8A8's quantize pass and GEMM, and both DDS kernels.
+Where it is on (``COMPRESS_KERNELS_PDL``, CUDA devices of compute capability >= 9.0 only; the
+interpreter and older GPUs never use it):
 
-Opt-in while unmeasured: ``COMPRESS_KERNELS_PDL=1`` turns it on for CUDA devices of compute
-capability >= 9.0; the interpreter and older GPUs never use it. In a CUDA graph the launch becomes
-a programmatic edge (CUDA >= 12.3).
+* ``pair`` (default): only W8A8's quantize pass and the GEMM after it, the one place where two of
+  our kernels follow each other. The quantize pass lets the GEMM launch after its last store, and
+  the GEMM waits before reading ``xq``. On an H100 this took all-MiniLM-L6-v2's W8A8 forward at
+  batch 1 (64 tokens, CUDA graph) from 0.313-0.316 ms to 0.292-0.293 ms (dense 0.290-0.295 ms);
+  letting the GEMM launch at the start of the quantize pass instead made batch 8 slower
+  (0.363 -> 0.467 ms; probably the early GEMM programs took SM slots while quantize programs
+  still ran: not profiled).
+* ``all``: also the one-row W4A16 and W8A8 kernels and both DDS kernels, which load their weights
+  before the wait. Slower on the H100 decode benchmark (Llama-2-7B shapes, batch 1, CUDA graphs:
+  W4A16 2.707 -> 2.781 ms per step, W8A8 3.886 -> 3.972, DDS 90% 1.764 -> 1.828), so not the
+  default; kept for other GPUs and sizes (docs/kernels-notes.md, "Programmatic dependent launch").
+* ``0``: off.
+
+In a CUDA graph the launch becomes a programmatic edge (CUDA >= 12.3).
 """
 from __future__ import annotations
 
@@ -27,9 +36,22 @@ import triton.language as tl
 from kernels._checks import interpreting
 
 
-def pdl_enabled(device: torch.device) -> bool:
-    """Launch with PDL on ``device``: opted in (``COMPRESS_KERNELS_PDL=1``), CUDA, sm_90 or later."""
-    if os.environ.get("COMPRESS_KERNELS_PDL", "0") != "1" or interpreting() or device.type != "cuda":
+PDL_MODES = ("pair", "all", "0")
+
+
+def pdl_mode() -> str:
+    """``COMPRESS_KERNELS_PDL``: one of :data:`PDL_MODES`, ``pair`` when unset."""
+    mode = os.environ.get("COMPRESS_KERNELS_PDL", "pair")
+    if mode not in PDL_MODES:
+        raise ValueError(f"COMPRESS_KERNELS_PDL: expected one of {list(PDL_MODES)}, got {mode!r}")
+    return mode
+
+
+def pdl_enabled(device: torch.device, w8a8_pair: bool = False) -> bool:
+    """Launch with PDL on ``device``: a kernel of W8A8's quantize + GEMM pair (``w8a8_pair``) in
+    mode ``pair`` or ``all``, any other PDL-capable kernel in mode ``all``; CUDA, sm_90 or later."""
+    mode = pdl_mode()
+    if mode == "0" or (mode == "pair" and not w8a8_pair) or interpreting() or device.type != "cuda":
         return False
     return torch.cuda.get_device_capability(device)[0] >= 9
 

@@ -77,7 +77,6 @@ def _quantize_rows_kernel(
     STATIC: tl.constexpr, STATIC_PER_ROW: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     wait_for_inputs(USE_PDL)  # x comes from the kernel before
-    let_dependents_launch(USE_PDL)  # the GEMM may launch now; it waits for this kernel before reading xq
     row = tl.program_id(0)
     x_row = x_ptr + row.to(tl.int64) * stride_xm
     offs = tl.arange(0, BLOCK_K)
@@ -99,6 +98,9 @@ def _quantize_rows_kernel(
         mask = k0 + offs < K
         v = tl.load(x_row + (k0 + offs) * stride_xk, mask=mask, other=0.0).to(tl.float32)
         tl.store(xq_row + k0 + offs, quantize_int8(v, scale), mask=mask)
+    # the GEMM may launch now (it waits for this kernel before reading xq); at the kernel's start this
+    # made batch 8 of a MiniLM-size model slower (kernels/_pdl.py)
+    let_dependents_launch(USE_PDL)
 
 
 @triton.jit
@@ -226,7 +228,7 @@ def quantize_rows(x2: torch.Tensor, x_scale: torch.Tensor | None = None):
         return xq, s_x
     static = x_scale.reshape(-1).contiguous() if x_scale is not None else s_x
     block_k = min(triton.next_power_of_2(k), 2048)
-    use_pdl = pdl_enabled(x2.device)
+    use_pdl = pdl_enabled(x2.device, w8a8_pair=True)
     _quantize_rows_kernel[(m,)](
         x2, xq, s_x, static, k, x2.stride(0), x2.stride(1),
         STATIC=x_scale is not None, STATIC_PER_ROW=x_scale is not None and x_scale.numel() > 1,
@@ -254,7 +256,7 @@ def launch(x2, w_q, w_scale, bias=None, x_scale=None, config: TileConfig | None 
     if cfg.gemv:
         return launch_gemv(x2, w_q, w_scale, bias, x_scale, cfg, y)
     xq, s_x = quantize_rows(x2, x_scale)
-    use_pdl = pdl_enabled(x2.device)
+    use_pdl = pdl_enabled(x2.device, w8a8_pair=True)
     out = y if cfg.split_k == 1 else torch.empty((cfg.split_k, m, n), dtype=torch.float32, device=x2.device)
     grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n), cfg.split_k)
     _w8a8_matmul_kernel[grid](

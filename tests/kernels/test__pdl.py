@@ -9,13 +9,31 @@ from kernels import bsr, w4a16, w8a8
 from tests.kernels.helpers import random_int4_weight
 
 
-def test_off_unless_opted_in(monkeypatch):
+def test_mode_defaults_to_the_w8a8_pair_and_rejects_unknown_values(monkeypatch):
     monkeypatch.delenv("COMPRESS_KERNELS_PDL", raising=False)
-    assert not _pdl.pdl_enabled(torch.device("cpu"))
+    assert _pdl.pdl_mode() == "pair"
     monkeypatch.setenv("COMPRESS_KERNELS_PDL", "1")
-    assert not _pdl.pdl_enabled(torch.device("cpu"))  # CUDA only
+    with pytest.raises(ValueError, match=r"COMPRESS_KERNELS_PDL: expected one of \['pair', 'all', '0'\], got '1'"):
+        _pdl.pdl_mode()
+
+
+@pytest.mark.parametrize("mode", ["pair", "all", "0"])
+def test_never_on_cpu_or_under_the_interpreter(monkeypatch, mode):
+    monkeypatch.setenv("COMPRESS_KERNELS_PDL", mode)
+    assert not _pdl.pdl_enabled(torch.device("cpu"), w8a8_pair=True)  # CUDA only
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    assert not _pdl.pdl_enabled(torch.device("cuda", 0))  # never under the interpreter
+    assert not _pdl.pdl_enabled(torch.device("cuda", 0), w8a8_pair=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("mode", "pair_on", "others_on"), [("pair", True, False), ("all", True, True), ("0", False, False)])
+def test_gpu_modes_pick_the_kernels(monkeypatch, mode, pair_on, others_on):
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("PDL needs sm_90 or later")
+    monkeypatch.setenv("COMPRESS_KERNELS_PDL", mode)
+    device = torch.device("cuda", torch.cuda.current_device())
+    assert _pdl.pdl_enabled(device, w8a8_pair=True) is pair_on
+    assert _pdl.pdl_enabled(device) is others_on
 
 
 def test_launch_options_only_name_pdl_when_on():
@@ -60,16 +78,17 @@ def _bsr(x, parts, n, config):
 
 
 @pytest.mark.gpu
-def test_gpu_pdl_chain_matches_plain_launches_eager_and_in_a_graph(monkeypatch):
+@pytest.mark.parametrize("mode", ["pair", "all"])
+def test_gpu_pdl_chain_matches_plain_launches_eager_and_in_a_graph(monkeypatch, mode):
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("PDL needs sm_90 or later")
     k = 4096
     layers = _decode_like_layers(k)
     x = torch.randn(1, k, device="cuda").half()
-    monkeypatch.delenv("COMPRESS_KERNELS_PDL", raising=False)
+    monkeypatch.setenv("COMPRESS_KERNELS_PDL", "0")
     plain = _chain(layers, x)
-    monkeypatch.setenv("COMPRESS_KERNELS_PDL", "1")
-    assert _pdl.pdl_enabled(x.device)
+    monkeypatch.setenv("COMPRESS_KERNELS_PDL", mode)
+    assert _pdl.pdl_enabled(x.device, w8a8_pair=True)
     for _ in range(3):
         torch.testing.assert_close(_chain(layers, x), plain, rtol=0, atol=0)
     static_x = x.clone()
@@ -80,7 +99,7 @@ def test_gpu_pdl_chain_matches_plain_launches_eager_and_in_a_graph(monkeypatch):
         graph.replay()
         torch.testing.assert_close(static_y, plain, rtol=0, atol=0)
     static_x.copy_(torch.randn_like(x))
-    monkeypatch.delenv("COMPRESS_KERNELS_PDL")
+    monkeypatch.setenv("COMPRESS_KERNELS_PDL", "0")
     expected = _chain(layers, static_x)
     graph.replay()
     torch.testing.assert_close(static_y, expected, rtol=0, atol=0)
