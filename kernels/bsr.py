@@ -83,6 +83,8 @@ class BsrConfig:
 
 SPLIT_MIN_BLOCKS_PER_ROW = 48  # M <= 16: share longer block rows among programs (4 shares)
 FEW_PROGRAMS = 2 * 132  # about two programs per SM of an H100 / H200
+SMALL_LAYER = 2**20  # N * K at most this (1024x1024, BERT-small / MiniLM layers): the small-layer rules
+SMALL_SPLIT_MIN_BLOCKS_PER_ROW = 20  # small layers, 16 < M <= 64: share block rows this long (4 shares)
 
 
 def choose_config(m: int, n: int, k: int, nnz: int | None = None) -> BsrConfig:
@@ -91,7 +93,8 @@ def choose_config(m: int, n: int, k: int, nnz: int | None = None) -> BsrConfig:
     ``nnz`` (stored blocks, the length of ``col_indices``; None = dense) gives the mean blocks per
     block row, which sets the length of each program's serial loop. The table was tuned with
     ``scripts/tune_bsr.py`` on an H100 (M = 1 and M > 256) and an H200 (16 <= M <= 256: 4096x4096,
-    4096x11008 and 8192x8192 at 50% and 90% block sparsity); see docs/kernels-notes.md.
+    4096x11008 and 8192x8192 at 50% and 90% block sparsity); layers of at most ``SMALL_LAYER``
+    weights have their own rules (:func:`small_layer_config`); see docs/kernels-notes.md.
     """
     block_rows = n // BSR_BLOCK
     blocks_per_row = (nnz if nnz is not None else block_rows * (k // BSR_BLOCK)) / block_rows
@@ -107,6 +110,8 @@ def choose_config(m: int, n: int, k: int, nnz: int | None = None) -> BsrConfig:
         if blocks_per_row >= SPLIT_MIN_BLOCKS_PER_ROW and block_rows <= FEW_PROGRAMS:
             return BsrConfig("gemm", 16, 32, 4, 4, 3, split=4)
         return BsrConfig("gemm", 16, 32, 8, 4, 3)
+    if n * k <= SMALL_LAYER and (m <= 64 or m > 256):
+        return small_layer_config(m, block_rows, blocks_per_row)
     if m <= 64:
         block_m = 64 if m > 32 else 32
         programs = block_rows * triton.cdiv(m, block_m)
@@ -117,6 +122,27 @@ def choose_config(m: int, n: int, k: int, nnz: int | None = None) -> BsrConfig:
             return BsrConfig("gemm", 128, 32, 2, 4, 3)
         return BsrConfig("gemm", 64, 32, 4, 4, 3)
     return BsrConfig("gemm", 256, 32, 2, 4, 3)
+
+
+def small_layer_config(m: int, block_rows: int, blocks_per_row: float) -> BsrConfig:
+    """Layers of at most ``SMALL_LAYER`` weights (few block rows) at 16 < M <= 64 or M > 256.
+
+    Such a layer has too few block rows to give every SM a program with the large-layer tiles, so the
+    tiles shrink until there are enough programs. Tuned on an H100 with L2-resident weights, as a
+    MiniLM-size model runs (``scripts/tune_bsr.py --rotate-mb 1``, 50% blocks; docs/kernels-notes.md,
+    "DDS on small layers"). At 16 < M <= 64: 16-row tiles (384x1152 at M = 64: 7.1 -> 6.6 us),
+    and block rows of >= ``SMALL_SPLIT_MIN_BLOCKS_PER_ROW`` blocks shared by 4 programs
+    (1536x384: 10.3 -> 8.3 us). At M > 256: the largest of 256, 128 and 64 rows giving
+    ``FEW_PROGRAMS`` programs, else 64 (1536x384 at M = 512: 23.1 -> 13.8 us).
+    """
+    if m <= 64:
+        if blocks_per_row >= SMALL_SPLIT_MIN_BLOCKS_PER_ROW:
+            return BsrConfig("gemm", 32, 32, 4, 4, 3, split=4)
+        return BsrConfig("gemm", 16, 32, 8, 4, 3)
+    for block_m in (256, 128):
+        if block_rows * triton.cdiv(m, block_m) >= FEW_PROGRAMS:
+            return BsrConfig("gemm", block_m, 32, 2, 4, 3)
+    return BsrConfig("gemm", 64, 32, 4, 4, 3)
 
 
 @triton.jit

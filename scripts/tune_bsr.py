@@ -34,14 +34,16 @@ def candidates(m: int) -> list[BsrConfig]:
                 + [BsrConfig("gemv", 1, bn, 8, 4, 2) for bn in (8, 16, 32)]
                 + [BsrConfig("gemm", 16, 32, g, 4, 3, split) for g in (4, 8) for split in (2, 4, 8)])
     if m <= 64:
-        return ([BsrConfig("gemm", bm, bn, g, 4, s) for bm in (32, 64) for bn in (16, 32) for g in (2, 4, 8)
+        return ([BsrConfig("gemm", bm, bn, g, 4, s) for bm in (16, 32, 64) for bn in (16, 32) for g in (2, 4, 8)
                  for s in (3, 4)]
                 + [BsrConfig("gemm", bm, 32, g, 4, 3, split) for bm in (32, 64) for g in (2, 4) for split in (2, 4, 8)])
     if m <= 256:
         return ([BsrConfig("gemm", bm, 32, g, w, 3) for bm in (64, 128) for g in (1, 2, 4) for w in (4, 8)]
                 + [BsrConfig("gemm", 128, 32, g, 4, 3, split) for g in (2, 4) for split in (2, 4)])
-    return [BsrConfig("gemm", bm, 32, g, w, s) for bm in (128, 256) for g in (1, 2, 4) for w in (4, 8)
-            for s in (3, 4)]
+    return ([BsrConfig("gemm", bm, 32, g, w, s) for bm in (128, 256) for g in (1, 2, 4) for w in (4, 8)
+             for s in (3, 4)]
+            + [BsrConfig("gemm", bm, 32, g, w, 3) for bm in (64, 128) for g in (8,) for w in (4, 8)]
+            + [BsrConfig("gemm", 64, 32, g, 4, 3) for g in (2, 4)])
 
 
 def time_config(cfg, sets, xs, n, use_graph, warmup_ms, rep_ms):

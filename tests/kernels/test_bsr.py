@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import kernels
-from kernels.bsr import BsrConfig, choose_config, launch_bsr
+from kernels.bsr import SMALL_LAYER, BsrConfig, choose_config, launch_bsr
 from kernels.reference import bsr_matmul_ref
 
 BLOCK = 32
@@ -165,8 +165,23 @@ def test_choose_config_is_valid(m, k, n, density):
     assert cfg.kernel in ("gemv", "gemm")
     assert cfg.block_n in (8, 16, 32) and n % cfg.block_n == 0
     assert (cfg.block_m == 1) == (cfg.kernel == "gemv")
-    assert cfg.kernel == "gemv" or (cfg.block_m >= 16 and cfg.block_m >= min(m, 64) // 2)
+    assert cfg.kernel == "gemv" or cfg.block_m >= 16
+    if n * k > SMALL_LAYER:  # small layers take smaller tiles for more programs (next test)
+        assert cfg.kernel == "gemv" or cfg.block_m >= min(m, 64) // 2
     assert cfg.split >= 1 and (cfg.split == 1 or cfg.kernel == "gemm")
+
+
+@pytest.mark.parametrize(("k", "n", "m", "expected"), [
+    (384, 1152, 64, BsrConfig("gemm", 16, 32, 8, 4, 3)),  # 36 block rows of 6 blocks: 16-row tiles
+    (1536, 384, 64, BsrConfig("gemm", 32, 32, 4, 4, 3, split=4)),  # 12 block rows of 24 blocks: shared
+    (384, 1152, 512, BsrConfig("gemm", 64, 32, 4, 4, 3)),  # 64-row tiles: 288 programs
+    (1024, 1024, 2048, BsrConfig("gemm", 128, 32, 2, 4, 3)),  # 128-row tiles: 512 programs
+    (384, 1536, 2048, BsrConfig("gemm", 256, 32, 2, 4, 3)),  # 256-row tiles already give 384
+])
+def test_choose_config_small_layers_take_tiles_that_fill_the_gpu(k, n, m, expected):
+    nnz = (n // 32) * (k // 32) // 2  # 50% of the blocks
+    assert choose_config(m, n, k, nnz) == expected
+    assert choose_config(m, 4096, 4096, 128 * 64).block_m >= 32  # a large layer keeps its tiles
 
 
 def test_choose_config_splits_only_long_block_rows():
