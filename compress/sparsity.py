@@ -33,6 +33,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from compress import _kernels
+
 SCORES = ("magnitude", "l2")  # scores of the weight alone (one-shot pruning); "movement" needs training
 
 
@@ -226,10 +228,5 @@ def dense_to_bsr(w: torch.Tensor, block: int = 32, mask: torch.Tensor | None = N
 
 def bsr_to_dense(crow: torch.Tensor, col: torch.Tensor, values: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
     """Inverse of :func:`dense_to_bsr`: the dense (N, K) weight, absent blocks zero."""
-    block = values.shape[-1]
-    check_bsr_shape(shape, block)
-    n, k = shape
-    dense = torch.zeros(n // block, k // block, block, block, dtype=values.dtype, device=values.device)
-    rows = torch.repeat_interleave(torch.arange(n // block, device=crow.device), crow.diff().long())
-    dense[rows, col.long()] = values
-    return dense.permute(0, 2, 1, 3).reshape(n, k)
+    check_bsr_shape(shape, values.shape[-1])
+    return _kernels.reference.bsr_to_dense_ref(crow, col, values, *shape)

@@ -5,12 +5,14 @@ Public launchers (see docs/architecture.md for the full contract):
 * ``w8a8_matmul(x, w_q, w_scale, bias=None, x_scale=None)``
 * ``w4a16_matmul(x, qweight, scales, group_size, bias=None)``
 * ``bsr_matmul(x, weight, bias=None)`` and ``bsr_matmul_parts(x, crow, col, values, out_features, bias=None)``
+* ``bsr_w8a8_matmul_parts(x, crow, col, values_int8, w_scale, out_features, bias=None, x_scale=None)``
 
 The pure-PyTorch references in :mod:`kernels.reference` import without Triton. This package never
 imports ``compress``.
 """
 from kernels.reference import (
     bsr_matmul_ref,
+    bsr_w8a8_matmul_ref,
     quantize_per_token,
     unpack_int4,
     w4a16_matmul_ref,
@@ -26,6 +28,7 @@ except ImportError:  # pragma: no cover - Triton ships with every Linux install 
 
 if TRITON_AVAILABLE:
     from kernels.bsr import bsr_matmul, bsr_matmul_parts
+    from kernels.bsr_w8a8 import bsr_w8a8_matmul_parts
     from kernels.w4a16 import w4a16_matmul
     from kernels.w8a8 import w8a8_matmul
 else:  # pragma: no cover
@@ -33,13 +36,15 @@ else:  # pragma: no cover
     def _missing(*_args, **_kwargs):
         raise ImportError("the kernels need Triton: pip install triton (Linux), or use kernels.reference")
 
-    w8a8_matmul = w4a16_matmul = bsr_matmul = bsr_matmul_parts = _missing
+    w8a8_matmul = w4a16_matmul = bsr_matmul = bsr_matmul_parts = bsr_w8a8_matmul_parts = _missing
 
 __all__ = [
     "TRITON_AVAILABLE",
     "bsr_matmul",
     "bsr_matmul_parts",
     "bsr_matmul_ref",
+    "bsr_w8a8_matmul_parts",
+    "bsr_w8a8_matmul_ref",
     "quantize_per_token",
     "unpack_int4",
     "w4a16_matmul",

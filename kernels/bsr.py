@@ -304,8 +304,9 @@ def _bsr_matmul_fake(x, crow_indices, col_indices, values, out_features, bias=No
     return x.new_empty((*x.shape[:-1], out_features))
 
 
-def _check_parts(x, crow_indices, col_indices, values, out_features, bias) -> None:
-    """Validate the BSR parts against ``x``; raise TypeError / ValueError naming expected vs actual."""
+def _check_parts(x, crow_indices, col_indices, values, out_features, bias, value_dtype=None) -> None:
+    """Validate the BSR parts against ``x``; raise TypeError / ValueError naming expected vs actual.
+    ``values`` must be in ``value_dtype`` (x's dtype when None)."""
     check_activation(x)
     if isinstance(out_features, bool) or not isinstance(out_features, int):
         raise TypeError(f"out_features: expected an int, got {type(out_features).__name__}")
@@ -316,7 +317,7 @@ def _check_parts(x, crow_indices, col_indices, values, out_features, bias) -> No
         raise ValueError(f"x: expected K = x.shape[-1] a positive multiple of {BSR_BLOCK}, got {k}")
     check_tensor("crow_indices", crow_indices, INDEX_DTYPES, ndim=1)
     check_tensor("col_indices", col_indices, INDEX_DTYPES, ndim=1)
-    check_tensor("values", values, (x.dtype,), ndim=3)
+    check_tensor("values", values, (value_dtype or x.dtype,), ndim=3)
     block_rows = out_features // BSR_BLOCK
     if crow_indices.shape[0] != block_rows + 1:
         raise ValueError(

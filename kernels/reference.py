@@ -17,6 +17,7 @@ division so the quantized values are 0 and nothing is NaN or Inf.
   (two's complement, sign-extended on unpack); ``scales`` (K/G, N);
   ``W[n, k] = q[k, n] * scales[k // G, n]``; fp32 accumulation.
 * DDS: ``W`` as ``torch.sparse_bsr`` with 32x32 blocks; absent blocks are zero.
+* Sparse W8A8: W8A8 with the int8 weight ``W_q`` in BSR parts (int8 ``values``); absent blocks are zero.
 """
 from __future__ import annotations
 
@@ -98,3 +99,19 @@ def bsr_matmul_ref(x, crow_indices, col_indices, values, out_features, bias=None
     if bias is not None:
         y = y + bias.float()
     return y.to(x.dtype)
+
+
+def bsr_to_dense_ref(crow_indices, col_indices, values, out_features, in_features):
+    """(N, K) dense matrix of BSR parts with square blocks, in ``values``' dtype; absent blocks zero."""
+    block = values.shape[-1]
+    dense = values.new_zeros(out_features // block, in_features // block, block, block)
+    rows = torch.repeat_interleave(torch.arange(out_features // block, device=crow_indices.device),
+                                   crow_indices.diff().long())
+    dense[rows, col_indices.long()] = values
+    return dense.permute(0, 2, 1, 3).reshape(out_features, in_features)
+
+
+def bsr_w8a8_matmul_ref(x, crow_indices, col_indices, values, w_scale, out_features, bias=None, x_scale=None):
+    """:func:`w8a8_matmul_ref` with the int8 weight given by its BSR parts (int8 ``values``)."""
+    w_q = bsr_to_dense_ref(crow_indices, col_indices, values, out_features, x.shape[-1])
+    return w8a8_matmul_ref(x, w_q, w_scale, bias, x_scale)

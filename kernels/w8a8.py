@@ -211,12 +211,19 @@ def _validate(x, w_q, w_scale, bias, x_scale) -> None:
     check_tensor("w_scale", w_scale, (torch.float32,), ndim=1)
     check_shape("w_scale", w_scale, (n,))
     check_bias(bias, n, x)
-    check_same_device(x, w_q=w_q, w_scale=w_scale, x_scale=x_scale)
-    if x_scale is not None:
-        check_tensor("x_scale", x_scale, (torch.float32,))
-        m = x.numel() // k
-        if x_scale.numel() != 1 and tuple(x_scale.shape) != (m,):
-            raise ValueError(f"x_scale: expected a scalar or shape ({m},) (one per token), got {tuple(x_scale.shape)}")
+    check_same_device(x, w_q=w_q, w_scale=w_scale)
+    check_x_scale(x, x_scale)
+
+
+def check_x_scale(x, x_scale) -> None:
+    """``x_scale`` is None or a static float32 scale on x's device: one element or one per token (M,)."""
+    if x_scale is None:
+        return
+    check_tensor("x_scale", x_scale, (torch.float32,))
+    check_same_device(x, x_scale=x_scale)
+    m = x.numel() // x.shape[-1]
+    if x_scale.numel() != 1 and tuple(x_scale.shape) != (m,):
+        raise ValueError(f"x_scale: expected a scalar or shape ({m},) (one per token), got {tuple(x_scale.shape)}")
 
 
 def quantize_rows(x2: torch.Tensor, x_scale: torch.Tensor | None = None):

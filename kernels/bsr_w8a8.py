@@ -1,0 +1,138 @@
+"""Sparse W8A8: per-token int8 activations x 32x32 block-sparse int8 weights, int32 accumulation.
+
+The two compressions of a layer pruned into blocks *and* quantized to W8A8, served together: the
+weight is stored as BSR parts like :mod:`kernels.bsr` (``crow_indices`` (N/32 + 1,),
+``col_indices`` (nnz,), ``values`` (nnz, 32, 32) with ``values[b, i, j] = W_q[32 r + i, 32 col[b] + j]``)
+but with int8 ``values``, plus ``w_scale`` (N,) float32 per output channel, as in :mod:`kernels.w8a8`.
+
+Math (the W8A8 contract of ``kernels.reference`` with ``W_q`` the BSR matrix, absent blocks zero)::
+
+    xq, s_x    = per-token quantization of x (kernels.w8a8.quantize_rows: the same pre-pass)
+    acc[m, n]  = sum_{b in block row n // 32} sum_j xq[m, 32 col[b] + j] * values[b, n % 32, j]   int32, exact
+    y[m, n]    = acc[m, n] * s_x[m] * w_scale[n] (+ bias[n])                                        fp32 -> x's dtype
+
+The integers are exact and the epilogue does the operations of :mod:`kernels.w8a8` in the same
+order, so ``y`` has the bits of ``w8a8_matmul`` on the dense int8 weight (zeros in the absent
+blocks). One GEMM kernel: a program per (BLOCK_M rows of x, BLOCK_N outputs of one block row)
+gathers GROUP stored blocks per step into a (BLOCK_M, 32 GROUP) int8 tile of ``xq`` and a
+(32 GROUP, BLOCK_N) int8 tile of the transposed blocks, one ``tl.dot`` with int32 accumulation.
+The quantize pass and this kernel form a PDL pair as in :mod:`kernels.w8a8` (``kernels/_pdl.py``).
+
+Tiles come from :func:`pick_config` (M buckets; not yet tuned on a GPU). Registered as
+``torch.ops.compress_kernels.bsr_w8a8_matmul`` with a fake implementation, so callers compile and
+capture in CUDA graphs (the launch depends on shapes only).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels._checks import check_same_device, check_shape, check_tensor
+from kernels._pdl import launch_options, pdl_enabled, wait_for_inputs
+from kernels.bsr import BsrConfig, _check_parts, _runs_of_block
+from kernels.reference import BSR_BLOCK
+from kernels.w8a8 import check_x_scale, quantize_rows
+
+
+@triton.jit
+def _bsr_w8a8_kernel(
+    xq_ptr, sx_ptr, crow_ptr, col_ptr, val_ptr, sw_ptr, bias_ptr, y_ptr,  # xq (M, K) i8, s_x (M,), BSR, (N,), (N,), y
+    M, stride_xm, stride_ym,
+    HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP: tl.constexpr,
+    BLOCK: tl.constexpr, USE_PDL: tl.constexpr,
+):
+    pid_n = tl.program_id(0)  # which BLOCK_N outputs (fastest: programs of one M tile run together)
+    pid_m = tl.program_id(1)  # which BLOCK_M rows of x
+    block_row = (pid_n * BLOCK_N) // BLOCK
+    sub = (pid_n * BLOCK_N) % BLOCK + tl.arange(0, BLOCK_N)  # outputs inside the block row, (BLOCK_N,)
+    start = tl.load(crow_ptr + block_row).to(tl.int32)
+    end = tl.load(crow_ptr + block_row + 1).to(tl.int32)
+
+    first_row = pid_m * BLOCK_M
+    offs_m = tl.arange(0, BLOCK_M)
+    m_mask = offs_m < M - first_row
+    xq_ptr += first_row.to(tl.int64) * stride_xm
+    offs_k = tl.arange(0, GROUP * BLOCK)
+    k_block = offs_k // BLOCK  # which of the GROUP gathered blocks
+    k_in = offs_k % BLOCK  # column inside that block
+
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
+    wait_for_inputs(USE_PDL)  # with PDL: xq and s_x come from the quantize pass before
+    for p in range(start, end, GROUP):
+        blk = p + k_block
+        valid = blk < end
+        col = tl.load(col_ptr + blk, mask=valid, other=0).to(tl.int32)
+        x_k = _runs_of_block(col * BLOCK + k_in, BLOCK)
+        w_k = _runs_of_block(blk * (BLOCK * BLOCK) + k_in, BLOCK)
+        a = tl.load(xq_ptr + offs_m[:, None] * stride_xm + x_k[None, :], mask=m_mask[:, None] & valid[None, :], other=0)
+        b = tl.load(val_ptr + w_k[:, None] + sub[None, :] * BLOCK, mask=valid[:, None], other=0)  # blocks transposed
+        acc = tl.dot(a, b, acc, out_dtype=tl.int32)
+
+    offs_n = block_row * BLOCK + sub
+    s_x = tl.load(sx_ptr + first_row + offs_m, mask=m_mask, other=1.0)
+    s_w = tl.load(sw_ptr + offs_n)
+    y = acc.to(tl.float32) * s_x[:, None] * s_w[None, :]  # the order of kernels.w8a8's epilogue
+    if HAS_BIAS:
+        y += tl.load(bias_ptr + offs_n).to(tl.float32)[None, :]
+    y_ptrs = y_ptr + (first_row + offs_m)[:, None].to(tl.int64) * stride_ym + offs_n[None, :]
+    tl.store(y_ptrs, y.to(y_ptr.dtype.element_ty), mask=m_mask[:, None])
+
+
+def pick_config(m: int) -> BsrConfig:
+    """Rows of x per program by M bucket; 32 outputs and 4 stored blocks (128 int8 columns) per step."""
+    block_m = 16 if m <= 16 else 32 if m <= 32 else 64 if m <= 256 else 128
+    return BsrConfig("gemm", block_m, 32, 4, 4, 3)
+
+
+def launch(x2, crow_indices, col_indices, values, w_scale, bias, x_scale, y, config: BsrConfig | None = None) -> None:
+    """Quantize validated ``x2`` (M, K) per token, then the sparse int8 GEMM into ``y`` (M, N)."""
+    m = x2.shape[0]
+    n = y.shape[1]
+    config = config or pick_config(m)
+    if config.kernel != "gemm" or config.split != 1 or config.block_m < 16:
+        raise ValueError(f"config: expected an unsplit 'gemm' BsrConfig with block_m >= 16, got {config}")
+    xq, s_x = quantize_rows(x2, x_scale)
+    use_pdl = pdl_enabled(x2.device, w8a8_pair=True)
+    grid = (n // config.block_n, triton.cdiv(m, config.block_m))
+    _bsr_w8a8_kernel[grid](
+        xq, s_x, crow_indices, col_indices, values, w_scale, bias if bias is not None else w_scale, y,
+        m, xq.stride(0), y.stride(0),
+        HAS_BIAS=bias is not None, BLOCK_M=config.block_m, BLOCK_N=config.block_n, GROUP=config.group,
+        BLOCK=BSR_BLOCK, USE_PDL=use_pdl, num_warps=config.num_warps, num_stages=config.num_stages,
+        **launch_options(use_pdl),
+    )
+
+
+@torch.library.custom_op("compress_kernels::bsr_w8a8_matmul", mutates_args=())
+def _bsr_w8a8_op(
+    x: torch.Tensor, crow_indices: torch.Tensor, col_indices: torch.Tensor, values: torch.Tensor,
+    w_scale: torch.Tensor, out_features: int, bias: torch.Tensor | None, x_scale: torch.Tensor | None,
+) -> torch.Tensor:
+    k = x.shape[-1]
+    x2 = x.reshape(-1, k)
+    y = torch.empty((x2.shape[0], out_features), dtype=x.dtype, device=x.device)
+    if x2.shape[0] > 0:
+        launch(x2, crow_indices, col_indices, values, w_scale.contiguous(), bias, x_scale, y)
+    return y.reshape(*x.shape[:-1], out_features)
+
+
+@_bsr_w8a8_op.register_fake
+def _bsr_w8a8_fake(x, crow_indices, col_indices, values, w_scale, out_features, bias, x_scale):
+    return x.new_empty((*x.shape[:-1], out_features))
+
+
+def bsr_w8a8_matmul_parts(x, crow_indices, col_indices, values, w_scale, out_features, bias=None, x_scale=None):
+    """``y = dequant(quant(x) @ W_q.T) (+ bias)`` for ``W_q`` (out_features, K) int8 in BSR parts.
+
+    ``x`` (..., K) fp16/bf16; ``crow_indices`` (N/32 + 1,) and ``col_indices`` (nnz,) int32/int64;
+    ``values`` (nnz, 32, 32) int8; ``w_scale`` (N,) float32; ``bias`` (N,) in x's dtype or float32;
+    ``x_scale`` None (dynamic per-token scales) or a static float32 scale (one element or (M,)).
+    """
+    _check_parts(x, crow_indices, col_indices, values, out_features, bias, value_dtype=torch.int8)
+    check_tensor("w_scale", w_scale, (torch.float32,), ndim=1)
+    check_shape("w_scale", w_scale, (out_features,))
+    check_same_device(x, w_scale=w_scale)
+    check_x_scale(x, x_scale)
+    return torch.ops.compress_kernels.bsr_w8a8_matmul(x, crow_indices, col_indices, values, w_scale, out_features,
+                                                      bias, x_scale)

@@ -1,0 +1,186 @@
+"""Tests of the sparse W8A8 kernel (kernels/bsr_w8a8.py) against ``kernels.reference.bsr_w8a8_matmul_ref``.
+
+The kernel computes the reference's integers exactly and its epilogue does the same fp32 operations
+in the same order, so fp16 outputs are compared bit for bit and bf16 ones within one bf16 ulp (Triton's
+interpreter casts fp32 -> bf16 by truncation, the reference rounds).
+The integers are also checked against the dense W8A8 kernel on the same weight with zero blocks.
+"""
+import pytest
+import torch
+
+import kernels
+from kernels import reference
+from kernels.bsr import BsrConfig
+from kernels.bsr_w8a8 import launch, pick_config
+from kernels.w8a8 import w8a8_matmul
+
+BLOCK = 32
+DTYPES = (torch.float16, torch.bfloat16)
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def int8_block_sparse(n, k, sparsity, device=DEVICE, empty_rows=(), seed=0):
+    """(BSR parts with int8 values, w_scale (n,), the dense int8 weight with its absent blocks zero)."""
+    gen = torch.Generator().manual_seed(seed)
+    rows, cols = n // BLOCK, k // BLOCK
+    keep = torch.ones(rows * cols, dtype=torch.bool)
+    keep[torch.randperm(rows * cols, generator=gen)[: round(sparsity * rows * cols)]] = False
+    keep = keep.reshape(rows, cols)
+    for r in empty_rows:
+        keep[r] = False
+    w_q = torch.randint(-127, 128, (n, k), generator=gen, dtype=torch.int8)
+    w_q *= keep.repeat_interleave(BLOCK, 0).repeat_interleave(BLOCK, 1).to(torch.int8)
+    blocks = w_q.reshape(rows, BLOCK, cols, BLOCK).permute(0, 2, 1, 3)  # (R, C, 32, 32)
+    crow = torch.zeros(rows + 1, dtype=torch.int32)
+    crow[1:] = keep.sum(1).cumsum(0)
+    r_idx, c_idx = keep.nonzero(as_tuple=True)
+    values = blocks[r_idx, c_idx].contiguous()
+    w_scale = torch.rand(n, generator=gen) * 1e-2 + 1e-3
+    parts = (crow.to(device), c_idx.to(torch.int32).to(device), values.to(device))
+    return parts, w_scale.to(device), w_q.to(device)
+
+
+def assert_same_output(y, ref):
+    if y.dtype == torch.float16:
+        assert torch.equal(y, ref)
+    else:  # bf16: the interpreter truncates where the reference rounds
+        torch.testing.assert_close(y.float(), ref.float(), rtol=2**-7, atol=0)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("m", "k", "n"), [(1, 64, 32), (5, 96, 64), (17, 256, 96), (40, 128, 64), (70, 64, 128)])
+@pytest.mark.parametrize("sparsity", [0.0, 0.5, 1.0])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_matches_reference(dtype, m, k, n, sparsity, with_bias):
+    parts, w_scale, _ = int8_block_sparse(n, k, sparsity, seed=m)
+    x = torch.randn(m, k, device=DEVICE).to(dtype)
+    bias = torch.randn(n, device=DEVICE).to(dtype) if with_bias else None
+    y = kernels.bsr_w8a8_matmul_parts(x, *parts, w_scale, n, bias)
+    ref = reference.bsr_w8a8_matmul_ref(x, *parts, w_scale, n, bias)
+    assert y.shape == (m, n) and y.dtype == dtype
+    assert_same_output(y, ref)
+    if sparsity == 1.0:
+        expected = torch.zeros_like(y) if bias is None else bias.expand_as(y)
+        assert torch.equal(y, expected)
+
+
+def test_equals_dense_w8a8_on_the_same_weight_with_empty_block_rows():
+    n, k, m = 128, 192, 9
+    parts, w_scale, w_q = int8_block_sparse(n, k, 0.4, empty_rows=(1, 3))
+    x = torch.randn(2, m, k, device=DEVICE).half()  # leading batch dimension
+    x[0, 4] = 0  # an all-zero token: scale 1, output 0 (or the bias)
+    y = kernels.bsr_w8a8_matmul_parts(x, *parts, w_scale, n)
+    assert y.shape == (2, m, n)
+    assert torch.equal(y, w8a8_matmul(x, w_q, w_scale))
+    assert torch.equal(y[:, :, 32:64], torch.zeros_like(y[:, :, 32:64]))  # block row 1 is empty
+    assert not y.isnan().any()
+
+
+@pytest.mark.parametrize("kind", ["scalar", "per_row"])
+def test_static_scale(kind):
+    n, k, m = 64, 128, 6
+    parts, w_scale, _ = int8_block_sparse(n, k, 0.5)
+    x = torch.randn(m, k, device=DEVICE).half() * 4  # some values clamp at the static scale
+    x_scale = torch.tensor(0.02, device=DEVICE) if kind == "scalar" else torch.rand(m, device=DEVICE) * 0.05 + 0.01
+    y = kernels.bsr_w8a8_matmul_parts(x, *parts, w_scale, n, None, x_scale)
+    assert_same_output(y, reference.bsr_w8a8_matmul_ref(x, *parts, w_scale, n, None, x_scale))
+
+
+@pytest.mark.parametrize("config", [BsrConfig("gemm", 16, 16, 2, 4, 2), BsrConfig("gemm", 64, 32, 1, 4, 3)])
+def test_other_tiles(config):
+    n, k, m = 96, 160, 33
+    parts, w_scale, _ = int8_block_sparse(n, k, 0.3)
+    x = torch.randn(m, k, device=DEVICE).half()
+    y = torch.empty(m, n, device=DEVICE, dtype=torch.float16)
+    launch(x, *parts, w_scale, None, None, y, config)
+    assert_same_output(y, reference.bsr_w8a8_matmul_ref(x, *parts, w_scale, n))
+
+
+def test_pick_config_buckets():
+    assert [pick_config(m).block_m for m in (1, 16, 17, 32, 33, 256, 257)] == [16, 16, 32, 32, 64, 64, 128]
+    with pytest.raises(ValueError, match="unsplit 'gemm' BsrConfig"):
+        launch(torch.zeros(1, 32, device=DEVICE).half(), *int8_block_sparse(32, 32, 0.0)[0],
+               torch.ones(32, device=DEVICE), None, None, torch.empty(1, 32, device=DEVICE).half(),
+               BsrConfig("gemv", 1, 8, 16, 4, 3))
+
+
+def test_custom_op_fake_and_schema():
+    n, k = 64, 64
+    parts, w_scale, _ = int8_block_sparse(n, k, 0.5)
+    x = torch.randn(3, k, device=DEVICE).half()
+    torch.library.opcheck(torch.ops.compress_kernels.bsr_w8a8_matmul, (x, *parts, w_scale, n, None, None),
+                          test_utils=("test_schema", "test_faketensor"))
+
+
+def test_compile_fullgraph_traces_launcher():
+    n, k = 64, 96
+    parts, w_scale, _ = int8_block_sparse(n, k, 0.5)
+    x = torch.randn(4, k, device=DEVICE).half()
+    fn = torch.compile(lambda t: kernels.bsr_w8a8_matmul_parts(t, *parts, w_scale, n) * 2, fullgraph=True,
+                       backend="aot_eager")
+    assert torch.equal(fn(x), reference.bsr_w8a8_matmul_ref(x, *parts, w_scale, n) * 2)
+
+
+# ---- bad input ---------------------------------------------------------------------------------
+
+def test_rejects_float_values():
+    parts, w_scale, _ = int8_block_sparse(32, 64, 0.0)
+    crow, col, values = parts
+    x = torch.randn(2, 64, device=DEVICE).half()
+    with pytest.raises(TypeError, match=r"values: expected dtype .*int8.*got torch.float16"):
+        kernels.bsr_w8a8_matmul_parts(x, crow, col, values.half(), w_scale, 32)
+
+
+@pytest.mark.parametrize(("field", "bad", "message"), [
+    ("w_scale", lambda s: s[:16], r"w_scale: expected shape \(32,\), got \(16,\)"),
+    ("w_scale", lambda s: s.half(), r"w_scale: expected dtype"),
+    ("x_scale", lambda s: torch.ones(3, device=DEVICE), r"x_scale: expected a scalar or shape \(2,\)"),
+])
+def test_rejects_bad_scales(field, bad, message):
+    parts, w_scale, _ = int8_block_sparse(32, 64, 0.0)
+    x = torch.randn(2, 64, device=DEVICE).half()
+    kwargs = {"w_scale": w_scale, "x_scale": None}
+    kwargs[field] = bad(w_scale)
+    with pytest.raises((TypeError, ValueError), match=message):
+        kernels.bsr_w8a8_matmul_parts(x, *parts, kwargs["w_scale"], 32, None, kwargs["x_scale"])
+
+
+def test_rejects_k_not_a_multiple_of_32():
+    parts, w_scale, _ = int8_block_sparse(32, 64, 0.0)
+    with pytest.raises(ValueError, match="multiple of 32"):
+        kernels.bsr_w8a8_matmul_parts(torch.randn(2, 48, device=DEVICE).half(), *parts, w_scale, 32)
+
+
+# ---- GPU, full size --------------------------------------------------------------------------------
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m", [1, 16, 64, 300, 2048])
+@pytest.mark.parametrize("sparsity", [0.5, 0.9])
+def test_gpu_full_size_equals_dense_w8a8(dtype, m, sparsity):
+    n, k = 4096, 4096
+    parts, w_scale, w_q = int8_block_sparse(n, k, sparsity, seed=m)
+    x = torch.randn(m, k, device="cuda").to(dtype)
+    bias = torch.randn(n, device="cuda").to(dtype)
+    y = kernels.bsr_w8a8_matmul_parts(x, *parts, w_scale, n, bias)
+    assert_same_output(y, reference.bsr_w8a8_matmul_ref(x, *parts, w_scale, n, bias))
+    assert_same_output(y, w8a8_matmul(x, w_q, w_scale, bias))
+
+
+@pytest.mark.gpu
+def test_gpu_cuda_graph_capture_and_replay():
+    n, k, m = 1024, 2048, 64
+    parts, w_scale, _ = int8_block_sparse(n, k, 0.5, device="cuda")
+    x = torch.randn(m, k, device="cuda").half()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        kernels.bsr_w8a8_matmul_parts(x, *parts, w_scale, n)  # warm-up: compile outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = kernels.bsr_w8a8_matmul_parts(x, *parts, w_scale, n)
+    for _ in range(2):
+        x.copy_(torch.randn(m, k, device="cuda").half())
+        graph.replay()
+        assert torch.equal(y, reference.bsr_w8a8_matmul_ref(x, *parts, w_scale, n))
