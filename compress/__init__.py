@@ -17,12 +17,13 @@ import Lightning).
 from compress.checkpoint import CheckpointError, load_compressed, save_compressed
 from compress.configs import BlockSparseConfig, W4A16Config, W8A8Config
 from compress.fusion import fuse_siblings
-from compress.modules import BSRLinear, W4A16Linear, W8A8Linear
+from compress.modules import BSRLinear, BSRW8A8Linear, W4A16Linear, W8A8Linear
 from compress.plan import DEFAULT_EXCLUDE, Plan, convert, prepare
 from compress.qat import CompressedLinear
 
 __all__ = [
     "BSRLinear",
+    "BSRW8A8Linear",
     "BlockSparseConfig",
     "CheckpointError",
     "CompressedLinear",

@@ -35,7 +35,7 @@ from torch import nn
 
 from compress.configs import config_from_dict
 from compress.fusion import is_fused
-from compress.modules import INFERENCE_MODULES, BSRLinear, W4A16Linear, W8A8Linear
+from compress.modules import INFERENCE_MODULES, BSRLinear, BSRW8A8Linear, W4A16Linear, W8A8Linear
 from compress.plan import compressed_layers, replace_submodule
 
 logger = logging.getLogger(__name__)
@@ -68,11 +68,11 @@ def _fsync_path(path: pathlib.Path) -> None:
 def _layer_entry(module: nn.Module) -> dict:
     entry = {"module": type(module).__name__, "in_features": module.in_features,
              "out_features": module.out_features, "bias": module.bias is not None}
-    if isinstance(module, (W8A8Linear, W4A16Linear)):
+    if isinstance(module, (W8A8Linear, W4A16Linear, BSRW8A8Linear)):
         entry["config"] = module.config.to_dict()
-    if isinstance(module, W8A8Linear):
+    if isinstance(module, (W8A8Linear, BSRW8A8Linear)):
         entry["smoothing"] = module.input_smoothing is not None
-    if isinstance(module, BSRLinear):
+    if isinstance(module, (BSRLinear, BSRW8A8Linear)):
         entry.update(nnz=module.nnz, block=module.block)
     return entry
 
@@ -228,6 +228,9 @@ def _empty_module(entry: dict) -> nn.Module:
         return W8A8Linear(*args, config=config_from_dict(entry["config"]), smoothing=entry["smoothing"])
     if kind == "W4A16Linear":
         return W4A16Linear(*args, config=config_from_dict(entry["config"]))
+    if kind == "BSRW8A8Linear":
+        return BSRW8A8Linear(*args, config=config_from_dict(entry["config"]), nnz=entry["nnz"], block=entry["block"],
+                             smoothing=entry["smoothing"])
     return BSRLinear(*args, nnz=entry["nnz"], block=entry["block"])
 
 

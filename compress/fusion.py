@@ -9,7 +9,7 @@ N = N_q + N_k + N_v costs much less than three. :func:`fuse_siblings` rewrites a
   ``("q_proj", "k_proj", "v_proj")``), all of one kind with the same ``in_features``: all
   ``W8A8Linear`` (same config, same static activation scale and smoothing factors, as siblings
   calibrated on one input have), all ``W4A16Linear`` (same group size), all ``BSRLinear`` (same
-  block), or, only with ``dense=True``, all ``nn.Linear``. Other groups are left as they are.
+  block), all ``BSRW8A8Linear`` (both rules), or, only with ``dense=True``, all ``nn.Linear``. Other groups are left as they are.
 * **The fused module** is one module of that kind whose output rows are the members' rows, stacked
   in the group's order, so output ``n`` of member ``i`` is row ``N_1 + ... + N_{i-1} + n``:
   W8A8 ``w_q`` / ``w_scale`` / ``bias`` are concatenated along N (dim 0); W4A16 ``qweight``
@@ -41,7 +41,7 @@ import logging
 import torch
 from torch import nn
 
-from compress.modules import BSRLinear, W4A16Linear, W8A8Linear
+from compress.modules import BSRLinear, BSRW8A8Linear, W4A16Linear, W8A8Linear
 
 logger = logging.getLogger(__name__)
 
@@ -114,23 +114,35 @@ def _same_optional(tensors) -> bool:
     return all(t is not None and t.shape == first.shape and torch.equal(t, first) for t in tensors)
 
 
-def _concat_w8a8(members) -> W8A8Linear | str:
+def _w8a8_mismatch(members) -> str | None:
+    """Why W8A8 members cannot share one activation quantization, or None."""
     if any(m.config != members[0].config for m in members):
         return "different W8A8 configs"
     if not _same_optional([m.act_scale for m in members]):
         return "different static activation scales"
     if not _same_optional([m.input_smoothing for m in members]):
         return "different smoothing factors"
+    return None
+
+
+def _copy_activation_scales(target: nn.Module, source: nn.Module) -> None:
+    """``act_scale`` and ``input_smoothing`` of a W8A8 module onto another (when present)."""
+    if source.act_scale is not None:
+        target.act_scale = source.act_scale.clone()
+    if source.input_smoothing is not None:
+        target.input_smoothing = source.input_smoothing.clone()
+
+
+def _concat_w8a8(members) -> W8A8Linear | str:
+    if (reason := _w8a8_mismatch(members)) is not None:
+        return reason
     first = members[0]
     bias = _stacked_bias(members)
     fused = W8A8Linear(first.in_features, sum(m.out_features for m in members), bias is not None, first.config,
                        smoothing=first.input_smoothing is not None).to(first.w_q.device)
     fused.w_q = torch.cat([m.w_q for m in members])
     fused.w_scale = torch.cat([m.w_scale for m in members])
-    if first.act_scale is not None:
-        fused.act_scale = first.act_scale.clone()
-    if first.input_smoothing is not None:
-        fused.input_smoothing = first.input_smoothing.clone()
+    _copy_activation_scales(fused, first)
     fused.bias = bias
     return fused
 
@@ -148,20 +160,41 @@ def _concat_w4a16(members) -> W4A16Linear | str:
     return fused
 
 
+def _stacked_block_rows(members) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """BSR parts (crow, col, values) of the members' block rows appended in order."""
+    crows, offset = [members[0].crow_indices[:1]], 0
+    for m in members:
+        crows.append(m.crow_indices[1:] + offset)
+        offset += m.nnz
+    return torch.cat(crows), torch.cat([m.col_indices for m in members]), torch.cat([m.values for m in members])
+
+
 def _concat_bsr(members) -> BSRLinear | str:
     first = members[0]
     if any(m.block != first.block for m in members):
         return "different block sizes"
-    crows, offset = [first.crow_indices[:1]], 0
-    for m in members:
-        crows.append(m.crow_indices[1:] + offset)
-        offset += m.nnz
+    crow, col, values = _stacked_block_rows(members)
     bias = _stacked_bias(members)
-    fused = BSRLinear(first.in_features, sum(m.out_features for m in members), bias is not None, offset,
+    fused = BSRLinear(first.in_features, sum(m.out_features for m in members), bias is not None, col.numel(),
                       first.block).to(first.values.device)
-    fused.crow_indices = torch.cat(crows)
-    fused.col_indices = torch.cat([m.col_indices for m in members])
-    fused.values = torch.cat([m.values for m in members])
+    fused.crow_indices, fused.col_indices, fused.values = crow, col, values
+    fused.bias = bias
+    return fused
+
+
+def _concat_bsr_w8a8(members) -> BSRW8A8Linear | str:
+    first = members[0]
+    if any(m.block != first.block for m in members):
+        return "different block sizes"
+    if (reason := _w8a8_mismatch(members)) is not None:
+        return reason
+    crow, col, values = _stacked_block_rows(members)
+    bias = _stacked_bias(members)
+    fused = BSRW8A8Linear(first.in_features, sum(m.out_features for m in members), bias is not None, first.config,
+                          col.numel(), first.block, smoothing=first.input_smoothing is not None).to(first.values.device)
+    fused.crow_indices, fused.col_indices, fused.values = crow, col, values
+    fused.w_scale = torch.cat([m.w_scale for m in members])
+    _copy_activation_scales(fused, first)
     fused.bias = bias
     return fused
 
@@ -178,7 +211,8 @@ def _concat_linear(members) -> nn.Linear:
     return fused
 
 
-_CONCAT = {W8A8Linear: _concat_w8a8, W4A16Linear: _concat_w4a16, BSRLinear: _concat_bsr}
+_CONCAT = {W8A8Linear: _concat_w8a8, W4A16Linear: _concat_w4a16, BSRLinear: _concat_bsr,
+           BSRW8A8Linear: _concat_bsr_w8a8}
 
 
 def fuse_members(members: list[nn.Module], dense: bool = False) -> nn.Module | str:
@@ -223,6 +257,14 @@ def fuse_siblings(model: nn.Module, dense: bool = False) -> int:
 
 
 # ---- splitting a fused module back into its members --------------------------------------------
+def _block_rows(fused: nn.Module, start: int, stop: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """BSR parts (crow, col, values) of output rows ``[start, stop)`` (multiples of the block)."""
+    first_row, last_row = start // fused.block, stop // fused.block
+    first, last = int(fused.crow_indices[first_row]), int(fused.crow_indices[last_row])
+    crow = (fused.crow_indices[first_row:last_row + 1] - first).contiguous()
+    return crow, fused.col_indices[first:last].clone(), fused.values[first:last].clone()
+
+
 def _row_slice(fused: nn.Module, start: int, stop: int) -> nn.Module:
     """Output rows ``[start, stop)`` of a fused module, as a module of the same kind."""
     bias = None if fused.bias is None else fused.bias[start:stop].clone()
@@ -230,21 +272,22 @@ def _row_slice(fused: nn.Module, start: int, stop: int) -> nn.Module:
         part = W8A8Linear(fused.in_features, stop - start, bias is not None, fused.config,
                           smoothing=fused.input_smoothing is not None).to(fused.w_q.device)
         part.w_q, part.w_scale = fused.w_q[start:stop].clone(), fused.w_scale[start:stop].clone()
-        if fused.act_scale is not None:
-            part.act_scale = fused.act_scale.clone()
-        if fused.input_smoothing is not None:
-            part.input_smoothing = fused.input_smoothing.clone()
+        _copy_activation_scales(part, fused)
     elif isinstance(fused, W4A16Linear):
         part = W4A16Linear(fused.in_features, stop - start, bias is not None, fused.config).to(fused.qweight.device)
         part.qweight = fused.qweight[:, start:stop].contiguous()
         part.scales = fused.scales[:, start:stop].contiguous()
-    elif isinstance(fused, BSRLinear):
-        first_row, last_row = start // fused.block, stop // fused.block
-        first, last = int(fused.crow_indices[first_row]), int(fused.crow_indices[last_row])
-        part = BSRLinear(fused.in_features, stop - start, bias is not None, last - first, fused.block).to(fused.values.device)
-        part.crow_indices = (fused.crow_indices[first_row:last_row + 1] - first).contiguous()
-        part.col_indices = fused.col_indices[first:last].clone()
-        part.values = fused.values[first:last].clone()
+    elif isinstance(fused, (BSRLinear, BSRW8A8Linear)):
+        crow, col, values = _block_rows(fused, start, stop)
+        if isinstance(fused, BSRLinear):
+            part = BSRLinear(fused.in_features, stop - start, bias is not None, col.numel(), fused.block)
+        else:
+            part = BSRW8A8Linear(fused.in_features, stop - start, bias is not None, fused.config, col.numel(),
+                                 fused.block, smoothing=fused.input_smoothing is not None)
+            part.w_scale = fused.w_scale[start:stop].clone()
+            _copy_activation_scales(part, fused)
+        part = part.to(fused.values.device)
+        part.crow_indices, part.col_indices, part.values = crow, col, values
     else:  # nn.Linear
         part = nn.Linear(fused.in_features, stop - start, bias=bias is not None, device=fused.weight.device,
                          dtype=fused.weight.dtype)

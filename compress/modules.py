@@ -11,7 +11,13 @@ W4A16Linear    ``qweight`` (Kp/8, N) int32, ``scales`` (Kp/G, N)    ``kernels.w4
                float32; Kp = K padded to a multiple of G and 8      unpack, dequantize, fp32 acc.
 BSRLinear      ``crow_indices`` (N/32+1,) int32, ``col_indices``    ``kernels.bsr_matmul_parts``:
                (nnz,) int32, ``values`` (nnz, 32, 32) model dtype   absent blocks skipped
+BSRW8A8Linear  the BSR indices, ``values`` (nnz, 32, 32) int8, and   ``kernels.bsr_w8a8_matmul_parts``:
+               W8A8Linear's ``w_scale`` / ``act_scale`` /           W8A8 with absent blocks
+               ``input_smoothing``                                  skipped
 =============  ===================================================  ================================
+
+``BSRW8A8Linear`` serves a layer both pruned into blocks and quantized to W8A8: it holds exactly the
+int8 weight and scales ``W8A8Linear`` would, minus the absent blocks, and computes the same output.
 
 ``bias`` (N,) is a buffer in the model dtype. Scales and indices must keep their dtype when the
 model is cast (``model.half().cuda()`` after export): :class:`compress._float32.Float32Buffers` lets
@@ -50,6 +56,8 @@ _LOGGED_FALLBACK: set[str] = set()
 
 
 def _log_once(cls_name: str, reason: str) -> None:
+    if torch.compiler.is_compiling():  # a logging call inside a traced forward breaks torch.compile(fullgraph=True)
+        return
     key = f"{cls_name}:{reason}"
     if key not in _LOGGED_FALLBACK:
         _LOGGED_FALLBACK.add(key)
@@ -82,6 +90,17 @@ class _InferenceLinear(Float32Buffers):
     def _copy_bias(module: "_InferenceLinear", linear: nn.Linear) -> None:
         if linear.bias is not None:
             module.bias = linear.bias.detach().clone()
+
+
+def _smoothed(x: torch.Tensor, input_smoothing: torch.Tensor | None) -> torch.Tensor:
+    """``x / input_smoothing`` per input channel (SmoothQuant factors), in x's dtype; x without factors."""
+    return x if input_smoothing is None else (x.float() / input_smoothing).to(x.dtype)
+
+
+def _activation_repr(module) -> str:
+    """How a W8A8 module quantizes its input: dynamic or static scale, smoothed or not."""
+    mode = f"static act_scale={module.act_scale.item():.4g}" if module.config.static else "dynamic per-token"
+    return mode + (", smoothed" if module.input_smoothing is not None else "")
 
 
 class W8A8Linear(_InferenceLinear):
@@ -122,8 +141,7 @@ class W8A8Linear(_InferenceLinear):
         return module.to(source.device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.input_smoothing is not None:
-            x = (x.float() / self.input_smoothing).to(x.dtype)
+        x = _smoothed(x, self.input_smoothing)
         if self._use_kernel(x):
             return _kernels.launcher("w8a8_matmul")(x, self.w_q, self.w_scale, self._bias_for(x), self.act_scale)
         return _kernels.reference.w8a8_matmul_ref(x, self.w_q, self.w_scale, self.bias, self.act_scale)
@@ -134,9 +152,8 @@ class W8A8Linear(_InferenceLinear):
         return w if self.input_smoothing is None else w / self.input_smoothing
 
     def extra_repr(self) -> str:
-        mode = f"static act_scale={self.act_scale.item():.4g}" if self.config.static else "dynamic per-token"
-        smooth = ", smoothed" if self.input_smoothing is not None else ""
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, {mode}{smooth}"
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+                f"{_activation_repr(self)}")
 
 
 def padded_in_features(in_features: int, group_size: int | None) -> tuple[int, int]:
@@ -245,7 +262,73 @@ class BSRLinear(_InferenceLinear):
                 f"block={self.block}, nnz_blocks={self.nnz}/{total}")
 
 
-INFERENCE_MODULES = {cls.__name__: cls for cls in (W8A8Linear, W4A16Linear, BSRLinear)}
+class BSRW8A8Linear(_InferenceLinear):
+    """Block-sparse (32x32 BSR) int8 weight per output channel, int8 activations per token (dynamic) or static."""
+
+    _float32_buffers = ("w_scale", "act_scale", "input_smoothing")
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, config: W8A8Config | None = None,
+                 nnz: int = 0, block: int = 32, smoothing: bool = False):
+        super().__init__(in_features, out_features, bias)
+        check_bsr_shape((out_features, in_features), block)
+        self.config = config or W8A8Config()
+        if not isinstance(self.config, W8A8Config):
+            raise TypeError(f"config: expected W8A8Config, got {type(self.config).__name__}")
+        self.block = block
+        self.register_buffer("crow_indices", torch.zeros(out_features // block + 1, dtype=torch.int32))
+        self.register_buffer("col_indices", torch.zeros(nnz, dtype=torch.int32))
+        self.register_buffer("values", torch.zeros(nnz, block, block, dtype=torch.int8))
+        self.register_buffer("w_scale", torch.ones(out_features))
+        self.register_buffer("act_scale", torch.ones(()) if self.config.static else None)
+        self.register_buffer("input_smoothing", torch.ones(in_features) if smoothing else None)
+
+    @classmethod
+    def from_float(cls, linear: nn.Linear, config: W8A8Config | None = None, sparse: BlockSparseConfig | None = None,
+                   *, weight: torch.Tensor | None = None, mask: torch.Tensor | None = None,
+                   weight_scale: torch.Tensor | None = None, act_scale: torch.Tensor | None = None,
+                   input_smoothing: torch.Tensor | None = None) -> "BSRW8A8Linear":
+        """Quantize as :meth:`W8A8Linear.from_float` does, then keep the blocks ``mask`` keeps (or the non-zero ones)."""
+        dense = W8A8Linear.from_float(linear, config, weight=weight, weight_scale=weight_scale, act_scale=act_scale,
+                                      input_smoothing=input_smoothing)
+        return cls.from_w8a8(dense, (sparse or BlockSparseConfig()).block, mask)
+
+    @classmethod
+    def from_w8a8(cls, dense: W8A8Linear, block: int = 32, mask: torch.Tensor | None = None) -> "BSRW8A8Linear":
+        """The same int8 weight and scales as ``dense``, its absent blocks dropped."""
+        crow, col, values = dense_to_bsr(dense.w_q, block, mask)
+        module = cls(dense.in_features, dense.out_features, dense.bias is not None, dense.config, col.numel(), block,
+                     smoothing=dense.input_smoothing is not None).to(dense.w_q.device)
+        module.crow_indices, module.col_indices, module.values = crow, col, values
+        module.w_scale = dense.w_scale.clone()
+        for name in ("act_scale", "input_smoothing", "bias"):
+            if getattr(dense, name) is not None:
+                setattr(module, name, getattr(dense, name).clone())
+        return module
+
+    @property
+    def nnz(self) -> int:
+        return self.col_indices.numel()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = _smoothed(x, self.input_smoothing)
+        parts = (self.crow_indices, self.col_indices, self.values, self.w_scale, self.out_features)
+        if self._use_kernel(x):
+            return _kernels.launcher("bsr_w8a8_matmul_parts")(x, *parts, self._bias_for(x), self.act_scale)
+        return _kernels.reference.bsr_w8a8_matmul_ref(x, *parts, self.bias, self.act_scale)
+
+    def dequantized_weight(self) -> torch.Tensor:
+        """(N, K) float32 ``w_q * w_scale``, absent blocks zero (smoothing factors folded back out)."""
+        w_q = bsr_to_dense(self.crow_indices, self.col_indices, self.values, (self.out_features, self.in_features))
+        w = dequantize_per_channel(w_q, self.w_scale)
+        return w if self.input_smoothing is None else w / self.input_smoothing
+
+    def extra_repr(self) -> str:
+        total = (self.out_features // self.block) * (self.in_features // self.block)
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+                f"block={self.block}, nnz_blocks={self.nnz}/{total}, {_activation_repr(self)}")
+
+
+INFERENCE_MODULES = {cls.__name__: cls for cls in (W8A8Linear, W4A16Linear, BSRLinear, BSRW8A8Linear)}
 
 
 def to_float(module: _InferenceLinear) -> nn.Linear:

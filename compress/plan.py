@@ -20,6 +20,11 @@ calibrate (SmoothQuant and static scales), then swap.
 A layer that a kernel cannot take is handled on purpose: W4A16 pads K to the group size
 (:class:`compress.modules.W4A16Linear`); block sparsity alone on a layer whose N or K is not a
 multiple of 32 is exported as a dense ``nn.Linear`` holding the masked weight, with a logged reason.
+
+Export picks the inference module from a layer's configs: W8A8 with block sparsity ->
+:class:`compress.modules.BSRW8A8Linear` (int8 blocks, the pruned ones not stored; N or K not a
+multiple of 32: ``W8A8Linear`` with zero blocks); W8A8 -> ``W8A8Linear``; W4A16, with or without
+sparsity -> ``W4A16Linear`` (pruned blocks are zeros in the int4 weight); sparsity alone -> ``BSRLinear``.
 """
 from __future__ import annotations
 
@@ -32,7 +37,7 @@ import torch
 from torch import nn
 
 from compress.configs import BlockSparseConfig, W4A16Config, W8A8Config, is_config
-from compress.modules import BSRLinear, W4A16Linear, W8A8Linear
+from compress.modules import BSRLinear, BSRW8A8Linear, W4A16Linear, W8A8Linear
 from compress.qat import CompressedLinear, split_configs
 from compress.smoothquant import apply_smoothquant
 from compress.sparsity import block_mask
@@ -223,17 +228,26 @@ def export_module(name: str, layer: CompressedLinear) -> nn.Module:
     quant, sparse = layer.quant_config, layer.sparse_config
     weight = layer.masked_weight().detach()
     if isinstance(quant, W8A8Config):
-        return W8A8Linear.from_float(layer, quant, weight=weight, weight_scale=layer.weight_scale,
-                                     act_scale=layer.static_act_scale(), input_smoothing=layer.smoothing())
+        dense = W8A8Linear.from_float(layer, quant, weight=weight, weight_scale=layer.weight_scale,
+                                      act_scale=layer.static_act_scale(), input_smoothing=layer.smoothing())
+        if isinstance(sparse, BlockSparseConfig) and _bsr_shaped(name, layer, sparse.block, "int8 weight"):
+            return BSRW8A8Linear.from_w8a8(dense, sparse.block, layer.mask)
+        return dense
     if isinstance(quant, W4A16Config):
         return W4A16Linear.from_float(layer, quant, weight=weight, weight_scale=layer.weight_scale)
-    if isinstance(sparse, BlockSparseConfig):
-        n, k = layer.out_features, layer.in_features
-        if n % sparse.block == 0 and k % sparse.block == 0:
-            return BSRLinear.from_float(layer, sparse, weight=weight, mask=layer.mask)
-        logger.warning("convert: %s (N=%d, K=%d) left dense: BSR needs N and K multiples of %d; "
-                       "its pruned blocks are zero in the dense weight", name, n, k, sparse.block)
+    if isinstance(sparse, BlockSparseConfig) and _bsr_shaped(name, layer, sparse.block, "weight"):
+        return BSRLinear.from_float(layer, sparse, weight=weight, mask=layer.mask)
     return layer.to_float()
+
+
+def _bsr_shaped(name: str, layer: CompressedLinear, block: int, what: str) -> bool:
+    """True when N and K are multiples of ``block``; otherwise logs that the layer stays dense."""
+    n, k = layer.out_features, layer.in_features
+    if n % block == 0 and k % block == 0:
+        return True
+    logger.warning("convert: %s (N=%d, K=%d) left dense: BSR needs N and K multiples of %d; "
+                   "its pruned blocks are zero in the dense %s", name, n, k, block, what)
+    return False
 
 
 def convert(model: nn.Module, plan=None, calibration_data=None) -> nn.Module:

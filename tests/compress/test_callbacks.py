@@ -109,7 +109,7 @@ def test_composed_run_prunes_quantizes_calibrates_and_exports(tmp_path):
         assert mask_sparsity(mask) == pytest.approx(0.5)
         assert (weight[~expand_mask(mask, weight.shape)] == 0).all()
         assert act_scale.item() > 0
-    assert type(task.model.up).__name__ == "W8A8Linear" and task.model.up.config.static
+    assert type(task.model.up).__name__ == "BSRW8A8Linear" and task.model.up.config.static
     loaded = compress.load_compressed(tmp_path / "export", model=PreNormMLP())
     x = torch.randn(3, 64)
     with torch.no_grad():
@@ -348,7 +348,7 @@ def test_ddp_ranks_end_with_identical_masks_and_scales(tmp_path):
     for key, tensor in rank0.pop("exported").items():
         assert torch.equal(tensor, rank1["exported"][key]), key
     loaded = compress.load_compressed(tmp_path / "export", model=PreNormMLP())
-    assert type(loaded.up).__name__ == "W8A8Linear"
+    assert type(loaded.up).__name__ == "BSRW8A8Linear"
     for name in rank0:
         for key in ("mask", "act_scale", "smoothing", "weight"):
             assert torch.equal(rank0[name][key], rank1[name][key]), (name, key)

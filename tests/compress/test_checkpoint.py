@@ -122,7 +122,7 @@ def test_transformers_model_reloads_without_the_original_weights(tmp_path):
     loaded = compress.load_compressed(tmp_path / "bert")
     assert type(loaded).__name__ == "BertForSequenceClassification"
     layer = loaded.bert.encoder.layer[0]
-    assert type(layer.attention.self.query).__name__ == "W8A8Linear"
+    assert type(layer.attention.self.query).__name__ == "BSRW8A8Linear"  # pruned and W8A8: int8 blocks
     assert type(layer.intermediate.dense).__name__ == "W4A16Linear"
     assert type(loaded.classifier) is nn.Linear
     with torch.no_grad():

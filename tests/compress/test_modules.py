@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from compress.configs import BlockSparseConfig, W4A16Config, W8A8Config
-from compress.modules import BSRLinear, W4A16Linear, W8A8Linear, to_float
+from compress.modules import BSRLinear, BSRW8A8Linear, W4A16Linear, W8A8Linear, to_float
 from compress.sparsity import block_mask, expand_mask
 
 
@@ -82,7 +82,30 @@ def test_static_w8a8_needs_a_scale():
     assert module.act_scale.item() == pytest.approx(0.02) and "static" in repr(module)
 
 
+@pytest.mark.parametrize("static", [False, True])
+def test_bsr_w8a8_holds_and_computes_what_w8a8_does_on_the_pruned_weight(static):
+    linear = nn.Linear(128, 96)
+    mask = block_mask(linear.weight, 0.5)
+    masked = linear.weight * expand_mask(mask, tuple(linear.weight.shape))
+    config = W8A8Config("static") if static else W8A8Config()
+    act_scale = torch.tensor(0.03) if static else None
+    dense = W8A8Linear.from_float(linear, config, weight=masked, act_scale=act_scale)
+    sparse = BSRW8A8Linear.from_float(linear, config, BlockSparseConfig(0.5), weight=masked, mask=mask,
+                                      act_scale=act_scale)
+    assert sparse.nnz == int(mask.sum()) == 6 and sparse.values.dtype == torch.int8
+    assert torch.equal(sparse.dequantized_weight(), dense.dequantized_weight())
+    x = torch.randn(4, 128)
+    assert torch.equal(sparse(x), dense(x))
+    half = sparse.half()
+    assert half.values.dtype == torch.int8 and half.w_scale.dtype == torch.float32 and half.bias.dtype == torch.float16
+    assert "nnz_blocks=6/12" in repr(sparse) and ("static" in repr(sparse)) == static
+
+
 def test_bad_arguments():
+    with pytest.raises(TypeError, match="W8A8Config"):
+        BSRW8A8Linear(64, 64, config=W4A16Config())
+    with pytest.raises(ValueError, match="multiples of 32"):
+        BSRW8A8Linear(40, 64)
     with pytest.raises(TypeError, match="W8A8Config"):
         W8A8Linear(8, 8, config=W4A16Config())
     with pytest.raises(ValueError, match="multiples of 32"):
@@ -96,7 +119,8 @@ def test_bad_arguments():
                                   lambda l: W8A8Linear.from_float(l, W8A8Config("static"), act_scale=torch.tensor(0.03)),
                                   lambda l: W4A16Linear.from_float(l, W4A16Config(128)),
                                   lambda l: W4A16Linear.from_float(l, W4A16Config(None)),
-                                  lambda l: BSRLinear.from_float(l)])
+                                  lambda l: BSRLinear.from_float(l),
+                                  lambda l: BSRW8A8Linear.from_float(l, mask=block_mask(l.weight, 0.5))])
 def test_cuda_kernels_agree_with_the_cpu_reference(make):
     torch.manual_seed(0)
     linear = nn.Linear(256, 192)
@@ -196,7 +220,8 @@ def test_minilm_bsr_layout_is_exact(minilm_activations):
                                   lambda l: W8A8Linear.from_float(l, W8A8Config("static"), act_scale=torch.tensor(0.03)),
                                   lambda l: W4A16Linear.from_float(l, W4A16Config(32)),
                                   lambda l: W4A16Linear.from_float(l, W4A16Config(None)),
-                                  lambda l: BSRLinear.from_float(l)])
+                                  lambda l: BSRLinear.from_float(l),
+                                  lambda l: BSRW8A8Linear.from_float(l, mask=block_mask(l.weight, 0.5))])
 def test_kernel_dispatch_under_the_triton_interpreter(make, monkeypatch):
     """The forward's kernel branch (run on CPU by TRITON_INTERPRET=1) agrees with the reference branch."""
     from compress import _kernels

@@ -7,7 +7,7 @@ from torch import nn
 
 import compress
 from compress import BlockSparseConfig, Plan, W4A16Config, W8A8Config
-from compress.modules import BSRLinear, W4A16Linear, W8A8Linear
+from compress.modules import BSRLinear, BSRW8A8Linear, W4A16Linear, W8A8Linear
 from compress.plan import compressed_layers, prune_one_shot
 
 
@@ -105,7 +105,7 @@ def _prepared_and_trained(plan, static=False):
     (W4A16Config(32), W4A16Linear),
     (W4A16Config(None, learnable_scale=True), W4A16Linear),
     (BlockSparseConfig(0.5), BSRLinear),
-    ([BlockSparseConfig(0.5), W8A8Config()], W8A8Linear),
+    ([BlockSparseConfig(0.5), W8A8Config()], BSRW8A8Linear),
     ([BlockSparseConfig(0.5), W4A16Config(64)], W4A16Linear),
 ])
 def test_prepare_convert_agreement(plan, module_type):
@@ -121,14 +121,22 @@ def test_prepare_convert_agreement(plan, module_type):
     torch.testing.assert_close(exported_out, qat_out, atol=1e-3, rtol=1e-3)
 
 
-def test_sparse_w8a8_export_keeps_pruned_blocks_exactly_zero():
+def test_sparse_w8a8_export_stores_only_the_kept_blocks_as_int8():
     model = _prepared_and_trained([BlockSparseConfig(0.5), W8A8Config()])
-    masks = {name: layer.mask.clone() for name, layer in compressed_layers(model).items()}
+    layers = compressed_layers(model)
+    masks = {name: layer.mask.clone() for name, layer in layers.items()}
+    dense = {name: W8A8Linear.from_float(layer, layer.quant_config, weight=layer.masked_weight().detach())
+             for name, layer in layers.items()}
     compress.convert(model)
     for name, mask in masks.items():
-        w_q = getattr(model, name).w_q
-        pruned = ~compress.sparsity.expand_mask(mask, tuple(w_q.shape))
-        assert pruned.any() and (w_q[pruned] == 0).all()
+        module = getattr(model, name)
+        assert isinstance(module, BSRW8A8Linear) and module.values.dtype == torch.int8
+        assert module.nnz == int(mask.sum()) < mask.numel()
+        weight = module.dequantized_weight()
+        assert (weight[~compress.sparsity.expand_mask(mask, tuple(weight.shape))] == 0).all()
+        assert torch.equal(weight, dense[name].dequantized_weight())  # the int8 weight W8A8Linear would hold
+        x = torch.randn(5, module.in_features)
+        assert torch.equal(module(x), dense[name](x))
 
 
 def test_static_w8a8_agreement_and_missing_calibration():
