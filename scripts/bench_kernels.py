@@ -8,7 +8,8 @@ What is timed (every figure is ``y = x @ W.T`` for x (M, K) and a weight of N x 
   (``torch.sparse._triton_ops.bsr_dense_mm``, computing ``W @ x.T``) at 50/75/90% block sparsity.
 * ours: ``kernels.w8a8_matmul`` (dynamic per-token scales), ``kernels.w4a16_matmul`` (g128) and
   ``kernels.bsr_matmul_parts`` at 50/75/90% block sparsity (same block masks and values as the
-  torch BSR anchor).
+  torch BSR anchor); ``kernels.bsr_w8a8_matmul_parts`` (int8 blocks, per-token int8 x) at 50 and
+  90% (``ours_dds_w8a8_p``: a layer both pruned and W8A8-quantized; compare with ``ours_w8a8``).
 
 How (DESIGN.md, "how to measure"): ``triton.testing.do_bench`` medians (it also flushes L2 before
 each timed call); each kernel rotates over several weight / input sets, together at least
@@ -50,6 +51,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 SHAPES = [(1024, 1024), (4096, 4096), (4096, 11008), (11008, 4096), (8192, 8192), (8192, 28672)]  # (K, N)
 MS = [1, 16, 64, 256, 2048, 8192]
 SPARSITIES = (50, 75, 90)
+DDS_W8A8_SPARSITIES = (50, 90)  # the sparse W8A8 kernel (a layer both pruned and W8A8-quantized)
 GROUP_SIZE = 128
 GRAPH_MAX_M = 1 << 30  # graphs at every M unless --graph-max-m says otherwise
 MAX_SETS = 128
@@ -115,11 +117,15 @@ def make_weight_set(kind, k, n, gen, device, sparsity_pct=None):
         packed = torch.ops.aten._convert_weight_to_int4pack(w_u8, 8) if device.type == "cuda" else w_u8
         sz = torch.rand(k // GROUP_SIZE, n, 2, generator=gen, device=device) * 1e-2
         return {"packed": packed, "scales_zeros": sz.to(torch.bfloat16)}
-    if kind == "bsr":
+    if kind in ("bsr", "bsr_int8"):
         mask = random_block_mask(n, k, sparsity_pct, gen, device)
         crow, col, values = bsr_parts_from_mask(mask, torch.float16, gen, device)
-        return {"crow": crow, "col": col, "values": values, "n": n, "k": k}
-    raise ValueError(f"weight kind: expected fp16, int8, int4, int4_tinygemm or bsr, got {kind!r}")
+        if kind == "bsr":
+            return {"crow": crow, "col": col, "values": values, "n": n, "k": k}
+        values = torch.randint(-127, 128, values.shape, generator=gen, dtype=torch.int8, device=device)
+        w_scale = torch.rand(n, generator=gen, device=device) * 1e-3 + 1e-4
+        return {"crow": crow, "col": col, "values": values, "w_scale": w_scale, "n": n, "k": k}
+    raise ValueError(f"weight kind: expected fp16, int8, int4, int4_tinygemm, bsr or bsr_int8, got {kind!r}")
 
 
 def weight_bytes(ws) -> int:
@@ -214,6 +220,18 @@ def _ours_dds(x, ws):
     return kernels.bsr_matmul_parts(x, ws["crow"], ws["col"], ws["values"], ws["n"])
 
 
+def _ours_dds_w8a8(x, ws):
+    import kernels
+
+    return kernels.bsr_w8a8_matmul_parts(x, ws["crow"], ws["col"], ws["values"], ws["w_scale"], ws["n"])
+
+
+def _dds_w8a8_ref(x, ws):
+    import kernels.reference as ref
+
+    return ref.bsr_w8a8_matmul_ref(x, ws["crow"], ws["col"], ws["values"], ws["w_scale"], ws["n"])
+
+
 def kernel_specs() -> list[KernelSpec]:
     specs = [
         KernelSpec("cublas_fp16", "fp16", _cublas, _cublas),
@@ -226,6 +244,8 @@ def kernel_specs() -> list[KernelSpec]:
         KernelSpec("ours_w4a16_g128", "int4", _ours_w4a16, _ours_w4a16_cpu),
     ]
     specs += [KernelSpec(f"ours_dds_{p}", "bsr", _ours_dds, _bsr_ref, sparsity=p) for p in SPARSITIES]
+    specs += [KernelSpec(f"ours_dds_w8a8_{p}", "bsr_int8", _ours_dds_w8a8, _dds_w8a8_ref, sparsity=p)
+              for p in DDS_W8A8_SPARSITIES]
     return specs
 
 
@@ -306,7 +326,7 @@ def _reference_for(spec, x, ws):
     """Dense fp32 result the op should give, where one exists (None for random tinygemm packing)."""
     if spec.weight_kind == "fp16":
         return x.float() @ ws["w"].float().T
-    if spec.weight_kind == "int8":
+    if spec.weight_kind in ("int8", "bsr_int8"):
         return None  # activation quantization noise: compared by the kernel tests, not here
     if spec.weight_kind == "bsr":
         dense = torch.sparse_bsr_tensor(ws["crow"], ws["col"], ws["values"].float(), size=(ws["n"], ws["k"]))

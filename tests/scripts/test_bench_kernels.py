@@ -27,8 +27,9 @@ def test_cpu_check_writes_json_and_markdown(bench, tmp_path):
     report = json.loads(out.read_text())
     assert report["environment"]["torch"] and report["environment"]["settings"]["cpu_check"] is True
     kernels = {r["kernel"] for r in report["results"]}
-    assert kernels == {"cublas_fp16", "ours_dds_50", "ours_dds_75", "ours_dds_90", "torch_bsr_90", "ours_w4a16_g128"}
-    assert len(report["results"]) == 6 * 2
+    assert kernels == {"cublas_fp16", "ours_dds_50", "ours_dds_75", "ours_dds_90", "ours_dds_w8a8_50", "ours_dds_w8a8_90",
+                       "torch_bsr_90", "ours_w4a16_g128"}
+    assert len(report["results"]) == 8 * 2
     for r in report["results"]:
         assert "error" not in r, r
         assert r["ms"] > 0 and r["ratio_vs_cublas"] > 0 and r["K"] == 128 and r["N"] == 64
