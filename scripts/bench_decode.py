@@ -14,7 +14,8 @@ Variants (``--variants``), each built from the same seeded weights, one at a tim
 * ``w8a8`` (ours): ``compress.convert(model, W8A8Config())``, dynamic per-token activations.
 * ``dds50`` / ``dds90`` (ours): ``compress.prepare(model, BlockSparseConfig(p))``, random 32x32
   block masks pruning exactly ``floor(p * blocks)`` blocks of every matrix (speed only), then
-  ``compress.convert`` to ``BSRLinear``.
+  ``compress.convert`` to ``BSRLinear``; ``dds50-w8a8``: the same 50% masks plus W8A8, exported
+  to ``BSRW8A8Linear`` (int8 blocks, per-token int8 activations).
 * ``int4-aten``: PyTorch's tinygemm int4 kernel (``aten._weight_int4pack_mm``, group 128, as
   torchao uses it) with the same symmetric int4 weights as ours; it takes bf16 activations only,
   so this variant's model runs in bf16.
@@ -80,7 +81,7 @@ LLAMA2_7B = dict(hidden_size=4096, intermediate_size=11008, num_attention_heads=
                  vocab_size=32000, rms_norm_eps=1e-5)
 TINY_LLAMA = dict(hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=4,
                   vocab_size=512, rms_norm_eps=1e-5)
-ALL_VARIANTS = ("fp16", "w4a16", "int4-aten", "w8a8", "dds90", "dds50", "fp16-eager", "no-linears")
+ALL_VARIANTS = ("fp16", "w4a16", "int4-aten", "w8a8", "dds90", "dds50", "dds50-w8a8", "fp16-eager", "no-linears")
 INT4_GROUP = 128
 INIT_STD = 0.02
 
@@ -227,13 +228,15 @@ def apply_w8a8(model: nn.Module, seed: int) -> None:
     compress.convert(model, compress.W8A8Config())
 
 
-def apply_random_block_sparsity(model: nn.Module, sparsity: float, seed: int) -> None:
-    """Prune exactly ``floor(sparsity * blocks)`` random 32x32 blocks of every decoder matrix, export BSR."""
+def apply_random_block_sparsity(model: nn.Module, sparsity: float, seed: int, w8a8: bool = False) -> None:
+    """Prune exactly ``floor(sparsity * blocks)`` random 32x32 blocks of every decoder matrix, export BSR
+    (``w8a8``: also quantized to W8A8, exported as int8 blocks)."""
     import compress
     from compress.plan import compressed_layers
     from compress.sparsity import mask_from_scores
 
-    compress.prepare(model, compress.BlockSparseConfig(sparsity=sparsity))
+    configs = [compress.BlockSparseConfig(sparsity=sparsity)] + ([compress.W8A8Config()] if w8a8 else [])
+    compress.prepare(model, configs)
     generator = torch.Generator().manual_seed(seed)
     for layer in compressed_layers(model).values():
         scores = torch.rand(tuple(layer.mask.shape), generator=generator)
@@ -263,6 +266,7 @@ VARIANTS = {
     "w8a8": Variant(torch.float16, True, apply_w8a8),
     "dds50": Variant(torch.float16, True, lambda m, s: apply_random_block_sparsity(m, 0.5, s)),
     "dds90": Variant(torch.float16, True, lambda m, s: apply_random_block_sparsity(m, 0.9, s)),
+    "dds50-w8a8": Variant(torch.float16, True, lambda m, s: apply_random_block_sparsity(m, 0.5, s, w8a8=True)),
     "int4-aten": Variant(torch.bfloat16, True, apply_int4_aten),
     "no-linears": Variant(torch.float16, True, apply_no_linears),
 }
