@@ -1,4 +1,5 @@
-"""Tune the DDS kernel's launch table (``kernels.bsr.choose_config``) on a GPU.
+"""Tune the DDS kernel's launch table (``kernels.bsr.choose_config``) on a GPU (``--int8``: the sparse
+W8A8 kernel's, ``kernels.bsr_w8a8.pick_config``).
 
 For each (K x N, M, sparsity) it times the current ``choose_config`` pick and a grid of candidate
 ``BsrConfig`` s with the benchmark's timing (``scripts/bench_kernels.py``: rotated weight sets,
@@ -21,7 +22,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import bench_kernels as bk  # noqa: E402
+from kernels import bsr_w8a8  # noqa: E402
 from kernels.bsr import BsrConfig, choose_config, launch_bsr  # noqa: E402
+from kernels.reference import bsr_w8a8_matmul_ref  # noqa: E402
 
 
 def candidates(m: int) -> list[BsrConfig]:
@@ -46,35 +49,56 @@ def candidates(m: int) -> list[BsrConfig]:
             + [BsrConfig("gemm", 64, 32, g, 4, 3) for g in (2, 4)])
 
 
-def time_config(cfg, sets, xs, n, use_graph, warmup_ms, rep_ms):
+def run_config(x, ws, y, cfg, int8: bool) -> None:
+    """One launch of the fp16 DDS kernel, or (``int8``) of the sparse W8A8 kernel, into ``y``."""
+    if int8:
+        bsr_w8a8.launch(x, ws["crow"], ws["col"], ws["values"], ws["w_scale"], None, None, y, cfg)
+    else:
+        launch_bsr(x, ws["crow"], ws["col"], ws["values"], None, y, cfg)
+
+
+def time_config(cfg, sets, xs, n, use_graph, warmup_ms, rep_ms, int8=False):
     outs = [torch.empty(xs[0].shape[0], n, device="cuda", dtype=torch.float16) for _ in range(len(sets))]
 
     def make(i):
-        ws = sets[i]
-        return lambda: launch_bsr(xs[i % len(xs)], ws["crow"], ws["col"], ws["values"], None, outs[i], cfg)
+        return lambda: run_config(xs[i % len(xs)], sets[i], outs[i], cfg, int8)
 
     return bk.time_gpu([make(i) for i in range(len(sets))], use_graph, warmup_ms, rep_ms)[0]
 
 
+def reference(x, ws, n, k, int8):
+    """fp32 (fp16 kernel) or the W8A8 reference's (int8 kernel) result for the rows of ``x``."""
+    if int8:
+        return bsr_w8a8_matmul_ref(x, ws["crow"], ws["col"], ws["values"], ws["w_scale"], n)
+    dense = torch.sparse_bsr_tensor(ws["crow"], ws["col"], ws["values"].float(), size=(n, k)).to_dense()
+    return x.float() @ dense.T
+
+
 def tune_case(k, n, m, pct, args):
+    kind = "bsr_int8" if args.int8 else "bsr"
     gen = torch.Generator(device="cuda").manual_seed(k + n + pct)
-    first = bk.make_weight_set("bsr", k, n, gen, torch.device("cuda"), pct)
+    first = bk.make_weight_set(kind, k, n, gen, torch.device("cuda"), pct)
     count = bk.n_sets(bk.weight_bytes(first) + m * (k + n) * 2, args.rotate_mb)
-    sets = [first] + [bk.make_weight_set("bsr", k, n, gen, torch.device("cuda"), pct) for _ in range(count - 1)]
+    sets = [first] + [bk.make_weight_set(kind, k, n, gen, torch.device("cuda"), pct) for _ in range(count - 1)]
     xs = [torch.randn(m, k, device="cuda", dtype=torch.float16) for _ in range(min(count, 4))]
-    dense = torch.sparse_bsr_tensor(first["crow"], first["col"], first["values"].float(), size=(n, k)).to_dense()
-    ref = xs[0][:64].float() @ dense.T
+    ref = reference(xs[0][:64], first, n, k, args.int8)
     use_graph = m <= bk.GRAPH_MAX_M
     dense_sets = [torch.randn(n, k, device="cuda", dtype=torch.float16) for _ in range(bk.n_sets(n * k * 2, args.rotate_mb))]
     cublas = bk.time_gpu([lambda w=w: F.linear(xs[0], w) for w in dense_sets], use_graph, args.warmup_ms, args.rep_ms)[0]
     rows = []
-    current = choose_config(m, n, k, first["col"].shape[0])
-    for cfg in dict.fromkeys([current] + candidates(m)):
+    if args.int8:  # the sparse W8A8 kernel: one unsplit gemm kernel
+        current = bsr_w8a8.pick_config(m)
+        cands = [c for c in candidates(max(m, 17)) if c.kernel == "gemm" and c.split == 1]
+    else:
+        current = choose_config(m, n, k, first["col"].shape[0])
+        cands = candidates(m)
+    for cfg in dict.fromkeys([current] + cands):
         try:
             y = torch.empty(xs[0][:64].shape[0], n, device="cuda", dtype=torch.float16)
-            launch_bsr(xs[0][:64].contiguous(), first["crow"], first["col"], first["values"], None, y, cfg)
+            run_config(xs[0][:64].contiguous(), first, y, cfg, args.int8)
             err = bk.rel_error(y, ref)
-            ms = time_config(cfg, sets, xs, n, use_graph, args.warmup_ms, args.rep_ms) if err < 5e-3 else float("nan")
+            ms = (time_config(cfg, sets, xs, n, use_graph, args.warmup_ms, args.rep_ms, args.int8)
+                  if err < 5e-3 else float("nan"))
         except Exception as e:  # an invalid config (e.g. out of shared memory): skip it
             ms, err = float("nan"), f"{type(e).__name__}: {str(e)[:80]}"
         rows.append({"config": cfg.__dict__, "ms": ms, "rel_err": err, "current": cfg == current})
@@ -95,6 +119,7 @@ def main(argv=None):
     p.add_argument("--rep-ms", type=float, default=20.0)
     p.add_argument("--time-budget-s", type=float, default=200.0)
     p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--int8", action="store_true", help="tune the sparse W8A8 kernel (kernels/bsr_w8a8.py) instead")
     args = p.parse_args(argv)
     started = time.monotonic()
     results = []
