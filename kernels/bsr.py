@@ -146,7 +146,7 @@ def small_layer_config(m: int, block_rows: int, blocks_per_row: float) -> BsrCon
 
 
 @triton.jit
-def _runs_of_block(offsets, BLOCK: tl.constexpr):
+def runs_of_block(offsets, BLOCK: tl.constexpr):
     """Tell the compiler that ``offsets`` are runs of BLOCK consecutive values, each starting at a
     multiple of BLOCK (true for ``32 * index + (arange % 32)``). Triton cannot see this through the
     gathered block indices, and without it the gathers become 2-byte loads instead of 16-byte ones."""
@@ -176,8 +176,8 @@ def _bsr_gemv_kernel(
         blk = p + k_block
         valid = blk < end
         col = tl.load(col_ptr + blk, mask=valid, other=0).to(tl.int32)
-        x_k = _runs_of_block(col * BLOCK + k_in, BLOCK)  # x columns of the gathered blocks
-        w_k = _runs_of_block(blk * (BLOCK * BLOCK) + k_in, BLOCK)  # first row of each gathered block
+        x_k = runs_of_block(col * BLOCK + k_in, BLOCK)  # x columns of the gathered blocks
+        w_k = runs_of_block(blk * (BLOCK * BLOCK) + k_in, BLOCK)  # first row of each gathered block
         xv = tl.load(x_row + x_k, mask=valid, other=0.0)  # (32 GROUP,)
         w = tl.load(val_ptr + w_k[None, :] + sub[:, None] * BLOCK, mask=valid[None, :], other=0.0)  # (BLOCK_N, 32 GROUP)
         acc += tl.sum(w.to(tl.float32) * xv.to(tl.float32)[None, :], axis=1)
@@ -228,8 +228,8 @@ def _bsr_gemm_kernel(
         blk = p + k_block  # (32 GROUP,)
         valid = blk < end
         col = tl.load(col_ptr + blk, mask=valid, other=0).to(tl.int32)
-        x_k = _runs_of_block(col * BLOCK + k_in, BLOCK)
-        w_k = _runs_of_block(blk * (BLOCK * BLOCK) + k_in, BLOCK)
+        x_k = runs_of_block(col * BLOCK + k_in, BLOCK)
+        w_k = runs_of_block(blk * (BLOCK * BLOCK) + k_in, BLOCK)
         a_ptrs = x_ptr + offs_m[:, None] * stride_xm + x_k[None, :]
         a = tl.load(a_ptrs, mask=m_mask[:, None] & valid[None, :], other=0.0)  # (BLOCK_M, 32 GROUP)
         b_ptrs = val_ptr + w_k[:, None] + sub[None, :] * BLOCK
@@ -304,7 +304,7 @@ def _bsr_matmul_fake(x, crow_indices, col_indices, values, out_features, bias=No
     return x.new_empty((*x.shape[:-1], out_features))
 
 
-def _check_parts(x, crow_indices, col_indices, values, out_features, bias, value_dtype=None) -> None:
+def check_parts(x, crow_indices, col_indices, values, out_features, bias, value_dtype=None) -> None:
     """Validate the BSR parts against ``x``; raise TypeError / ValueError naming expected vs actual.
     ``values`` must be in ``value_dtype`` (x's dtype when None)."""
     check_activation(x)
@@ -347,7 +347,7 @@ def bsr_matmul_parts(x, crow_indices, col_indices, values, out_features, bias=No
     ``x`` (..., K) fp16/bf16; ``crow_indices`` (N/32 + 1,) and ``col_indices`` (nnz,) int32/int64;
     ``values`` (nnz, 32, 32) in x's dtype; ``bias`` (N,) in x's dtype or float32. Returns (..., N).
     """
-    _check_parts(x, crow_indices, col_indices, values, out_features, bias)
+    check_parts(x, crow_indices, col_indices, values, out_features, bias)
     return torch.ops.compress_kernels.bsr_matmul(x, crow_indices, col_indices, values, out_features, bias)
 
 

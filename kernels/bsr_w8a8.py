@@ -30,7 +30,7 @@ import triton.language as tl
 
 from kernels._checks import check_same_device, check_shape, check_tensor
 from kernels._pdl import launch_options, pdl_enabled, wait_for_inputs
-from kernels.bsr import BsrConfig, _check_parts, _runs_of_block
+from kernels.bsr import BsrConfig, check_parts, runs_of_block
 from kernels.reference import BSR_BLOCK
 from kernels.w8a8 import check_x_scale, quantize_rows
 
@@ -63,8 +63,8 @@ def _bsr_w8a8_kernel(
         blk = p + k_block
         valid = blk < end
         col = tl.load(col_ptr + blk, mask=valid, other=0).to(tl.int32)
-        x_k = _runs_of_block(col * BLOCK + k_in, BLOCK)
-        w_k = _runs_of_block(blk * (BLOCK * BLOCK) + k_in, BLOCK)
+        x_k = runs_of_block(col * BLOCK + k_in, BLOCK)
+        w_k = runs_of_block(blk * (BLOCK * BLOCK) + k_in, BLOCK)
         a = tl.load(xq_ptr + offs_m[:, None] * stride_xm + x_k[None, :], mask=m_mask[:, None] & valid[None, :], other=0)
         b = tl.load(val_ptr + w_k[:, None] + sub[None, :] * BLOCK, mask=valid[:, None], other=0)  # blocks transposed
         acc = tl.dot(a, b, acc, out_dtype=tl.int32)
@@ -129,7 +129,7 @@ def bsr_w8a8_matmul_parts(x, crow_indices, col_indices, values, w_scale, out_fea
     ``values`` (nnz, 32, 32) int8; ``w_scale`` (N,) float32; ``bias`` (N,) in x's dtype or float32;
     ``x_scale`` None (dynamic per-token scales) or a static float32 scale (one element or (M,)).
     """
-    _check_parts(x, crow_indices, col_indices, values, out_features, bias, value_dtype=torch.int8)
+    check_parts(x, crow_indices, col_indices, values, out_features, bias, value_dtype=torch.int8)
     check_tensor("w_scale", w_scale, (torch.float32,), ndim=1)
     check_shape("w_scale", w_scale, (out_features,))
     check_same_device(x, w_scale=w_scale)

@@ -88,6 +88,7 @@ def tune_case(k, n, m, pct, args):
     rows = []
     if args.int8:  # the sparse W8A8 kernel: one unsplit gemm kernel
         current = bsr_w8a8.pick_config(m)
+        # its tiles need >= 16 rows and no split: the gemm candidates of the M > 16 buckets
         cands = [c for c in candidates(max(m, 17)) if c.kernel == "gemm" and c.split == 1]
     else:
         current = choose_config(m, n, k, first["col"].shape[0])
