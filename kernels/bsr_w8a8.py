@@ -12,13 +12,16 @@ Math (the W8A8 contract of ``kernels.reference`` with ``W_q`` the BSR matrix, ab
     y[m, n]    = acc[m, n] * s_x[m] * w_scale[n] (+ bias[n])                                        fp32 -> x's dtype
 
 The integers are exact and the epilogue does the operations of :mod:`kernels.w8a8` in the same
-order, so ``y`` has the bits of ``w8a8_matmul`` on the dense int8 weight (zeros in the absent
-blocks). One GEMM kernel: a program per (BLOCK_M rows of x, BLOCK_N outputs of one block row)
+order, so (unsplit, and where the compiler fuses the same multiply-adds) ``y`` has the bits of
+``w8a8_matmul`` on the dense int8 weight (zeros in the absent blocks); the GPU tests allow fp32 rounding. One GEMM kernel: a program per (BLOCK_M rows of x, BLOCK_N outputs of one block row)
 gathers GROUP stored blocks per step into a (BLOCK_M, 32 GROUP) int8 tile of ``xq`` and a
 (32 GROUP, BLOCK_N) int8 tile of the transposed blocks, one ``tl.dot`` with int32 accumulation.
 The quantize pass and this kernel form a PDL pair as in :mod:`kernels.w8a8` (``kernels/_pdl.py``).
 
-Tiles come from :func:`pick_config` (M buckets; not yet tuned on a GPU). Registered as
+``BsrConfig.split`` > 1 shares a block row's stored blocks among that many programs, each adding its
+dequantized fp32 partial ``acc * s_x * w_scale``; the last to finish sums them in share order and adds
+the bias (:mod:`kernels._splitk`, as the dense kernel's split-K: equal to the unsplit result up to fp32
+rounding). Tiles come from :func:`pick_config` (tuned on an H100). Registered as
 ``torch.ops.compress_kernels.bsr_w8a8_matmul`` with a fake implementation, so callers compile and
 capture in CUDA graphs (the launch depends on shapes only).
 """
@@ -30,7 +33,8 @@ import triton.language as tl
 
 from kernels._checks import check_same_device, check_shape, check_tensor
 from kernels._pdl import launch_options, pdl_enabled, wait_for_inputs
-from kernels.bsr import BsrConfig, check_parts, runs_of_block
+from kernels._splitk import last_split_buffers, last_split_reduces
+from kernels.bsr import FEW_PROGRAMS, SMALL_LAYER, SMALL_SPLIT_MIN_BLOCKS_PER_ROW, BsrConfig, check_parts, runs_of_block
 from kernels.reference import BSR_BLOCK
 from kernels.w8a8 import check_x_scale, quantize_rows
 
@@ -38,16 +42,22 @@ from kernels.w8a8 import check_x_scale, quantize_rows
 @triton.jit
 def _bsr_w8a8_kernel(
     xq_ptr, sx_ptr, crow_ptr, col_ptr, val_ptr, sw_ptr, bias_ptr, y_ptr,  # xq (M, K) i8, s_x (M,), BSR, (N,), (N,), y
-    M, stride_xm, stride_ym,
-    HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP: tl.constexpr,
-    BLOCK: tl.constexpr, USE_PDL: tl.constexpr,
+    ws_ptr, cnt_ptr,  # SPLIT > 1: fp32 partials (SPLIT, M, N), int32 ticket counters (one per output tile)
+    M, N, stride_xm, stride_ym,
+    SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    GROUP: tl.constexpr, BLOCK: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     pid_n = tl.program_id(0)  # which BLOCK_N outputs (fastest: programs of one M tile run together)
     pid_m = tl.program_id(1)  # which BLOCK_M rows of x
+    pid_s = tl.program_id(2)  # which share of the block row's stored blocks
     block_row = (pid_n * BLOCK_N) // BLOCK
     sub = (pid_n * BLOCK_N) % BLOCK + tl.arange(0, BLOCK_N)  # outputs inside the block row, (BLOCK_N,)
     start = tl.load(crow_ptr + block_row).to(tl.int32)
     end = tl.load(crow_ptr + block_row + 1).to(tl.int32)
+    if SPLIT > 1:  # whole GROUP steps per share, as in kernels.bsr
+        share = tl.cdiv(tl.cdiv(end - start, SPLIT), GROUP) * GROUP
+        start = start + pid_s * share
+        end = tl.minimum(end, start + share)
 
     first_row = pid_m * BLOCK_M
     offs_m = tl.arange(0, BLOCK_M)
@@ -73,32 +83,68 @@ def _bsr_w8a8_kernel(
     s_x = tl.load(sx_ptr + first_row + offs_m, mask=m_mask, other=1.0)
     s_w = tl.load(sw_ptr + offs_n)
     y = acc.to(tl.float32) * s_x[:, None] * s_w[None, :]  # the order of kernels.w8a8's epilogue
-    if HAS_BIAS:
-        y += tl.load(bias_ptr + offs_n).to(tl.float32)[None, :]
-    y_ptrs = y_ptr + (first_row + offs_m)[:, None].to(tl.int64) * stride_ym + offs_n[None, :]
-    tl.store(y_ptrs, y.to(y_ptr.dtype.element_ty), mask=m_mask[:, None])
+    if SPLIT > 1:  # dequantized partials, summed by the last share to finish (kernels._splitk)
+        last_split_reduces(y, ws_ptr, cnt_ptr, y_ptr, bias_ptr, first_row + offs_m, offs_n, M, N, stride_ym,
+                           pid_m * tl.num_programs(0) + pid_n, pid_s, SPLIT, HAS_BIAS)
+    else:
+        if HAS_BIAS:
+            y += tl.load(bias_ptr + offs_n).to(tl.float32)[None, :]
+        y_ptrs = y_ptr + (first_row + offs_m)[:, None].to(tl.int64) * stride_ym + offs_n[None, :]
+        tl.store(y_ptrs, y.to(y_ptr.dtype.element_ty), mask=m_mask[:, None])
 
 
-def pick_config(m: int) -> BsrConfig:
-    """Rows of x per program by M bucket; 32 outputs and 4 stored blocks (128 int8 columns) per step."""
-    block_m = 16 if m <= 16 else 32 if m <= 32 else 64 if m <= 256 else 128
-    return BsrConfig("gemm", block_m, 32, 4, 4, 3)
+def pick_config(m: int, n: int, k: int, nnz: int) -> BsrConfig:
+    """Tiles from the shapes alone (CUDA-graph safe); ``nnz`` stored blocks give the mean block-row length.
+
+    Tuned on an H100 (``scripts/tune_bsr.py --int8``; docs/kernels-notes.md, "Sparse W8A8"):
+
+    * M <= 16: 16-row tiles. Up to 384 block rows of >= 24 stored blocks are shared by 4 programs
+      (8 when that still gives <= 1024 programs and rows are >= 64 blocks long): 4096x4096 at 50%,
+      M = 1, 18.9 -> 11.5 us. Otherwise no split and 8 blocks (256 int8 columns) per step.
+    * 16 < M <= 64: layers of <= ``SMALL_LAYER`` weights (MiniLM) take 16-row tiles, as the fp16 DDS
+      kernel; larger ones 32 or 64 rows, 8 blocks per step, and a 4-way split for <= 128 block rows
+      of >= 64 blocks (11008x4096 at 50%, M = 64: 51.3 -> 31.1 us).
+    * M > 64: 64-row tiles up to M = 256, else 128, 4 blocks per step; small layers keep 64 rows while
+      128 would give fewer than ``FEW_PROGRAMS`` programs (384x1152 at M = 512: 12.2 -> 11.6 us;
+      1024x1024 at M = 2048 keeps 128: 18.4 us, 20.9 with 64).
+    """
+    block_rows = n // BSR_BLOCK
+    blocks_per_row = nnz / block_rows
+    small_layer = n * k <= SMALL_LAYER
+    if m <= 16:
+        if block_rows <= 384 and blocks_per_row >= 24:
+            split = 8 if block_rows * 8 <= 1024 and blocks_per_row >= 64 else 4
+            return BsrConfig("gemm", 16, 32, 4, 4, 3, split=split)
+        return BsrConfig("gemm", 16, 32, 8, 4, 3)
+    if m <= 64:
+        if small_layer:
+            if blocks_per_row >= SMALL_SPLIT_MIN_BLOCKS_PER_ROW:
+                return BsrConfig("gemm", 16, 32, 4, 4, 3, split=4)
+            return BsrConfig("gemm", 16, 32, 8, 4, 3)
+        block_m = 32 if m <= 32 else 64
+        if block_rows <= 128 and blocks_per_row >= 64:
+            return BsrConfig("gemm", block_m, 32, 4, 4, 3, split=4)
+        return BsrConfig("gemm", block_m, 32, 8, 4, 3)
+    if m <= 256 or (small_layer and block_rows * triton.cdiv(m, 128) < FEW_PROGRAMS):
+        return BsrConfig("gemm", 64, 32, 4, 4, 3)
+    return BsrConfig("gemm", 128, 32, 4, 4, 3)
 
 
 def launch(x2, crow_indices, col_indices, values, w_scale, bias, x_scale, y, config: BsrConfig | None = None) -> None:
     """Quantize validated ``x2`` (M, K) per token, then the sparse int8 GEMM into ``y`` (M, N)."""
     m = x2.shape[0]
     n = y.shape[1]
-    config = config or pick_config(m)
-    if config.kernel != "gemm" or config.split != 1 or config.block_m < 16:
-        raise ValueError(f"config: expected an unsplit 'gemm' BsrConfig with block_m >= 16, got {config}")
+    config = config or pick_config(m, n, x2.shape[1], col_indices.shape[0])
+    if config.kernel != "gemm" or config.block_m < 16:
+        raise ValueError(f"config: expected a 'gemm' BsrConfig with block_m >= 16, got {config}")
     xq, s_x = quantize_rows(x2, x_scale)
     use_pdl = pdl_enabled(x2.device, w8a8_pair=True)
-    grid = (n // config.block_n, triton.cdiv(m, config.block_m))
+    grid = (n // config.block_n, triton.cdiv(m, config.block_m), config.split)
+    workspace, counters = last_split_buffers(y, config.split, m, n, grid[0] * grid[1])
     _bsr_w8a8_kernel[grid](
         xq, s_x, crow_indices, col_indices, values, w_scale, bias if bias is not None else w_scale, y,
-        m, xq.stride(0), y.stride(0),
-        HAS_BIAS=bias is not None, BLOCK_M=config.block_m, BLOCK_N=config.block_n, GROUP=config.group,
+        workspace, counters, m, n, xq.stride(0), y.stride(0),
+        SPLIT=config.split, HAS_BIAS=bias is not None, BLOCK_M=config.block_m, BLOCK_N=config.block_n, GROUP=config.group,
         BLOCK=BSR_BLOCK, USE_PDL=use_pdl, num_warps=config.num_warps, num_stages=config.num_stages,
         **launch_options(use_pdl),
     )

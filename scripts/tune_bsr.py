@@ -49,6 +49,17 @@ def candidates(m: int) -> list[BsrConfig]:
             + [BsrConfig("gemm", 64, 32, g, 4, 3) for g in (2, 4)])
 
 
+def int8_candidates(m: int) -> list[BsrConfig]:
+    """Candidates of the sparse W8A8 kernel: tensor-core tiles only (>= 16 rows), split at M <= 64."""
+    if m <= 16:
+        return ([BsrConfig("gemm", 16, bn, g, 4, s) for bn in (16, 32) for g in (2, 4, 8) for s in (3, 4)]
+                + [BsrConfig("gemm", 16, 32, g, 4, 3, split) for g in (2, 4, 8) for split in (2, 4, 8)])
+    if m <= 64:
+        return ([BsrConfig("gemm", bm, bn, g, 4, 3) for bm in (16, 32, 64) for bn in (16, 32) for g in (2, 4, 8)]
+                + [BsrConfig("gemm", bm, 32, 4, 4, 3, split) for bm in (16, 32, 64) for split in (2, 4)])
+    return [c for c in candidates(m) if c.split == 1] + [BsrConfig("gemm", 32, 32, 4, 4, 3)]
+
+
 def run_config(x, ws, y, cfg, int8: bool) -> None:
     """One launch of the fp16 DDS kernel, or (``int8``) of the sparse W8A8 kernel, into ``y``."""
     if int8:
@@ -86,10 +97,9 @@ def tune_case(k, n, m, pct, args):
     dense_sets = [torch.randn(n, k, device="cuda", dtype=torch.float16) for _ in range(bk.n_sets(n * k * 2, args.rotate_mb))]
     cublas = bk.time_gpu([lambda w=w: F.linear(xs[0], w) for w in dense_sets], use_graph, args.warmup_ms, args.rep_ms)[0]
     rows = []
-    if args.int8:  # the sparse W8A8 kernel: one unsplit gemm kernel
-        current = bsr_w8a8.pick_config(m)
-        # its tiles need >= 16 rows and no split: the gemm candidates of the M > 16 buckets
-        cands = [c for c in candidates(max(m, 17)) if c.kernel == "gemm" and c.split == 1]
+    if args.int8:  # the sparse W8A8 kernel: one gemm kernel
+        current = bsr_w8a8.pick_config(m, n, k, first["col"].shape[0])
+        cands = int8_candidates(m)
     else:
         current = choose_config(m, n, k, first["col"].shape[0])
         cands = candidates(m)
