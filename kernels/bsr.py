@@ -30,7 +30,8 @@ Two kernels, picked by the launcher from the shape (see ``choose_config``):
   programs (whole GROUP steps each), so a layer with few block rows still fills the GPU; the last
   program of each output tile to finish sums the fp32 partials in share order and adds the bias
   (:mod:`kernels._splitk`). ``choose_config`` uses 4 shares at M <= 16 when block rows are long
-  (>= 48 stored blocks on average): 8192x8192 at 50%, M = 16, 40.4 -> 28.5 us on an H200.
+  (>= 24 stored blocks on average; 8192x8192 at 50%, M = 16, 40.4 -> 28.5 us on an H200), and at
+  16 < M <= 64 when there are at most 128 such block rows.
 
 The tile table in ``choose_config`` was tuned on an H100 and an H200 (``scripts/tune_bsr.py``). On the H100
 (docs/benchmarks/kernels.md): small M streams weights at 2.1-2.4 TB/s on large layers; at large M
@@ -81,7 +82,8 @@ class BsrConfig:
     split: int = 1  # gemm: programs sharing one block row's stored blocks (the last one to finish reduces)
 
 
-SPLIT_MIN_BLOCKS_PER_ROW = 48  # M <= 16: share longer block rows among programs (4 shares)
+SPLIT_MIN_BLOCKS_PER_ROW = 24  # M <= 64: share longer block rows among programs (4 shares)
+SPLIT_MAX_BLOCK_ROWS_M64 = 128  # 16 < M <= 64: ... when there are at most this many block rows
 FEW_PROGRAMS = 2 * 132  # about two programs per SM of an H100 / H200
 SMALL_LAYER = 2**20  # N * K at most this (1024x1024, BERT-small / MiniLM layers): the small-layer rules
 SMALL_SPLIT_MIN_BLOCKS_PER_ROW = 20  # small layers, 16 < M <= 64: share block rows this long (4 shares)
@@ -106,7 +108,8 @@ def choose_config(m: int, n: int, k: int, nnz: int | None = None) -> BsrConfig:
         # Long serial loops over few block rows: 4 programs per output tile. With more block rows
         # than FEW_PROGRAMS the SMs are busy anyway and the split only adds its reduce (H100, 50%:
         # 4096x11008 27.7 -> 25.1 us and 8192x28672 109.6 -> 103.0 us unsplit; 8192x8192, 256 rows,
-        # keeps the split: 35.0 vs 36.8 us).
+        # keeps the split: 35.0 vs 36.8 us). Rows of 24-48 blocks split too (H100, 90%, M = 16:
+        # 11008x4096 12.1 -> 9.6 us, 8192x8192 11.9 -> 11.6).
         if blocks_per_row >= SPLIT_MIN_BLOCKS_PER_ROW and block_rows <= FEW_PROGRAMS:
             return BsrConfig("gemm", 16, 32, 4, 4, 3, split=4)
         return BsrConfig("gemm", 16, 32, 8, 4, 3)
@@ -114,6 +117,10 @@ def choose_config(m: int, n: int, k: int, nnz: int | None = None) -> BsrConfig:
         return small_layer_config(m, block_rows, blocks_per_row)
     if m <= 64:
         block_m = 64 if m > 32 else 32
+        if blocks_per_row >= SPLIT_MIN_BLOCKS_PER_ROW and block_rows <= SPLIT_MAX_BLOCK_ROWS_M64:
+            # Few long block rows: 4 shares (H100, M = 64: 4096x4096 at 50% 19.8 -> 16.1 us,
+            # 11008x4096 at 50% 42.6 -> 30.7, at 90% 14.1 -> 12.7; 256 block rows gain nothing).
+            return BsrConfig("gemm", block_m, 32, 4, 4, 3, split=4)
         programs = block_rows * triton.cdiv(m, block_m)
         # Few programs: gather more blocks per step; many: smaller steps keep more programs resident.
         return BsrConfig("gemm", block_m, 32, 8 if programs <= FEW_PROGRAMS else 4, 4, 4)

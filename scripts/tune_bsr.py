@@ -30,8 +30,9 @@ from kernels.reference import bsr_w8a8_matmul_ref  # noqa: E402
 def candidates(m: int) -> list[BsrConfig]:
     """Candidate configs for an M bucket (kept small: each one is a Triton compile)."""
     if m <= 4:
-        return [BsrConfig("gemv", 1, bn, g, w, s) for bn in (8, 16, 32) for g in (4, 8, 16)
-                for w, s in ((4, 2), (4, 3), (8, 2))]
+        return ([BsrConfig("gemv", 1, bn, g, w, s) for bn in (8, 16, 32) for g in (4, 8, 16)
+                 for w, s in ((4, 2), (4, 3), (8, 2))]
+                + [BsrConfig("gemm", 16, 32, g, 4, 3, split) for g in (4, 8) for split in (1, 2, 4, 8)])
     if m <= 16:
         return ([BsrConfig("gemm", 16, bn, g, 4, s) for bn in (16, 32) for g in (2, 4, 8) for s in (2, 3, 4)]
                 + [BsrConfig("gemv", 1, bn, 8, 4, 2) for bn in (8, 16, 32)]

@@ -188,11 +188,16 @@ def test_choose_config_splits_only_long_block_rows():
     n = k = 8192
     block_rows, blocks_per_row = n // 32, k // 32
     long_rows = choose_config(16, n, k, block_rows * blocks_per_row // 2)  # 128 blocks per row
-    short_rows = choose_config(16, n, k, block_rows * blocks_per_row // 10)  # ~26 blocks per row
-    assert long_rows.split > 1 and short_rows.split == 1
+    mid_rows = choose_config(16, n, k, block_rows * blocks_per_row // 10)  # ~26 blocks per row
+    short_rows = choose_config(16, 4096, 4096, 128 * 13)  # 4096x4096 at 90%: 13 blocks per row
+    assert long_rows.split > 1 and mid_rows.split > 1 and short_rows.split == 1
     assert choose_config(16, n, k).split > 1  # no nnz given: treated as dense
     many_rows = 28672  # 896 block rows: enough programs without splitting them
     assert choose_config(16, many_rows, 8192, (many_rows // 32) * (8192 // 32) // 2).split == 1
+    # 16 < M <= 64: only few (<= 128) long block rows are shared
+    assert choose_config(64, 4096, 4096, 128 * 64).split == 4 and choose_config(64, 4096, 11008, 128 * 34).split == 4
+    assert choose_config(64, n, k, block_rows * blocks_per_row // 2).split == 1  # 256 block rows
+    assert choose_config(64, 4096, 4096, 128 * 13).split == 1
 
 
 def test_custom_op_fake_and_schema():
