@@ -102,13 +102,17 @@ def bsr_matmul_ref(x, crow_indices, col_indices, values, out_features, bias=None
 
 
 def bsr_to_dense_ref(crow_indices, col_indices, values, out_features, in_features):
-    """(N, K) dense matrix of BSR parts with square blocks, in ``values``' dtype; absent blocks zero."""
+    """(N, K) dense matrix of BSR parts with square blocks, in ``values``' dtype; absent blocks zero.
+
+    One zero fill and one scatter, written in place through a (rows, cols, block, block) view of the
+    (N, K) result, with no host synchronisation (so it also runs inside CUDA-graph capture)."""
     block = values.shape[-1]
-    dense = values.new_zeros(out_features // block, in_features // block, block, block)
-    rows = torch.repeat_interleave(torch.arange(out_features // block, device=crow_indices.device),
-                                   crow_indices.diff().long())
-    dense[rows, col_indices.long()] = values
-    return dense.permute(0, 2, 1, 3).reshape(out_features, in_features)
+    block_rows, block_cols = out_features // block, in_features // block
+    dense = values.new_zeros(out_features, in_features)
+    rows = torch.repeat_interleave(torch.arange(block_rows, device=crow_indices.device),
+                                   crow_indices.diff().long(), output_size=col_indices.shape[0])
+    dense.view(block_rows, block, block_cols, block).permute(0, 2, 1, 3)[rows, col_indices.long()] = values
+    return dense
 
 
 def bsr_w8a8_matmul_ref(x, crow_indices, col_indices, values, w_scale, out_features, bias=None, x_scale=None):
