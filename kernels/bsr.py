@@ -13,7 +13,9 @@ Math. For the 32 outputs of block row ``r``::
 
 accumulated in fp32 and stored in ``x``'s dtype.
 
-Two kernels, picked by the launcher from the shape (see ``choose_config``):
+Two kernels, picked by the launcher from the shape (see ``choose_config``); from M = 2048 on layers
+keeping >= 40% of their blocks, neither: the weight is written out dense for cuBLAS
+(:mod:`kernels.bsr_densify`).
 
 * ``_bsr_gemv_kernel`` (M <= 4, memory bound): one program per (output row m, BLOCK_N outputs of
   one block row), with BLOCK_N in {8, 16, 32}. Splitting a block row's 32 outputs over several
@@ -63,6 +65,7 @@ import triton.language as tl
 from kernels._checks import check_activation, check_bias, check_same_device, check_tensor, interpreting
 from kernels._pdl import launch_options, let_dependents_launch, pdl_enabled, wait_for_inputs
 from kernels._splitk import last_split_reduces, tile_counters
+from kernels.bsr_densify import bsr_to_dense, densifies
 from kernels.reference import BSR_BLOCK
 
 INDEX_DTYPES = (torch.int32, torch.int64)
@@ -300,9 +303,13 @@ def _bsr_matmul_op(
     x2 = x.reshape(-1, k)
     if x2.shape[0] > 0 and x2.stride(-1) != 1:
         x2 = x2.contiguous()
-    y = torch.empty((x2.shape[0], out_features), dtype=x.dtype, device=x.device)
-    if x2.shape[0] > 0:
-        launch_bsr(x2, crow_indices, col_indices, values, bias, y)
+    if densifies(x2.shape[0], out_features, k, col_indices.shape[0]):  # large M: cuBLAS on the dense weight
+        weight = bsr_to_dense(crow_indices, col_indices, values, out_features, k)
+        y = torch.nn.functional.linear(x2, weight, None if bias is None else bias.to(x.dtype))
+    else:
+        y = torch.empty((x2.shape[0], out_features), dtype=x.dtype, device=x.device)
+        if x2.shape[0] > 0:
+            launch_bsr(x2, crow_indices, col_indices, values, bias, y)
     return y.reshape(*x.shape[:-1], out_features)
 
 

@@ -21,7 +21,9 @@ The quantize pass and this kernel form a PDL pair as in :mod:`kernels.w8a8` (``k
 ``BsrConfig.split`` > 1 shares a block row's stored blocks among that many programs, each adding its
 dequantized fp32 partial ``acc * s_x * w_scale``; the last to finish sums them in share order and adds
 the bias (:mod:`kernels._splitk`, as the dense kernel's split-K: equal to the unsplit result up to fp32
-rounding). Tiles come from :func:`pick_config` (tuned on an H100). Registered as
+rounding). Tiles come from :func:`pick_config` (tuned on an H100). From M = 2048 on layers keeping
+>= 40% of their blocks the launcher writes the int8 weight out dense and runs the dense W8A8 kernels
+(:mod:`kernels.bsr_densify`; the same integers, so the dense kernel's output). Registered as
 ``torch.ops.compress_kernels.bsr_w8a8_matmul`` with a fake implementation, so callers compile and
 capture in CUDA graphs (the launch depends on shapes only).
 """
@@ -35,8 +37,10 @@ from kernels._checks import check_same_device, check_shape, check_tensor
 from kernels._pdl import launch_options, pdl_enabled, wait_for_inputs
 from kernels._splitk import last_split_buffers, last_split_reduces
 from kernels.bsr import FEW_PROGRAMS, SMALL_LAYER, SMALL_SPLIT_MIN_BLOCKS_PER_ROW, BsrConfig, check_parts, runs_of_block
+from kernels.bsr_densify import bsr_to_dense, densifies
 from kernels.reference import BSR_BLOCK
 from kernels.w8a8 import check_x_scale, quantize_rows
+from kernels.w8a8 import launch as launch_dense_w8a8
 
 
 @triton.jit
@@ -157,9 +161,13 @@ def _bsr_w8a8_op(
 ) -> torch.Tensor:
     k = x.shape[-1]
     x2 = x.reshape(-1, k)
-    y = torch.empty((x2.shape[0], out_features), dtype=x.dtype, device=x.device)
-    if x2.shape[0] > 0:
-        launch(x2, crow_indices, col_indices, values, w_scale.contiguous(), bias, x_scale, y)
+    if densifies(x2.shape[0], out_features, k, col_indices.shape[0]):  # large M: the dense W8A8 kernels
+        w_q = bsr_to_dense(crow_indices, col_indices, values, out_features, k)
+        y = launch_dense_w8a8(x2 if x2.stride(-1) == 1 else x2.contiguous(), w_q, w_scale, bias, x_scale)
+    else:
+        y = torch.empty((x2.shape[0], out_features), dtype=x.dtype, device=x.device)
+        if x2.shape[0] > 0:
+            launch(x2, crow_indices, col_indices, values, w_scale.contiguous(), bias, x_scale, y)
     return y.reshape(*x.shape[:-1], out_features)
 
 

@@ -5,7 +5,9 @@ For each (K x N, M, sparsity) it times the current ``choose_config`` pick and a 
 ``BsrConfig`` s with the benchmark's timing (``scripts/bench_kernels.py``: rotated weight sets,
 CUDA graphs at small M, ``do_bench`` medians), checks each candidate against the dense result, and
 prints / writes (``--out``) the best candidate per case next to the current pick and cuBLAS fp16.
-The table in ``choose_config`` is then edited by hand from that output.
+The table in ``choose_config`` is then edited by hand from that output. It times the block kernels
+themselves: at M >= 2048 the launchers densify layers that keep >= 40% of their blocks
+(``kernels.bsr_densify``), so there the table matters for sparser layers only.
 """
 from __future__ import annotations
 

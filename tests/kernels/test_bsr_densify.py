@@ -1,0 +1,84 @@
+"""Tests of kernels/bsr_densify.py: the dense matrix of BSR parts, and the launchers' large-M dense path."""
+import pytest
+import torch
+
+import kernels
+from kernels import reference
+from kernels.bsr_densify import DENSIFY_MIN_M, bsr_to_dense, densifies
+from kernels.w8a8 import w8a8_matmul
+from tests.kernels.helpers import rel_error
+from tests.kernels.test_bsr import block_sparse_dense, parts
+from tests.kernels.test_bsr_w8a8 import int8_block_sparse
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.int8])
+@pytest.mark.parametrize("sparsity", [0.0, 0.5, 1.0])
+def test_bsr_to_dense_rebuilds_the_matrix(dtype, sparsity):
+    n, k = 96, 160  # 3 block rows x 5 block columns
+    w = block_sparse_dense(n, k, sparsity, torch.float32, empty_rows=(1,)) * 50
+    w = w.round().clamp(-127, 127).to(dtype)
+    crow, col, values = parts(w)
+    assert torch.equal(bsr_to_dense(crow, col, values, n, k), w)
+
+
+def test_bsr_to_dense_long_rows_and_unsorted_columns():
+    n, k = 32, 32 * 150  # one block row of 150 blocks: more than one SCAN step
+    w = block_sparse_dense(n, k, 0.3, torch.float16)
+    crow, col, values = parts(w, torch.int32)
+    order = torch.randperm(col.shape[0])
+    assert torch.equal(bsr_to_dense(crow, col[order].contiguous(), values[order].contiguous(), n, k), w)
+
+
+def test_densifies_only_large_m_on_dense_enough_layers():
+    blocks = (4096 // 32) ** 2
+    assert densifies(DENSIFY_MIN_M, 4096, 4096, blocks // 2)  # 50% of the blocks kept
+    assert not densifies(DENSIFY_MIN_M - 1, 4096, 4096, blocks // 2)
+    assert not densifies(8192, 4096, 4096, blocks // 4)  # 75% sparse: the block kernel is faster
+
+
+@pytest.mark.parametrize("sparsity", [0.3, 0.9])
+def test_dds_large_m_matches_reference_on_either_path(sparsity):
+    """A mostly dense layer at M >= DENSIFY_MIN_M runs cuBLAS on the dense weight (a 90% sparse one
+    stays on the block kernel); both give the reference's product, a float32 bias and an empty row."""
+    n, k = 128, 64
+    w = block_sparse_dense(n, k, sparsity, torch.float16, empty_rows=(1,))
+    crow, col, values = parts(w)
+    x = torch.randn(2, DENSIFY_MIN_M // 2, k, device=DEVICE).half()
+    bias = torch.randn(n, device=DEVICE)
+    assert densifies(DENSIFY_MIN_M, n, k, col.shape[0]) == (sparsity == 0.3)
+    y = kernels.bsr_matmul_parts(x, crow, col, values, n, bias)
+    assert y.shape == (2, DENSIFY_MIN_M // 2, n) and y.dtype == torch.float16
+    torch.testing.assert_close(y, reference.bsr_matmul_ref(x, crow, col, values, n, bias), atol=2e-2, rtol=1e-2)
+    torch.testing.assert_close(y[..., 32:64], bias[32:64].half().expand_as(y[..., 32:64]), rtol=0, atol=0)
+
+
+def test_sparse_w8a8_large_m_equals_dense_w8a8():
+    """At M >= DENSIFY_MIN_M a mostly dense layer runs the dense W8A8 kernels on the rebuilt int8
+    weight: the dense kernel's output, bit for bit."""
+    n, k, m = 128, 96, DENSIFY_MIN_M
+    sparse_parts, w_scale, w_q = int8_block_sparse(n, k, 0.3, empty_rows=(1,))
+    assert densifies(m, n, k, sparse_parts[1].shape[0])
+    x = torch.randn(m, k, device=DEVICE).half()
+    bias = torch.randn(n, device=DEVICE).half()
+    y = kernels.bsr_w8a8_matmul_parts(x, *sparse_parts, w_scale, n, bias)
+    assert torch.equal(y, w8a8_matmul(x, w_q, w_scale, bias))
+    assert rel_error(y, reference.bsr_w8a8_matmul_ref(x, *sparse_parts, w_scale, n, bias)) <= 1e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_full_size_and_cuda_graph():
+    n = k = 4096
+    w = block_sparse_dense(n, k, 0.5, torch.float16)
+    crow, col, values = parts(w, torch.int32)
+    assert torch.equal(bsr_to_dense(crow, col, values, n, k), w)
+    x = torch.randn(DENSIFY_MIN_M, k, device="cuda").half()
+    graph = torch.cuda.CUDAGraph()
+    kernels.bsr_matmul_parts(x, crow, col, values, n)  # compile outside the capture
+    with torch.cuda.graph(graph):
+        y = kernels.bsr_matmul_parts(x, crow, col, values, n)
+    x.copy_(torch.randn_like(x))
+    graph.replay()
+    assert rel_error(y, torch.nn.functional.linear(x, w)) <= 1e-3
