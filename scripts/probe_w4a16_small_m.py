@@ -5,6 +5,7 @@ rotating weight sets replayed under ``do_bench``):
   * ``fp16``    cuBLAS ``F.linear`` (the baseline of every ratio) and ``int4pk`` (tinygemm),
   * ``tiled``   the default W4A16 config (``kernels.w4a16.pick_config``),
   * ``fma ...`` the CUDA-core kernel for M = 1 (``kernels/w4a16_fma.py``) in several tile configs,
+  * ``tiled ...`` (``--tiled``) the tensor-core kernel in 16/32/64-wide N tiles and K splits 1-8,
   * ``swap ...`` the swapped-operand kernel (``kernels/w4a16_swap.py``),
   * ``stream``  a kernel that only loads the packed weight in the tiled kernel's tiles and folds them
     with XOR: the bandwidth this access pattern reaches in Triton with no math at all.
@@ -28,6 +29,7 @@ from kernels._splitk import splitk_reduce  # noqa: F401  (imported so a broken i
 from scripts.tune_w8a8_w4a16 import GROUP, make_weights, rotations, time_graph
 
 STREAM = False  # the pure-load ceiling rows (measured once; see docs/kernels-notes.md)
+TILED = False  # --tiled: also the tensor-core kernel in narrower N tiles and every K split
 CELLS = [((8192, 28672), 1), ((4096, 4096), 1), ((11008, 4096), 1), ((4096, 11008), 1), ((8192, 8192), 1),
          ((1024, 1024), 1), ((4096, 4096), 2), ((8192, 28672), 2)]
 
@@ -68,6 +70,16 @@ def fma_configs(m, n, k):
     return out
 
 
+def tiled_configs(m, n, k):
+    """The tensor-core kernel in narrower N tiles and every K split (one launch more when split)."""
+    out = []
+    for bn, nw in ((16, 2), (32, 4), (64, 4)):
+        for split in (1, 2, 4, 8):
+            if (k // 128) // split >= 1:
+                out.append(w4.TileConfig(16, bn, 128, split_k=split, num_warps=nw, num_stages=3, scale_after_dot=True))
+    return out
+
+
 def swap_configs(m, n, k):
     block_m = 16 if m <= 16 else 64
     base = w4.TileConfig(block_m, 64, 128, num_warps=4, num_stages=4, path="swap")
@@ -103,8 +115,9 @@ def run_cell(k, n, m):
     default = w4.pick_config(m, n, k, GROUP)
     timed("tiled " + label(default), w4.launch, [(x, w["qweight"], w["scales"], GROUP, None, default)
                                                  for x, w in zip(xs, wsets)])
-    for cfg in fma_configs(m, n, k) if m <= 2 else []:
-        timed(label(cfg), w4.launch, [(x, w["qweight"], w["scales"], GROUP, None, cfg) for x, w in zip(xs, wsets)])
+    for cfg in (fma_configs(m, n, k) if m <= 2 else []) + (tiled_configs(m, n, k) if TILED else []):
+        if cfg != default:
+            timed(label(cfg), w4.launch, [(x, w["qweight"], w["scales"], GROUP, None, cfg) for x, w in zip(xs, wsets)])
     if m == 1 and STREAM:
         for bn, bk, sk, nw, ns in ((64, 128, default.split_k, 4, 4), (128, 128, default.split_k, 4, 4),
                                    (64, 256, default.split_k, 4, 4), (256, 128, 1, 8, 4)):
@@ -143,7 +156,13 @@ def main():
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     parser.add_argument("--budget-s", type=float, default=300.0)
     parser.add_argument("--ncu", default=None, help="KxN: two launches of the default M = 1 kernel, nothing timed")
+    parser.add_argument("--cells", default=None, help="KxN:M list, e.g. 1024x1024:1,4096x4096:1 (default: CELLS)")
+    parser.add_argument("--tiled", action="store_true", help="also time tiled_configs (narrow N tiles, K splits)")
     args = parser.parse_args()
+    global TILED
+    TILED = args.tiled
+    cells = CELLS if args.cells is None else [
+        (tuple(int(v) for v in shape.split("x")), int(m)) for shape, m in (c.split(":") for c in args.cells.split(","))]
     if args.ncu:
         k, n = (int(v) for v in args.ncu.split("x"))
         ncu_once(k, n, 1)
@@ -151,7 +170,7 @@ def main():
     meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__)
     deadline = time.time() + args.budget_s
     rows = []
-    for (k, n), m in CELLS:
+    for (k, n), m in cells:
         if time.time() > deadline:
             break
         rows.append(run_cell(k, n, m))

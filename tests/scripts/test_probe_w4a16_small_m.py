@@ -37,3 +37,21 @@ def test_fma_sweep_configs_follow_the_kernel_rules(probe):
         assert configs and all(c.path == "fma" and c.block_m == 1 for c in configs)
         assert all((k // c.block_k) // c.split_k >= 2 and (n // c.block_n) * c.split_k >= 264 for c in configs)
         assert probe.label(configs[0]).startswith("fma 1x")
+
+
+def test_tiled_sweep_configs_give_the_reference_result(probe):
+    """Every narrow-tile / K-split config the --tiled sweep times computes the reference's product
+    (Triton's interpreter on the CPU, or the GPU)."""
+    from kernels import w4a16 as w4
+    from kernels.reference import w4a16_matmul_ref
+    from tests.kernels.helpers import random_int4_weight, rel_error
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    k, n, m = 512, 64, 3
+    qweight, _, scales = random_int4_weight(k, n, 128, device=device)
+    x = torch.randn(m, k, device=device).half()
+    ref = w4a16_matmul_ref(x, qweight, scales, 128)
+    configs = probe.tiled_configs(m, n, k)
+    assert {c.block_n for c in configs} == {16, 32, 64} and max(c.split_k for c in configs) == 4
+    for cfg in configs:
+        assert rel_error(w4.launch(x, qweight, scales, 128, None, cfg), ref) <= 1e-3, cfg
