@@ -126,6 +126,26 @@ def tile_counters(device: torch.device, count: int) -> torch.Tensor:
     return cached
 
 
+IN_KERNEL_MAX_ROWS = 16  # tensor-core tiles of at most this many rows reduce their K splits in the kernel
+
+
+def reduces_in_kernel(split_k: int, block_m: int) -> bool:
+    """Whether a split tensor-core GEMM sums its partials itself (the last split of a tile) rather than
+    in a second launch. On an H100 the in-kernel sum was 1-4% faster for 16-row tiles (W4A16, M = 16)
+    but up to 25% slower for 64-row ones (M = 64: one program then reads SPLIT_K 64-row partials alone,
+    where the second launch spreads them over the GPU); docs/kernels-notes.md."""
+    return split_k > 1 and block_m <= IN_KERNEL_MAX_ROWS
+
+
+def split_buffers(out: torch.Tensor, split_k: int, m: int, n: int, tiles: int, in_kernel: bool):
+    """``(partials, counters)`` for a split-K GEMM writing ``out`` (M, N): with ``in_kernel`` those of
+    :func:`last_split_buffers`; else fp32 partials for :func:`splitk_reduce` (counters unused), or
+    ``(out, out)`` when not split."""
+    if in_kernel or split_k == 1:
+        return last_split_buffers(out, split_k, m, n, tiles)
+    return torch.empty((split_k, m, n), dtype=torch.float32, device=out.device), out
+
+
 def last_split_buffers(out: torch.Tensor, split_k: int, m: int, n: int, tiles: int):
     """``(workspace, counters)`` for a one-launch split-K kernel writing ``out`` (M, N): fp32 partials
     (SPLIT_K, M, N) and ``tiles`` zeroed ticket counters; ``(out, out)`` (unused) when not split."""

@@ -29,7 +29,8 @@ pipeline: the large-M path).
 Small M is memory bound (the packed weight is a quarter of the fp16 bytes). For M <= 2 on layers of
 >= 4 Mi weights the launcher runs :mod:`kernels.w4a16_fma` (CUDA-core FMAs, no shared-memory round
 trip for the unpacked tile: 1.5-2.1x cuBLAS at M = 1 on an H200). Otherwise, up to M = 127, this
-kernel with narrow N tiles plus split-K (fp32 partials summed by :mod:`kernels._splitk`) gives every
+kernel with narrow N tiles plus split-K (fp32 partials summed in split order: by the last split of
+each 16-row tile to finish, in the kernel, else by :func:`kernels._splitk.splitk_reduce`) gives every
 SM a stream of weight tiles; from M = 128 on, a Triton dequantize pass and cuBLAS.
 ``CHUNK`` > 1 makes one loop step cover CHUNK K tiles whose scale rows come in one (CHUNK, BN) load
 (same per-tile products and summation order as CHUNK = 1); measured slower on the H100, not a default.
@@ -48,7 +49,7 @@ import triton
 import triton.language as tl
 
 from kernels._checks import interpreting, check_activation, check_bias, check_same_device, check_shape, check_tensor
-from kernels._splitk import splitk_reduce
+from kernels._splitk import last_split_reduces, reduces_in_kernel, split_buffers, splitk_reduce
 from kernels._tiles import SMALL_LAYER, grouped_tile, prefetch_split_k, split_k_for, split_k_range, weight_columns
 from kernels.w4a16_fma import launch_fma
 from kernels.w4a16_gemv import launch_skinny
@@ -146,9 +147,10 @@ def _tile_product(acc, a, packed, scale, offs_k, SCALE_AFTER_DOT: tl.constexpr, 
 @triton.jit
 def _w4a16_matmul_kernel(
     x_ptr, qw_ptr, s_ptr, bias_ptr, out_ptr,  # x (M, K), qweight (K/8, N), scales (K/G, N), bias (N,), out
+    y_ptr, cnt_ptr,  # REDUCE_SPLIT > 1: the output (M, N) and one ticket counter per output tile
     M, N, K, group_size,
-    stride_xm, stride_xk, stride_qk, stride_qn, stride_sg, stride_sn, stride_os, stride_om,
-    SPLIT_K, ADD_BIAS: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
+    stride_xm, stride_xk, stride_qk, stride_qn, stride_sg, stride_sn, stride_os, stride_om, stride_ym,
+    SPLIT_K, ADD_BIAS: tl.constexpr, REDUCE_SPLIT: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
     SCALE_AFTER_DOT: tl.constexpr, MAGIC_UNPACK: tl.constexpr, EXPANDED_LOAD: tl.constexpr,
     FP32_OPERANDS: tl.constexpr, CHUNK: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
@@ -199,11 +201,15 @@ def _w4a16_matmul_kernel(
             x_ptrs += BLOCK_K * stride_xk
             q_ptrs += (BLOCK_K // 8) * stride_qk
 
-    if ADD_BIAS:  # with split-K the bias is added by the reduce pass
-        acc += tl.load(bias_ptr + cols).to(tl.float32)[None, :]
-    out_ptrs = out_ptr + pid_k * stride_os + offs_m[:, None].to(tl.int64) * stride_om + offs_n[None, :]
-    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+    if REDUCE_SPLIT > 1:  # out is the fp32 partials (SPLIT_K, M, N); the last split to finish sums them
+        last_split_reduces(acc, out_ptr, cnt_ptr, y_ptr, bias_ptr, offs_m, offs_n, M, N, stride_ym,
+                           tl.program_id(0), pid_k, REDUCE_SPLIT, ADD_BIAS)
+    else:
+        if ADD_BIAS:  # with a separate split-K reduce pass the bias is added there (ADD_BIAS is False)
+            acc += tl.load(bias_ptr + cols).to(tl.float32)[None, :]
+        out_ptrs = out_ptr + pid_k * stride_os + offs_m[:, None].to(tl.int64) * stride_om + offs_n[None, :]
+        mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+        tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -333,14 +339,15 @@ def launch(x2, qweight, scales, group_size: int, bias=None, config: TileConfig |
     if cfg.path == "fma":  # one launch: the kernel reduces its own K splits
         launch_fma(x2, qweight, scales, group_size, bias, y, cfg)
         return y
+    if cfg.path == "tiled":  # writes y itself (its K splits summed in the kernel or by a second launch)
+        _launch_tiled(x2, qweight, scales, group_size, bias, y, cfg)
+        return y
     out = y if cfg.split_k == 1 else torch.empty((cfg.split_k, m, n), dtype=torch.float32, device=x2.device)
     if cfg.path == "swap":
         launch_swap(x2, qweight, scales, group_size, bias, out, cfg, interpreting() and x2.dtype == torch.bfloat16)
     elif cfg.path == "skinny":
         fp32_operands = interpreting() and x2.dtype == torch.bfloat16
         launch_skinny(x2, qweight, scales, group_size, bias, out, cfg, cfg.asm_unpack and not interpreting(), fp32_operands)
-    elif cfg.path == "tiled":
-        _launch_tiled(x2, qweight, scales, group_size, bias, out, cfg)
     else:
         raise ValueError(f"config.path: expected fma, tiled, swap, skinny or dequant, got {cfg.path!r}")
     if cfg.split_k > 1:
@@ -348,22 +355,29 @@ def launch(x2, qweight, scales, group_size: int, bias=None, config: TileConfig |
     return y
 
 
-def _launch_tiled(x2, qweight, scales, group_size, bias, out, cfg: TileConfig) -> None:
+def _launch_tiled(x2, qweight, scales, group_size, bias, y, cfg: TileConfig) -> None:
+    """The tensor-core kernel into ``y`` (M, N); K splits summed in the kernel for 16-row tiles, else
+    by a second launch (:func:`kernels._splitk.reduces_in_kernel`)."""
     m, k = x2.shape
     n = qweight.shape[1]
     grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n), cfg.split_k)
+    in_kernel = reduces_in_kernel(cfg.split_k, cfg.block_m)
+    out, counters = split_buffers(y, cfg.split_k, m, n, grid[0], in_kernel)
     _w4a16_matmul_kernel[grid](
-        x2, qweight, scales, bias if bias is not None else scales, out,
+        x2, qweight, scales, bias if bias is not None else scales, out, y, counters,
         m, n, k, group_size,
         x2.stride(0), x2.stride(1), qweight.stride(0), qweight.stride(1), scales.stride(0), scales.stride(1),
-        m * n if cfg.split_k > 1 else 0, out.stride(-2),
-        cfg.split_k, ADD_BIAS=bias is not None and cfg.split_k == 1,
+        m * n if cfg.split_k > 1 else 0, out.stride(-2), y.stride(0),
+        cfg.split_k, ADD_BIAS=bias is not None and (cfg.split_k == 1 or in_kernel),
+        REDUCE_SPLIT=cfg.split_k if in_kernel else 1,
         EVEN_K=k % (cfg.block_k * cfg.chunk * cfg.split_k) == 0, EVEN_N=n % cfg.block_n == 0,
         SCALE_AFTER_DOT=cfg.scale_after_dot, MAGIC_UNPACK=cfg.magic_unpack, EXPANDED_LOAD=cfg.expanded_load,
         FP32_OPERANDS=interpreting() and x2.dtype == torch.bfloat16, CHUNK=cfg.chunk,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
+    if cfg.split_k > 1 and not in_kernel:
+        splitk_reduce(out, bias, y)
 
 
 @torch.library.custom_op("compress_kernels::w4a16_matmul", mutates_args=())

@@ -28,8 +28,9 @@ because the bounds are integers), so ``xq`` equals the reference's integers exac
 
 Tiles are chosen by a heuristic on (M bucket, N, K) (``pick_config``), never by autotuning, so the
 kernel can be captured in a CUDA graph on its first call. At small M the weight bytes dominate:
-narrow N tiles and, where N is small, split-K (fp32 partials reduced by :mod:`kernels._splitk`)
-keep all SMs streaming. At large M the work is int8 tensor-core bound: 128x256x128 tiles, grouped
+narrow N tiles and, where N is small, split-K keep all SMs streaming (fp32 partials summed in split
+order: by the last split of each 16-row tile to finish, in the kernel, else by a second launch;
+:func:`kernels._splitk.reduces_in_kernel`). At large M the work is int8 tensor-core bound: 128x256x128 tiles, grouped
 tile order for L2 reuse, a deep software pipeline. Small layers (N * K <= ``SMALL_LAYER``, e.g.
 MiniLM's 384 / 1536) take the largest tile that still gives every SM an output tile, without split-K.
 
@@ -46,7 +47,7 @@ import triton.language as tl
 
 from kernels._checks import check_activation, check_bias, check_same_device, check_shape, check_tensor
 from kernels._pdl import launch_options, let_dependents_launch, pdl_enabled, wait_for_inputs
-from kernels._splitk import splitk_reduce
+from kernels._splitk import last_split_reduces, reduces_in_kernel, split_buffers, splitk_reduce
 from kernels._tiles import SMALL_LAYER, grouped_tile, resident_split_k, split_k_for, split_k_range
 from kernels.w8a8_fused import launch_fused, quantize_int8
 from kernels.w8a8_gemv import launch_gemv
@@ -106,9 +107,10 @@ def _quantize_rows_kernel(
 @triton.jit
 def _w8a8_matmul_kernel(
     xq_ptr, w_ptr, sx_ptr, sw_ptr, bias_ptr, out_ptr,  # xq (M, K) i8, w (N, K) i8, (M,), (N,), (N,), out
+    y_ptr, cnt_ptr,  # REDUCE_SPLIT > 1: the output (M, N) and one ticket counter per output tile
     M, N, K,
-    stride_xm, stride_xk, stride_wn, stride_wk, stride_os, stride_om,  # stride_os: between split-K slices
-    SPLIT_K, ADD_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
+    stride_xm, stride_xk, stride_wn, stride_wk, stride_os, stride_om, stride_ym,  # stride_os: between split-K slices
+    SPLIT_K, ADD_BIAS: tl.constexpr, EVEN_K: tl.constexpr, REDUCE_SPLIT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
@@ -143,11 +145,15 @@ def _w8a8_matmul_kernel(
     s_x = tl.load(sx_ptr + rows)
     s_w = tl.load(sw_ptr + cols)
     y = acc.to(tl.float32) * s_x[:, None] * s_w[None, :]
-    if ADD_BIAS:  # with split-K the bias is added by the reduce pass
-        y += tl.load(bias_ptr + cols).to(tl.float32)[None, :]
-    out_ptrs = out_ptr + pid_k * stride_os + offs_m[:, None].to(tl.int64) * stride_om + offs_n[None, :]
-    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    tl.store(out_ptrs, y.to(out_ptr.dtype.element_ty), mask=mask)
+    if REDUCE_SPLIT > 1:  # out is the fp32 partials (SPLIT_K, M, N); the last split to finish sums them
+        last_split_reduces(y, out_ptr, cnt_ptr, y_ptr, bias_ptr, offs_m, offs_n, M, N, stride_ym,
+                           tl.program_id(0), pid_k, REDUCE_SPLIT, ADD_BIAS)
+    else:
+        if ADD_BIAS:
+            y += tl.load(bias_ptr + cols).to(tl.float32)[None, :]
+        out_ptrs = out_ptr + pid_k * stride_os + offs_m[:, None].to(tl.int64) * stride_om + offs_n[None, :]
+        mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+        tl.store(out_ptrs, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 TARGET_TILES = 132  # one program per SM of an H100 / H200
@@ -248,7 +254,7 @@ def launch(x2, w_q, w_scale, bias=None, x_scale=None, config: TileConfig | None 
     """Run the kernels on validated 2-D ``x2`` (M, K); returns (M, N) in x2's dtype.
 
     ``config.fused``: one launch (:mod:`kernels.w8a8_fused`); else the quantize pre-pass then the GEMM.
-    Either adds the split-K reduce when ``config.split_k > 1``.
+    A split GEMM sums its partials in the kernel (16-row tiles) or in a second launch, as the fused path.
     """
     m, k = x2.shape
     n = w_q.shape[0]
@@ -264,18 +270,20 @@ def launch(x2, w_q, w_scale, bias=None, x_scale=None, config: TileConfig | None 
         return launch_gemv(x2, w_q, w_scale, bias, x_scale, cfg, y)
     xq, s_x = quantize_rows(x2, x_scale)
     use_pdl = pdl_enabled(x2.device, w8a8_pair=True)
-    out = y if cfg.split_k == 1 else torch.empty((cfg.split_k, m, n), dtype=torch.float32, device=x2.device)
     grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n), cfg.split_k)
+    in_kernel = reduces_in_kernel(cfg.split_k, cfg.block_m)  # else a second launch sums the K splits
+    out, counters = split_buffers(y, cfg.split_k, m, n, grid[0], in_kernel)
     _w8a8_matmul_kernel[grid](
-        xq, w_q, s_x, w_scale, bias if bias is not None else w_scale, out,
+        xq, w_q, s_x, w_scale, bias if bias is not None else w_scale, out, y, counters,
         m, n, k,
         xq.stride(0), xq.stride(1), w_q.stride(0), w_q.stride(1),
-        m * n if cfg.split_k > 1 else 0, out.stride(-2),
-        cfg.split_k, ADD_BIAS=bias is not None and cfg.split_k == 1, EVEN_K=k % (cfg.block_k * cfg.split_k) == 0,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
-        USE_PDL=use_pdl, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_options(use_pdl),
+        m * n if cfg.split_k > 1 else 0, out.stride(-2), y.stride(0),
+        cfg.split_k, ADD_BIAS=bias is not None and (cfg.split_k == 1 or in_kernel),
+        EVEN_K=k % (cfg.block_k * cfg.split_k) == 0, REDUCE_SPLIT=cfg.split_k if in_kernel else 1, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        GROUP_M=cfg.group_m, USE_PDL=use_pdl, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        **launch_options(use_pdl),
     )
-    if cfg.split_k > 1:
+    if cfg.split_k > 1 and not in_kernel:
         splitk_reduce(out, bias, y)
     return y
 

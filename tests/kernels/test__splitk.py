@@ -77,3 +77,30 @@ def test_gpu_graphs_of_one_split_launch_use_their_own_counters():
     torch.cuda.synchronize()
     pool, used = _splitk._CAPTURE_POOLS[torch.cuda.current_device()]
     assert used >= 2 * 8 and not pool.any()  # the slices handed out are back at zero after replays
+
+
+def test_reduces_in_kernel_only_for_short_tiles():
+    assert _splitk.reduces_in_kernel(4, 16) and not _splitk.reduces_in_kernel(4, 64)
+    assert not _splitk.reduces_in_kernel(1, 16)  # nothing to reduce
+
+
+@pytest.mark.parametrize("kind", ["w4a16", "w8a8"])
+def test_in_kernel_and_second_launch_reduce_give_the_same_bits(kind, monkeypatch):
+    """The last split's in-kernel sum and the separate reduce pass add the same partials in the same
+    order: with the in-kernel sum switched off (IN_KERNEL_MAX_ROWS = 0) the output is bit-identical."""
+    from kernels import w8a8
+    from tests.kernels.helpers import random_int8_weight
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    m, k, n = 5, 192, 96
+    x = torch.randn(m, k, device=device).half()
+    bias = torch.randn(n, device=device).half()
+    if kind == "w4a16":
+        qweight, _, scales = random_int4_weight(k, n, 32, device=device)
+        run = lambda: launch(x, qweight, scales, 32, bias, TileConfig(16, 32, 32, split_k=3, scale_after_dot=True))  # noqa: E731
+    else:
+        w_q, w_scale = random_int8_weight(n, k, device=device)
+        run = lambda: w8a8.launch(x, w_q, w_scale, bias, None, w8a8.TileConfig(16, 32, 32, split_k=3))  # noqa: E731
+    in_kernel = run()
+    monkeypatch.setattr(_splitk, "IN_KERNEL_MAX_ROWS", 0)
+    assert torch.equal(run(), in_kernel)
