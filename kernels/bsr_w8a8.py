@@ -13,7 +13,8 @@ Math (the W8A8 contract of ``kernels.reference`` with ``W_q`` the BSR matrix, ab
 
 The integers are exact and the epilogue does the operations of :mod:`kernels.w8a8` in the same
 order, so (unsplit, and where the compiler fuses the same multiply-adds) ``y`` has the bits of
-``w8a8_matmul`` on the dense int8 weight (zeros in the absent blocks); the GPU tests allow fp32 rounding. One GEMM kernel: a program per (BLOCK_M rows of x, BLOCK_N outputs of one block row)
+``w8a8_matmul`` on the dense int8 weight (zeros in the absent blocks); the GPU tests allow fp32
+rounding. One GEMM kernel: a program per (BLOCK_M rows of x, BLOCK_N outputs of one block row)
 gathers GROUP stored blocks per step into a (BLOCK_M, 32 GROUP) int8 tile of ``xq`` and a
 (32 GROUP, BLOCK_N) int8 tile of the transposed blocks, one ``tl.dot`` with int32 accumulation.
 The quantize pass and this kernel form a PDL pair as in :mod:`kernels.w8a8` (``kernels/_pdl.py``).

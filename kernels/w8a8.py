@@ -279,7 +279,8 @@ def launch(x2, w_q, w_scale, bias=None, x_scale=None, config: TileConfig | None 
         xq.stride(0), xq.stride(1), w_q.stride(0), w_q.stride(1),
         m * n if cfg.split_k > 1 else 0, out.stride(-2), y.stride(0),
         cfg.split_k, ADD_BIAS=bias is not None and (cfg.split_k == 1 or in_kernel),
-        EVEN_K=k % (cfg.block_k * cfg.split_k) == 0, REDUCE_SPLIT=cfg.split_k if in_kernel else 1, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        EVEN_K=k % (cfg.block_k * cfg.split_k) == 0, REDUCE_SPLIT=cfg.split_k if in_kernel else 1,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         GROUP_M=cfg.group_m, USE_PDL=use_pdl, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         **launch_options(use_pdl),
     )
