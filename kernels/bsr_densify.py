@@ -27,10 +27,14 @@ from kernels.reference import BSR_BLOCK
 DENSIFY_MIN_M = 2048  # from this many rows of x, on layers keeping at least
 DENSIFY_MIN_DENSITY = 0.4  # this share of their blocks, the launchers go dense
 SCAN = 64  # col_indices read per step while looking for a block column
+MAX_GRID_Y = 65535  # CUDA's limit on the second grid dimension (block columns here)
 
 
 def densifies(m: int, n: int, k: int, nnz: int) -> bool:
-    """Whether a block-sparse launcher writes the weight out dense and runs a dense GEMM instead."""
+    """Whether a block-sparse launcher writes the weight out dense and runs a dense GEMM instead
+    (never for K beyond MAX_GRID_Y block columns: the block kernels take those)."""
+    if k // BSR_BLOCK > MAX_GRID_Y:
+        return False
     return m >= DENSIFY_MIN_M and nnz >= DENSIFY_MIN_DENSITY * (n // BSR_BLOCK) * (k // BSR_BLOCK)
 
 
@@ -55,6 +59,9 @@ def _bsr_to_dense_kernel(crow_ptr, col_ptr, val_ptr, dense_ptr, K, BLOCK: tl.con
 
 def bsr_to_dense(crow_indices, col_indices, values, out_features: int, in_features: int) -> torch.Tensor:
     """The (out_features, in_features) dense matrix of validated BSR parts, in ``values``' dtype."""
+    if in_features // BSR_BLOCK > MAX_GRID_Y:
+        raise ValueError(f"in_features: expected at most {MAX_GRID_Y * BSR_BLOCK} (one program per block "
+                         f"column), got {in_features}")
     dense = torch.empty((out_features, in_features), dtype=values.dtype, device=values.device)
     grid = (out_features // BSR_BLOCK, in_features // BSR_BLOCK)
     _bsr_to_dense_kernel[grid](crow_indices, col_indices, values, dense, in_features,

@@ -36,6 +36,11 @@ def test_densifies_only_large_m_on_dense_enough_layers():
     assert densifies(DENSIFY_MIN_M, 4096, 4096, blocks // 2)  # 50% of the blocks kept
     assert not densifies(DENSIFY_MIN_M - 1, 4096, 4096, blocks // 2)
     assert not densifies(8192, 4096, 4096, blocks // 4)  # 75% sparse: the block kernel is faster
+    huge_k = 32 * 70000  # more block columns than a grid dimension holds: the block kernel
+    assert not densifies(8192, 32, huge_k, 70000)
+    with pytest.raises(ValueError, match="in_features: expected at most"):
+        bsr_to_dense(torch.zeros(2, dtype=torch.int32), torch.zeros(0, dtype=torch.int32),
+                     torch.zeros(0, 32, 32), 32, huge_k)
 
 
 @pytest.mark.parametrize("sparsity", [0.3, 0.9])
