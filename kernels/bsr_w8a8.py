@@ -37,11 +37,16 @@ import triton.language as tl
 from kernels._checks import check_same_device, check_shape, check_tensor
 from kernels._pdl import launch_options, pdl_enabled, wait_for_inputs
 from kernels._splitk import last_split_buffers, last_split_reduces
-from kernels.bsr import FEW_PROGRAMS, SMALL_LAYER, SMALL_SPLIT_MIN_BLOCKS_PER_ROW, BsrConfig, check_parts, runs_of_block
+from kernels.bsr import (FEW_PROGRAMS, SMALL_LAYER, SMALL_SPLIT_MIN_BLOCKS_PER_ROW, SPLIT_MAX_BLOCK_ROWS_M64,
+                         SPLIT_MIN_BLOCKS_PER_ROW, BsrConfig, check_parts, runs_of_block)
 from kernels.bsr_densify import bsr_to_dense, densifies
 from kernels.reference import BSR_BLOCK
 from kernels.w8a8 import check_x_scale, quantize_rows
 from kernels.w8a8 import launch as launch_dense_w8a8
+
+
+SPLIT_MAX_BLOCK_ROWS = 384  # M <= 16: block rows are shared among programs up to this many of them
+LONG_ROW_BLOCKS = 64  # rows this long get 8 shares at M <= 16 (when <= 1024 programs) and 4 at M <= 64
 
 
 @triton.jit
@@ -117,8 +122,8 @@ def pick_config(m: int, n: int, k: int, nnz: int) -> BsrConfig:
     blocks_per_row = nnz / block_rows
     small_layer = n * k <= SMALL_LAYER
     if m <= 16:
-        if block_rows <= 384 and blocks_per_row >= 24:
-            split = 8 if block_rows * 8 <= 1024 and blocks_per_row >= 64 else 4
+        if block_rows <= SPLIT_MAX_BLOCK_ROWS and blocks_per_row >= SPLIT_MIN_BLOCKS_PER_ROW:
+            split = 8 if block_rows * 8 <= 1024 and blocks_per_row >= LONG_ROW_BLOCKS else 4
             return BsrConfig("gemm", 16, 32, 4, 4, 3, split=split)
         return BsrConfig("gemm", 16, 32, 8, 4, 3)
     if m <= 64:
@@ -127,7 +132,7 @@ def pick_config(m: int, n: int, k: int, nnz: int) -> BsrConfig:
                 return BsrConfig("gemm", 16, 32, 4, 4, 3, split=4)
             return BsrConfig("gemm", 16, 32, 8, 4, 3)
         block_m = 32 if m <= 32 else 64
-        if block_rows <= 128 and blocks_per_row >= 64:
+        if block_rows <= SPLIT_MAX_BLOCK_ROWS_M64 and blocks_per_row >= LONG_ROW_BLOCKS:
             return BsrConfig("gemm", block_m, 32, 4, 4, 3, split=4)
         return BsrConfig("gemm", block_m, 32, 8, 4, 3)
     if m <= 256 or (small_layer and block_rows * triton.cdiv(m, 128) < FEW_PROGRAMS):

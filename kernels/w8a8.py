@@ -30,8 +30,8 @@ Tiles are chosen by a heuristic on (M bucket, N, K) (``pick_config``), never by 
 kernel can be captured in a CUDA graph on its first call. At small M the weight bytes dominate:
 narrow N tiles and, where N is small, split-K keep all SMs streaming (fp32 partials summed in split
 order: by the last split of each 16-row tile to finish, in the kernel, else by a second launch;
-:func:`kernels._splitk.reduces_in_kernel`). At large M the work is int8 tensor-core bound: 128x256x128 tiles, grouped
-tile order for L2 reuse, a deep software pipeline. Small layers (N * K <= ``SMALL_LAYER``, e.g.
+:func:`kernels._splitk.reduces_in_kernel`). At large M the work is int8 tensor-core bound:
+128x256x128 tiles, grouped tile order for L2 reuse, a deep software pipeline. Small layers (N * K <= ``SMALL_LAYER``, e.g.
 MiniLM's 384 / 1536) take the largest tile that still gives every SM an output tile, without split-K.
 
 The op is registered as ``torch.ops.compress_kernels.w8a8_matmul`` with a fake implementation, so
