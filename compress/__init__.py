@@ -10,6 +10,7 @@ Public API (docs/architecture.md)::
     compress.save_compressed(model, path)                # atomic directory: safetensors + manifest
     compress.load_compressed(path)                       # rebuild without the original weights
     compress.fuse_siblings(model)                        # q/k/v (and gate/up) as one kernel call each
+    compress.link_quantized_inputs(model, example_inputs)  # LayerNorm / GELU quantize for the W8A8 layer after
 
 Lightning callbacks live in :mod:`compress.callbacks` (imported lazily so the core library does not
 import Lightning).
@@ -17,6 +18,7 @@ import Lightning).
 from compress.checkpoint import CheckpointError, load_compressed, save_compressed
 from compress.configs import BlockSparseConfig, W4A16Config, W8A8Config
 from compress.fusion import fuse_siblings
+from compress.input_quant import link_quantized_inputs
 from compress.modules import BSRLinear, BSRW8A8Linear, W4A16Linear, W8A8Linear
 from compress.plan import DEFAULT_EXCLUDE, Plan, convert, prepare
 from compress.qat import CompressedLinear
@@ -35,6 +37,7 @@ __all__ = [
     "W8A8Linear",
     "convert",
     "fuse_siblings",
+    "link_quantized_inputs",
     "load_compressed",
     "prepare",
     "save_compressed",

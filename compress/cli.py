@@ -64,6 +64,8 @@ class CompressOptions:
     ``"eager"``; on CPU timing is always eager (see :mod:`compress.evaluate`). ``fuse_siblings``:
     evaluate compressed models with their query/key/value (and gate/up) layers fused into one
     kernel call each (:mod:`compress.fusion`; the saved models are not changed).
+    ``link_quantized_inputs``: W8A8 layers after a LayerNorm or GELU take their input already
+    quantized by that op, one launch fewer each (:mod:`compress.input_quant`; saved models unchanged).
     """
 
     def __post_init__(self):
@@ -91,6 +93,7 @@ class CompressOptions:
     float32_matmul_precision: str = "high"
     latency_mode: str = "cuda_graph"
     fuse_siblings: bool = True
+    link_quantized_inputs: bool = True
 
 
 class CompressCLI(LightningCLI):
@@ -227,6 +230,7 @@ def eval_options(options: CompressOptions, datamodule) -> "EvalOptions":
         device=options.eval_device,
         latency_mode=options.latency_mode,
         fuse_siblings=options.fuse_siblings,
+        link_quantized_inputs=options.link_quantized_inputs,
     )
 
 

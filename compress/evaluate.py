@@ -27,7 +27,9 @@ On CUDA the model runs in fp16 (the kernels take fp16/bf16 activations): the who
 and the inference modules keep their float32 scales float32 under the cast. Compressed sibling
 layers (query/key/value, gate/up) are then fused into one kernel call each
 (:mod:`compress.fusion`; ``fuse_siblings=False`` keeps them apart); dense layers are never fused,
-so the dense baseline runs as ``transformers`` wrote it.
+so the dense baseline runs as ``transformers`` wrote it. W8A8 layers that read a LayerNorm's or a
+GELU's output then take it already quantized from that op (:mod:`compress.input_quant`,
+``link_quantized_inputs=False`` keeps them quantizing it themselves); found with one forward pass.
 On CPU the model runs in float32, and the inference modules use the reference implementation.
 """
 from __future__ import annotations
@@ -43,6 +45,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from compress.fusion import SiblingGroup, fuse_siblings
+from compress.input_quant import link_quantized_inputs, linked_layers, takes_handed_input
 from compress.report import LatencyPoint, ModelResult
 from compress.tasks import metrics_for
 
@@ -60,7 +63,8 @@ class EvalOptions:
     ``latency_mode``: one of :data:`LATENCY_MODES` (see the module docstring); on CPU it resolves
     to ``"eager"``. ``fuse_siblings``: fuse the compressed query/key/value (and gate/up) layers of
     each model into one kernel call (:mod:`compress.fusion`) before it is evaluated; dense layers
-    stay as they are.
+    stay as they are. ``link_quantized_inputs``: let a LayerNorm / GELU hand its output to the W8A8
+    layer after it already quantized (:mod:`compress.input_quant`).
     """
 
     batch_sizes: tuple[int, ...] = (1, 8, 32)
@@ -72,6 +76,7 @@ class EvalOptions:
     dtype: str = "auto"
     latency_mode: str = "cuda_graph"
     fuse_siblings: bool = True
+    link_quantized_inputs: bool = True
 
     def __post_init__(self):
         self.batch_sizes = tuple(self.batch_sizes)
@@ -316,9 +321,10 @@ def describe_compression(model: nn.Module) -> str:
         return "dense"
     summary = ", ".join(f"{k} x{v}" for k, v in sorted(counts.items(), key=lambda kv: kv[0] == "dense"))
     groups = sum(isinstance(m, SiblingGroup) for m in model.modules())
-    if not groups:
-        return summary
-    return f"{summary} ({groups} fused sibling group{'s' if groups > 1 else ''})"
+    linked = linked_layers(model)
+    notes = ([f"{groups} fused sibling group{'s' if groups > 1 else ''}"] if groups else []) + (
+        [f"{linked} fed int8 by the LayerNorm / GELU before"] if linked else [])
+    return f"{summary} ({', '.join(notes)})" if notes else summary
 
 
 def evaluate_model(name: str, model: nn.Module, dataloader, options: EvalOptions, source: str = "") -> ModelResult:
@@ -327,6 +333,8 @@ def evaluate_model(name: str, model: nn.Module, dataloader, options: EvalOptions
     model = cast_for_inference(model, device, dtype)
     if options.fuse_siblings:
         fuse_siblings(model)
+    if options.link_quantized_inputs and any(takes_handed_input(m) for m in model.modules()):
+        link_quantized_inputs(model, latency_inputs(model, 1, options.seq_len, device))
     linear_bytes, total_bytes = weight_memory(model)  # as it runs: after the cast
     metrics_module = metrics_for(model)
     log.info("evaluating %s on %s (%s), latency mode %s", name, device, dtype, options.resolved_latency_mode())

@@ -103,7 +103,21 @@ def _activation_repr(module) -> str:
     return mode + (", smoothed" if module.input_smoothing is not None else "")
 
 
-class W8A8Linear(_InferenceLinear):
+class _TakesHandedInput:
+    """W8A8 kinds: use the int8 copy of ``x`` that a linked LayerNorm / GELU already wrote
+    (:mod:`compress.input_quant` sets ``input_source``; dynamic scales without smoothing only)."""
+
+    def _handed_input(self, x: torch.Tensor):
+        """``(xq (M, K) int8, s_x (M,) float32)`` for exactly this ``x``, or None: quantize it here."""
+        if torch.compiler.is_compiling():
+            return None
+        source = self.__dict__.get("input_source")
+        if source is None or self.config.static or self.input_smoothing is not None:
+            return None
+        return source.quantized(x)
+
+
+class W8A8Linear(_TakesHandedInput, _InferenceLinear):
     """int8 weights per output channel, int8 activations per token (dynamic) or static."""
 
     _float32_buffers = ("w_scale", "act_scale", "input_smoothing")
@@ -141,10 +155,20 @@ class W8A8Linear(_InferenceLinear):
         return module.to(source.device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        handed = self._handed_input(x)
+        if handed is not None:
+            return self._matmul_quantized(x, *handed)
         x = _smoothed(x, self.input_smoothing)
         if self._use_kernel(x):
             return _kernels.launcher("w8a8_matmul")(x, self.w_q, self.w_scale, self._bias_for(x), self.act_scale)
         return _kernels.reference.w8a8_matmul_ref(x, self.w_q, self.w_scale, self.bias, self.act_scale)
+
+    def _matmul_quantized(self, x, xq, s_x) -> torch.Tensor:
+        if self._use_kernel(x):
+            y = _kernels.launcher("w8a8_matmul_quantized")(xq, s_x, self.w_q, self.w_scale, self._bias_for(x), x.dtype)
+        else:
+            y = _kernels.reference.w8a8_matmul_quantized_ref(xq, s_x, self.w_q, self.w_scale, self.bias, x.dtype)
+        return y.reshape(*x.shape[:-1], self.out_features)
 
     def dequantized_weight(self) -> torch.Tensor:
         """(N, K) float32 ``w_q * w_scale`` (smoothing factors folded back out)."""
@@ -262,7 +286,7 @@ class BSRLinear(_InferenceLinear):
                 f"block={self.block}, nnz_blocks={self.nnz}/{total}")
 
 
-class BSRW8A8Linear(_InferenceLinear):
+class BSRW8A8Linear(_TakesHandedInput, _InferenceLinear):
     """Block-sparse (32x32 BSR) int8 weight per output channel, int8 activations per token (dynamic) or static."""
 
     _float32_buffers = ("w_scale", "act_scale", "input_smoothing")
@@ -310,11 +334,22 @@ class BSRW8A8Linear(_InferenceLinear):
         return self.col_indices.numel()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        handed = self._handed_input(x)
+        if handed is not None:
+            return self._matmul_quantized(x, *handed)
         x = _smoothed(x, self.input_smoothing)
         parts = (self.crow_indices, self.col_indices, self.values, self.w_scale, self.out_features)
         if self._use_kernel(x):
             return _kernels.launcher("bsr_w8a8_matmul_parts")(x, *parts, self._bias_for(x), self.act_scale)
         return _kernels.reference.bsr_w8a8_matmul_ref(x, *parts, self.bias, self.act_scale)
+
+    def _matmul_quantized(self, x, xq, s_x) -> torch.Tensor:
+        parts = (self.crow_indices, self.col_indices, self.values, self.w_scale, self.out_features)
+        if self._use_kernel(x):
+            y = _kernels.launcher("bsr_w8a8_matmul_quantized")(xq, s_x, *parts, self._bias_for(x), x.dtype)
+        else:
+            y = _kernels.reference.bsr_w8a8_matmul_quantized_ref(xq, s_x, *parts, self.bias, x.dtype)
+        return y.reshape(*x.shape[:-1], self.out_features)
 
     def dequantized_weight(self) -> torch.Tensor:
         """(N, K) float32 ``w_q * w_scale``, absent blocks zero (smoothing factors folded back out)."""

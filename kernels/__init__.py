@@ -6,16 +6,24 @@ Public launchers (see docs/architecture.md for the full contract):
 * ``w4a16_matmul(x, qweight, scales, group_size, bias=None)``
 * ``bsr_matmul(x, weight, bias=None)`` and ``bsr_matmul_parts(x, crow, col, values, out_features, bias=None)``
 * ``bsr_w8a8_matmul_parts(x, crow, col, values_int8, w_scale, out_features, bias=None, x_scale=None)``
+* ``layer_norm_quantize(x, weight, bias, eps, x_scale=None)`` and ``gelu_quantize(x, x_scale=None)``:
+  ``(y, xq, s_x)``, the op's output and its per-token int8 copy, for
+  ``w8a8_matmul_quantized(xq, s_x, w_q, w_scale, bias, out_dtype)`` and
+  ``bsr_w8a8_matmul_quantized(xq, s_x, crow, col, values_int8, w_scale, out_features, bias, out_dtype)``
 
 The pure-PyTorch references in :mod:`kernels.reference` import without Triton. This package never
 imports ``compress``.
 """
 from kernels.reference import (
     bsr_matmul_ref,
+    bsr_w8a8_matmul_quantized_ref,
     bsr_w8a8_matmul_ref,
+    gelu_quantize_ref,
+    layer_norm_quantize_ref,
     quantize_per_token,
     unpack_int4,
     w4a16_matmul_ref,
+    w8a8_matmul_quantized_ref,
     w8a8_matmul_ref,
 )
 
@@ -28,15 +36,17 @@ except ImportError:  # pragma: no cover - Triton ships with every Linux install 
 
 if TRITON_AVAILABLE:
     from kernels.bsr import bsr_matmul, bsr_matmul_parts
-    from kernels.bsr_w8a8 import bsr_w8a8_matmul_parts
+    from kernels.bsr_w8a8 import bsr_w8a8_matmul_parts, bsr_w8a8_matmul_quantized
+    from kernels.norm_quant import gelu_quantize, layer_norm_quantize
     from kernels.w4a16 import w4a16_matmul
-    from kernels.w8a8 import w8a8_matmul
+    from kernels.w8a8 import w8a8_matmul, w8a8_matmul_quantized
 else:  # pragma: no cover
 
     def _missing(*_args, **_kwargs):
         raise ImportError("the kernels need Triton: pip install triton (Linux), or use kernels.reference")
 
     w8a8_matmul = w4a16_matmul = bsr_matmul = bsr_matmul_parts = bsr_w8a8_matmul_parts = _missing
+    w8a8_matmul_quantized = bsr_w8a8_matmul_quantized = layer_norm_quantize = gelu_quantize = _missing
 
 __all__ = [
     "TRITON_AVAILABLE",
@@ -44,11 +54,19 @@ __all__ = [
     "bsr_matmul_parts",
     "bsr_matmul_ref",
     "bsr_w8a8_matmul_parts",
+    "bsr_w8a8_matmul_quantized",
+    "bsr_w8a8_matmul_quantized_ref",
     "bsr_w8a8_matmul_ref",
+    "gelu_quantize",
+    "gelu_quantize_ref",
+    "layer_norm_quantize",
+    "layer_norm_quantize_ref",
     "quantize_per_token",
     "unpack_int4",
     "w4a16_matmul",
     "w4a16_matmul_ref",
     "w8a8_matmul",
+    "w8a8_matmul_quantized",
+    "w8a8_matmul_quantized_ref",
     "w8a8_matmul_ref",
 ]

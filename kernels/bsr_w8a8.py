@@ -41,7 +41,7 @@ from kernels.bsr import (FEW_PROGRAMS, SMALL_LAYER, SMALL_SPLIT_MIN_BLOCKS_PER_R
                          SPLIT_MIN_BLOCKS_PER_ROW, BsrConfig, check_parts, runs_of_block)
 from kernels.bsr_densify import bsr_to_dense, densifies
 from kernels.reference import BSR_BLOCK
-from kernels.w8a8 import check_x_scale, quantize_rows
+from kernels.w8a8 import check_quantized, check_x_scale, quantize_rows, w8a8_matmul_quantized
 from kernels.w8a8 import launch as launch_dense_w8a8
 
 
@@ -142,13 +142,18 @@ def pick_config(m: int, n: int, k: int, nnz: int) -> BsrConfig:
 
 def launch(x2, crow_indices, col_indices, values, w_scale, bias, x_scale, y, config: BsrConfig | None = None) -> None:
     """Quantize validated ``x2`` (M, K) per token, then the sparse int8 GEMM into ``y`` (M, N)."""
-    m = x2.shape[0]
+    xq, s_x = quantize_rows(x2, x_scale)
+    launch_quantized(xq, s_x, crow_indices, col_indices, values, w_scale, bias, y, config)
+
+
+def launch_quantized(xq, s_x, crow_indices, col_indices, values, w_scale, bias, y, config: BsrConfig | None = None):
+    """The sparse int8 GEMM of quantized ``xq`` (M, K) int8 and ``s_x`` (M,) into ``y`` (M, N)."""
+    m = xq.shape[0]
     n = y.shape[1]
-    config = config or pick_config(m, n, x2.shape[1], col_indices.shape[0])
+    config = config or pick_config(m, n, xq.shape[1], col_indices.shape[0])
     if config.kernel != "gemm" or config.block_m < 16:
         raise ValueError(f"config: expected a 'gemm' BsrConfig with block_m >= 16, got {config}")
-    xq, s_x = quantize_rows(x2, x_scale)
-    use_pdl = pdl_enabled(x2.device, w8a8_pair=True)
+    use_pdl = pdl_enabled(xq.device, w8a8_pair=True)
     grid = (n // config.block_n, triton.cdiv(m, config.block_m), config.split)
     workspace, counters = last_split_buffers(y, config.split, m, n, grid[0] * grid[1])
     _bsr_w8a8_kernel[grid](
@@ -180,6 +185,27 @@ def _bsr_w8a8_op(
 @_bsr_w8a8_op.register_fake
 def _bsr_w8a8_fake(x, crow_indices, col_indices, values, w_scale, out_features, bias, x_scale):
     return x.new_empty((*x.shape[:-1], out_features))
+
+
+def bsr_w8a8_matmul_quantized(xq, s_x, crow_indices, col_indices, values, w_scale, out_features, bias=None,
+                              out_dtype=torch.float16):
+    """:func:`bsr_w8a8_matmul_parts` from an input already quantized per token (e.g. by
+    ``kernels.norm_quant``): ``xq`` (M, K) int8, ``s_x`` (M,) float32 -> (M, N) in ``out_dtype``."""
+    check_quantized(xq, s_x, out_dtype)
+    check_parts(xq.new_empty((0, xq.shape[1]), dtype=out_dtype), crow_indices, col_indices, values, out_features,
+                bias, value_dtype=torch.int8)
+    check_tensor("w_scale", w_scale, (torch.float32,), ndim=1)
+    check_shape("w_scale", w_scale, (out_features,))
+    check_same_device(xq, w_scale=w_scale, values=values)
+    m, k = xq.shape
+    xq, s_x, w_scale = xq.contiguous(), s_x.contiguous(), w_scale.contiguous()
+    if densifies(m, out_features, k, col_indices.shape[0]):  # large M: the dense W8A8 GEMM
+        w_q = bsr_to_dense(crow_indices, col_indices, values, out_features, k)
+        return w8a8_matmul_quantized(xq, s_x, w_q, w_scale, bias, out_dtype)
+    y = torch.empty((m, out_features), dtype=out_dtype, device=xq.device)
+    if m > 0:
+        launch_quantized(xq, s_x, crow_indices, col_indices, values, w_scale, bias, y)
+    return y
 
 
 def bsr_w8a8_matmul_parts(x, crow_indices, col_indices, values, w_scale, out_features, bias=None, x_scale=None):

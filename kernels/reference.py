@@ -56,15 +56,19 @@ def quantize_per_token(x: torch.Tensor, x_scale: torch.Tensor | None = None):
 def w8a8_matmul_ref(x, w_q, w_scale, bias=None, x_scale=None):
     """``y = (xq @ w_q.T) * s_x[:, None] * w_scale[None, :] (+ bias)`` with exact int32 accumulation."""
     lead, k = x.shape[:-1], x.shape[-1]
-    x2 = x.reshape(-1, k)
-    xq, s_x = quantize_per_token(x2, x_scale)
+    xq, s_x = quantize_per_token(x.reshape(-1, k), x_scale)
+    return w8a8_matmul_quantized_ref(xq, s_x, w_q, w_scale, bias, x.dtype).reshape(*lead, w_q.shape[0])
+
+
+def w8a8_matmul_quantized_ref(xq, s_x, w_q, w_scale, bias=None, out_dtype=torch.float16):
+    """:func:`w8a8_matmul_ref` from already quantized ``xq`` (M, K) int8 and ``s_x`` (M,): (M, N) in ``out_dtype``."""
     # int32 accumulation, exactly: |products| <= 2^14, so float64 sums are exact for K < 2^39 and the
     # result fits int32 for K < 2^17. float64 rather than int64: CUDA has no integer matmul.
     acc = (xq.to(torch.float64) @ w_q.to(torch.float64).T).to(torch.int32)
     y = acc.float() * s_x[:, None] * w_scale.float()[None, :]
     if bias is not None:
         y = y + bias.float()
-    return y.to(x.dtype).reshape(*lead, w_q.shape[0])
+    return y.to(out_dtype)
 
 
 def unpack_int4(qweight: torch.Tensor) -> torch.Tensor:
@@ -119,3 +123,25 @@ def bsr_w8a8_matmul_ref(x, crow_indices, col_indices, values, w_scale, out_featu
     """:func:`w8a8_matmul_ref` with the int8 weight given by its BSR parts (int8 ``values``)."""
     w_q = bsr_to_dense_ref(crow_indices, col_indices, values, out_features, x.shape[-1])
     return w8a8_matmul_ref(x, w_q, w_scale, bias, x_scale)
+
+
+def bsr_w8a8_matmul_quantized_ref(xq, s_x, crow_indices, col_indices, values, w_scale, out_features, bias=None,
+                                  out_dtype=torch.float16):
+    """:func:`w8a8_matmul_quantized_ref` with the int8 weight given by its BSR parts."""
+    w_q = bsr_to_dense_ref(crow_indices, col_indices, values, out_features, xq.shape[-1])
+    return w8a8_matmul_quantized_ref(xq, s_x, w_q, w_scale, bias, out_dtype)
+
+
+def layer_norm_quantize_ref(x, weight, bias, eps, x_scale=None):
+    """``(y, xq, s_x)``: ``y = layer_norm(x)`` over the last dim in x's dtype (fp32 math), and the
+    per-token int8 quantization of ``y`` as :func:`quantize_per_token` gives it (``xq`` (M, K))."""
+    y = torch.nn.functional.layer_norm(x.float(), x.shape[-1:], None if weight is None else weight.float(),
+                                       None if bias is None else bias.float(), eps).to(x.dtype)
+    return (y, *quantize_per_token(y.reshape(-1, x.shape[-1]), x_scale))
+
+
+def gelu_quantize_ref(x, x_scale=None):
+    """``(y, xq, s_x)``: ``y = gelu(x)`` (the exact, erf form) in x's dtype (fp32 math), and the
+    per-token int8 quantization of ``y`` (``xq`` (M, K))."""
+    y = torch.nn.functional.gelu(x.float()).to(x.dtype)
+    return (y, *quantize_per_token(y.reshape(-1, x.shape[-1]), x_scale))

@@ -45,7 +45,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._checks import check_activation, check_bias, check_same_device, check_shape, check_tensor
+from kernels._checks import (ACTIVATION_DTYPES, check_activation, check_bias, check_same_device, check_shape,
+                             check_tensor, interpreting)
 from kernels._pdl import launch_options, let_dependents_launch, pdl_enabled, wait_for_inputs
 from kernels._splitk import last_split_reduces, reduces_in_kernel, split_buffers, splitk_reduce
 from kernels._tiles import SMALL_LAYER, grouped_tile, resident_split_k, split_k_for, split_k_range
@@ -269,7 +270,14 @@ def launch(x2, w_q, w_scale, bias=None, x_scale=None, config: TileConfig | None 
     if cfg.gemv:
         return launch_gemv(x2, w_q, w_scale, bias, x_scale, cfg, y)
     xq, s_x = quantize_rows(x2, x_scale)
-    use_pdl = pdl_enabled(x2.device, w8a8_pair=True)
+    return launch_gemm(xq, s_x, w_q, w_scale, bias, cfg, y)
+
+
+def launch_gemm(xq, s_x, w_q, w_scale, bias, cfg: TileConfig, y) -> torch.Tensor:
+    """The GEMM of the pre-pass path on quantized ``xq`` (M, K) int8 and ``s_x`` (M,) into ``y`` (M, N)."""
+    m, k = xq.shape
+    n = w_q.shape[0]
+    use_pdl = pdl_enabled(xq.device, w8a8_pair=True)
     grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n), cfg.split_k)
     in_kernel = reduces_in_kernel(cfg.split_k, cfg.block_m)  # else a second launch sums the K splits
     out, counters = split_buffers(y, cfg.split_k, m, n, grid[0], in_kernel)
@@ -303,6 +311,48 @@ def _w8a8_op(
 def _w8a8_fake(x, w_q, w_scale, bias, x_scale):
     _validate(x, w_q, w_scale, bias, x_scale)
     return x.new_empty((*x.shape[:-1], w_q.shape[0]))
+
+
+def check_quantized(xq, s_x, out_dtype) -> None:
+    """``xq`` (M, K) int8 (CUDA, or CPU when interpreting), ``s_x`` (M,) float32 on its device."""
+    check_tensor("xq", xq, (torch.int8,), ndim=2)
+    if xq.device.type != "cuda" and not interpreting():
+        raise ValueError(f"xq: expected a CUDA tensor (or TRITON_INTERPRET=1 for CPU tests), got device {xq.device}")
+    if xq.shape[1] == 0:
+        raise ValueError("xq: expected K >= 1 input features, got K = 0")
+    check_tensor("s_x", s_x, (torch.float32,), ndim=1)
+    check_shape("s_x", s_x, (xq.shape[0],))
+    check_same_device(xq, s_x=s_x)
+    if out_dtype not in ACTIVATION_DTYPES:
+        raise TypeError(f"out_dtype: expected torch.float16 or torch.bfloat16, got {out_dtype}")
+
+
+def quantized_config(m: int, n: int, k: int) -> TileConfig:
+    """``pick_config``'s tiles for a GEMM whose input is already quantized: the pre-pass path's
+    (the one-row and fused kernels quantize x themselves, so M = 1 takes the 16-row tile)."""
+    cfg = pick_config(m, n, k)
+    return TileConfig(16, 64, 256, split_k=1, num_warps=4, num_stages=5) if cfg.gemv or cfg.fused else cfg
+
+
+def w8a8_matmul_quantized(xq, s_x, w_q, w_scale, bias=None, out_dtype=torch.float16) -> torch.Tensor:
+    """:func:`w8a8_matmul` from an input already quantized per token (e.g. by ``kernels.norm_quant``):
+    ``xq`` (M, K) int8 and ``s_x`` (M,) float32 -> (M, N) in ``out_dtype`` (fp16 / bf16)."""
+    check_quantized(xq, s_x, out_dtype)
+    m, k = xq.shape
+    check_tensor("w_q", w_q, (torch.int8,), ndim=2)
+    n = w_q.shape[0]
+    check_shape("w_q", w_q, (n, k))
+    check_tensor("w_scale", w_scale, (torch.float32,), ndim=1)
+    check_shape("w_scale", w_scale, (n,))
+    if bias is not None:
+        check_tensor("bias", bias, (out_dtype, torch.float32), ndim=1)
+        check_shape("bias", bias, (n,))
+    check_same_device(xq, w_q=w_q, w_scale=w_scale, bias=bias)
+    y = torch.empty((m, n), dtype=out_dtype, device=xq.device)
+    if m == 0:
+        return y
+    bias = bias.contiguous() if bias is not None else None
+    return launch_gemm(xq.contiguous(), s_x.contiguous(), w_q, w_scale.contiguous(), bias, quantized_config(m, n, k), y)
 
 
 def w8a8_matmul(x, w_q, w_scale, bias=None, x_scale=None) -> torch.Tensor:

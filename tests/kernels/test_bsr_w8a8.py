@@ -11,6 +11,7 @@ import torch
 import kernels
 from kernels import reference
 from kernels.bsr import BsrConfig
+from kernels.bsr_densify import DENSIFY_MIN_M
 from kernels.bsr_w8a8 import launch, pick_config
 from kernels.w8a8 import w8a8_matmul
 from tests.kernels.helpers import rel_error
@@ -178,6 +179,31 @@ def test_split_block_rows(split, m):
     again = torch.empty_like(y)
     launch(x, *parts, w_scale, bias, None, again, BsrConfig("gemm", 16, 32, 2, 4, 3, split=split))
     assert torch.equal(again, y)  # the counters were left zeroed: a second launch reduces the same way
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("m", "sparsity"), [(5, 0.5), (40, 0.0), (DENSIFY_MIN_M, 0.5)])
+def test_quantized_input_equals_parts(dtype, m, sparsity):
+    """From an already quantized x: bsr_w8a8_matmul_parts' output on that x (the block kernel, or at
+    large M the dense W8A8 GEMM on the densified weight)."""
+    n, k = 64, 96
+    parts, w_scale, _ = int8_block_sparse(n, k, sparsity, seed=m)
+    x = torch.randn(m, k, device=DEVICE).to(dtype)
+    bias = torch.randn(n, device=DEVICE).to(dtype)
+    xq, s_x = reference.quantize_per_token(x)
+    y = kernels.bsr_w8a8_matmul_quantized(xq, s_x, *parts, w_scale, n, bias, dtype)
+    assert y.shape == (m, n) and y.dtype == dtype
+    assert torch.equal(y, kernels.bsr_w8a8_matmul_parts(x, *parts, w_scale, n, bias))
+    assert rel_error(y, reference.bsr_w8a8_matmul_quantized_ref(xq, s_x, *parts, w_scale, n, bias, dtype)) <= 1e-2
+
+
+def test_quantized_input_rejects_mismatched_scales():
+    parts, w_scale, _ = int8_block_sparse(64, 96, 0.5)
+    xq = torch.zeros(4, 96, dtype=torch.int8, device=DEVICE)
+    with pytest.raises(ValueError, match="s_x: expected shape \\(4,\\)"):
+        kernels.bsr_w8a8_matmul_quantized(xq, torch.ones(5, device=DEVICE), *parts, w_scale, 64)
+    with pytest.raises(ValueError, match="w_scale: expected shape \\(64,\\)"):
+        kernels.bsr_w8a8_matmul_quantized(xq, torch.ones(4, device=DEVICE), *parts, w_scale[:32], 64)
 
 
 # ---- GPU, full size --------------------------------------------------------------------------------

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from kernels import reference
-from kernels.w8a8 import SMALL_LAYER_TILES, TileConfig, launch, pick_config, quantize_rows, w8a8_matmul
+from kernels.w8a8 import (SMALL_LAYER_TILES, TileConfig, launch, pick_config, quantized_config, quantize_rows,
+                          w8a8_matmul, w8a8_matmul_quantized)
 from tests.kernels.helpers import random_int8_weight, rel_error
 
 TOL = {torch.float16: 1e-3, torch.bfloat16: 1e-2}
@@ -322,6 +323,41 @@ def test_gpu_full_size(dtype, m):
     assert torch.equal(xq, ref_q) and torch.equal(s_x, ref_s)
     y = w8a8_matmul(x, w_q, w_scale, bias)
     assert rel_error(y, reference.w8a8_matmul_ref(x, w_q, w_scale, bias)) <= {torch.float16: 1e-3, torch.bfloat16: 4e-3}[dtype]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m,k,n", [(1, 64, 48), (17, 256, 96), (67, 384, 40)])
+def test_quantized_input_equals_w8a8_matmul(dtype, m, k, n):
+    """The GEMM from an already quantized x gives w8a8_matmul's output on that x (the same integers
+    and epilogue; at M = 1 a 16-row tile instead of the one-row kernel)."""
+    x = torch.randn(m, k, device=DEVICE).to(dtype)
+    w_q, w_scale = random_int8_weight(n, k, DEVICE)
+    bias = torch.randn(n, device=DEVICE).to(dtype)
+    xq, s_x = reference.quantize_per_token(x)
+    y = w8a8_matmul_quantized(xq, s_x, w_q, w_scale, bias, dtype)
+    assert y.shape == (m, n) and y.dtype == dtype
+    assert rel_error(y, reference.w8a8_matmul_quantized_ref(xq, s_x, w_q, w_scale, bias, dtype)) <= TOL[dtype]
+    assert rel_error(y, reference.w8a8_matmul_ref(x, w_q, w_scale, bias)) <= TOL[dtype]
+    if not pick_config(m, n, k).gemv:
+        assert torch.equal(y, w8a8_matmul(x, w_q, w_scale, bias))
+
+
+def test_quantized_config_never_quantizes_in_the_kernel():
+    for m, n, k in ((1, 4096, 4096), (1, 384, 384), (16, 4096, 4096), (64, 1536, 384)):
+        cfg = quantized_config(m, n, k)
+        assert not cfg.gemv and not cfg.fused and cfg.block_m >= 16
+
+
+@pytest.mark.parametrize(("xq", "s_x", "out_dtype", "error", "message"), [
+    (torch.zeros(4, 64), torch.ones(4), torch.float16, TypeError, "xq: expected dtype"),
+    (torch.zeros(4, 64, dtype=torch.int8), torch.ones(3), torch.float16, ValueError, "s_x: expected shape \\(4,\\)"),
+    (torch.zeros(4, 64, dtype=torch.int8), torch.ones(4), torch.float32, TypeError, "out_dtype: expected"),
+    (torch.zeros(4, 32, dtype=torch.int8), torch.ones(4), torch.float16, ValueError, "w_q: expected shape \\(8, 32\\)"),
+])
+def test_quantized_input_bad_arguments(xq, s_x, out_dtype, error, message):
+    w_q, w_scale = random_int8_weight(8, 64, DEVICE)
+    with pytest.raises(error, match=message):
+        w8a8_matmul_quantized(xq.to(DEVICE), s_x.to(DEVICE), w_q, w_scale, None, out_dtype)
 
 
 @pytest.mark.gpu

@@ -51,7 +51,7 @@ def test_quickstart_end_to_end(tmp_path, monkeypatch):
     float_model, compressed = report["models"]
     assert float_model["metrics"]["accuracy"] > 0.3  # 10 classes: chance is 0.1
     # 2 layers x 6 linears, evaluated with q/k/v fused: 2 layers x 4 kernel calls
-    assert compressed["compression"].startswith("BSRW8A8Linear x8") and "(2 fused sibling groups)" in compressed["compression"]
+    assert compressed["compression"].startswith("BSRW8A8Linear x8") and "(2 fused sibling groups, 6 fed int8" in compressed["compression"]
     assert [p["batch_size"] for p in compressed["latency"]] == [1, 8, 32]
     assert (out / "report.md").is_file() and (out / "report.png").is_file()
     model = compress.load_compressed(out / "compressed")
