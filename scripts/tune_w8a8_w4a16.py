@@ -23,6 +23,7 @@ only the W4A16 small-M variants (``kernels/w4a16_gemv.py``: tile, warps, stages,
 vs plain unpack) against the previous default; ``--methods fp16,w4a16,int4pk`` limits the table.
 ``--sweep decode`` times W8A8 / W4A16 alternatives at the decode benchmark's fused layer shapes
 (q/k/v 4096x12288, gate/up 4096x22016, o 4096x4096, down 11008x4096) at M = 1 and 8, tinygemm alongside.
+``--sweep split16`` times W8A8 16-row tiles with K splits (summed in the kernel) at M = 4 and 16.
 """
 from __future__ import annotations
 
@@ -422,6 +423,28 @@ def sweep_decode(deadline, out_dir, meta):
                        out_dir, "decode_sweep", meta)
 
 
+SPLIT16_CELLS = [(shape, m) for shape in SHAPES for m in (4, 16)]
+
+
+def split16_variants(m, n, k):
+    """W8A8 16-row tiles with K splits, next to the current pick (no split at M <= 16). Since the
+    16-row tiles sum their K splits in the kernel (``kernels._splitk.reduces_in_kernel``), a split
+    no longer costs a reduce launch, so it may now beat the 64 programs a 4096-wide layer gets."""
+    T8 = w8.TileConfig
+    tiles = [T8(16, bn, 256, sk, num_warps=4, num_stages=5) for bn, splits in ((64, (2, 4, 8)), (32, (2, 4)),
+                                                                              (128, (2, 4))) for sk in splits]
+    return [("current", w8.pick_config(m, n, k))] + [("split", t) for t in tiles]
+
+
+def sweep_split16(deadline, out_dir, meta):
+    """Time ``split16_variants`` and cuBLAS fp16 at ``SPLIT16_CELLS``; rewrite the files after every cell."""
+    def time_cell(k, n, m, wsets, xs, fp16_us):
+        return time_variants("w8a8", w8.launch, split16_variants(m, n, k), w8_args(xs, wsets),
+                             dict(k=k, n=n, m=m, r=len(wsets), fp16_us=fp16_us))
+
+    return sweep_cells(SPLIT16_CELLS, deadline, w8_weights, time_cell, out_dir, "split16_sweep", meta)
+
+
 SMALL_CELLS = [((384, 384), 64), ((384, 1536), 64), ((1536, 384), 64),
                ((384, 384), 512), ((384, 1536), 512), ((1536, 384), 512),
                ((384, 384), 2048), ((384, 1536), 2048), ((1536, 384), 2048)]  # MiniLM at batch 1, 8, 32
@@ -507,7 +530,7 @@ def sweep_markdown(rows) -> str:
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
-    parser.add_argument("--sweep", nargs="?", const="all", choices=["all", "skinny", "chunk", "fused", "small", "decode"], default=None)
+    parser.add_argument("--sweep", nargs="?", const="all", choices=["all", "skinny", "chunk", "fused", "small", "decode", "split16"], default=None)
     parser.add_argument("--deadline-epoch", type=float, default=None, help="absolute stop time (overrides budgets)")
     parser.add_argument("--methods", default=",".join(METHODS), help="table columns to time, e.g. fp16,w4a16,int4pk")
     parser.add_argument("--no-table", action="store_true")
@@ -554,6 +577,8 @@ def main():
             rows = sweep_small(sweep_deadline, args.out, meta)
         elif args.sweep == "decode":
             rows = sweep_decode(sweep_deadline, args.out, meta)
+        elif args.sweep == "split16":
+            rows = sweep_split16(sweep_deadline, args.out, meta)
         elif args.sweep == "skinny":
             rows = sweep_skinny(sweep_deadline)
         else:

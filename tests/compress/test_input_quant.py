@@ -148,6 +148,19 @@ def test_compiled_linked_model_traces_in_one_graph_without_hand_over():
     assert model[0]._handover is kept  # the compiled forward neither kept nor took anything
 
 
+def test_linked_model_saves_and_loads_as_the_plain_model(tmp_path):
+    model = tiny_w8a8_bert().eval()
+    batch = inputs()
+    with torch.no_grad():
+        expected = model(**batch).logits
+    link_quantized_inputs(model, batch)
+    compress.save_compressed(model, tmp_path / "linked")
+    loaded = compress.load_compressed(tmp_path / "linked").eval()
+    assert type(loaded.bert.embeddings.LayerNorm) is nn.LayerNorm and linked_layers(loaded) == 0
+    with torch.no_grad():
+        assert torch.equal(loaded(**batch).logits, expected)
+
+
 def test_deepcopy_keeps_links_to_the_copied_producers():
     model = tiny_w8a8_bert().eval()
     link_quantized_inputs(model, inputs())

@@ -4,6 +4,8 @@ import json
 
 import pytest
 
+from kernels._splitk import reduces_in_kernel
+
 tune = pytest.importorskip("scripts.tune_w8a8_w4a16")
 
 
@@ -71,3 +73,13 @@ def test_decode_variants_time_current_picks_against_alternatives(m, k, n):
     if tune.w4.pick_config(m, n, k, tune.GROUP).path == "fma":  # M = 1: the CUDA-core kernel's neighbours
         assert sum(kernel == "w4a16" for kernel, _ in alternatives) == 8
     assert {(m, k, n) for (k, n), m in tune.DECODE_CELLS} >= {(1, 4096, 12288), (1, 11008, 4096)}
+
+
+@pytest.mark.parametrize("m", [4, 16])
+def test_split16_variants_split_16_row_tiles_summed_in_the_kernel(m):
+    variants = tune.split16_variants(m, 4096, 4096)
+    assert variants[0] == ("current", tune.w8.pick_config(m, 4096, 4096))
+    splits = [cfg for label, cfg in variants if label == "split"]
+    assert splits and all(cfg.block_m == 16 and cfg.split_k > 1 for cfg in splits)
+    assert all(reduces_in_kernel(cfg.split_k, cfg.block_m) for cfg in splits)  # no reduce launch
+    assert len(tune.SPLIT16_CELLS) == 2 * len(tune.SHAPES)
