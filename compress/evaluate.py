@@ -323,7 +323,7 @@ def describe_compression(model: nn.Module) -> str:
     groups = sum(isinstance(m, SiblingGroup) for m in model.modules())
     linked = linked_layers(model)
     notes = ([f"{groups} fused sibling group{'s' if groups > 1 else ''}"] if groups else []) + (
-        [f"{linked} fed int8 by the LayerNorm / GELU before"] if linked else [])
+        [f"{linked} fed int8 by the norm / GELU before"] if linked else [])
     return f"{summary} ({', '.join(notes)})" if notes else summary
 
 

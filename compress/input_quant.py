@@ -1,29 +1,32 @@
-"""Quantized inputs handed over: a LayerNorm or GELU also writes the int8 copy its W8A8 layers need.
+"""Quantized inputs handed over: a norm or GELU also writes the int8 copy its W8A8 layers need.
 
 A W8A8 layer (``W8A8Linear``, ``BSRW8A8Linear``) with dynamic scales quantizes its input per token
 in a launch of its own before its GEMM. In a BERT-style block three of the four W8A8 layers read the
-output of a LayerNorm (query/key/value, the first MLP layer) or of a GELU (the second MLP layer). The
+output of a LayerNorm (query/key/value, the first MLP layer) or of a GELU (the second MLP layer); in
+a Llama-style block two of four read an RMSNorm's (query/key/value, gate/up). The
 kernel computing that output already holds each row, so it can write the int8 copy as well
 (:mod:`kernels.norm_quant`), and the layer then runs only its GEMM: one launch fewer per layer, the
 launch that made W8A8 slower than fp16 on small models (docs/kernels-notes.md).
 
-:func:`link_quantized_inputs` finds the pairs by running one forward pass with hooks: a producer
-(an ``nn.LayerNorm`` over the last dimension, an ``nn.GELU()`` or ``transformers``' exact
-``GELUActivation``) is linked to a consumer (a W8A8 layer with dynamic scales and no smoothing
-factors) when the consumer was called with the very tensor object the producer returned. Each
-linked producer is replaced in place by :class:`QuantizingLayerNorm` / :class:`QuantizingGELU` (same
-parameters, same output), and each consumer keeps a reference to it (not a submodule: the state dict
-does not change, so the model saves as before).
+:func:`link_quantized_inputs` finds the pairs by running one forward pass with hooks. A producer
+(an ``nn.LayerNorm`` over the last dimension, the RMSNorm of ``transformers``' Llama, Mistral and
+Qwen2, an ``nn.GELU()`` or ``transformers``' exact ``GELUActivation``) is linked to a consumer (a W8A8
+layer with dynamic scales and no smoothing factors) when the consumer was called with the very
+tensor object the producer returned. Each linked producer is replaced in place by
+:class:`QuantizingLayerNorm`, :class:`QuantizingRMSNorm` or :class:`QuantizingGELU` (same
+parameters, same output), and each consumer keeps a reference to it (not a submodule: the state
+dict does not change, so the model saves as before).
 
 At run time the producer returns its output ``y`` as before and keeps ``(y, its version, xq, s_x)``.
-A linked consumer called with that same object, not modified in place since (its version counter
-is unchanged; inference-mode tensors have none, so there the same object is taken as unchanged),
-takes ``xq`` and ``s_x`` instead of quantizing ``y`` again; called with anything else it quantizes as usual, so the
-output is always the unlinked model's (the integers are ``quantize_per_token(y)`` in both cases;
-with the kernels ``y`` may differ from PyTorch's LayerNorm / GELU in the last bit). The producer
-drops what it keeps once every linked consumer has taken it. Under ``torch.compile`` neither side
-hands anything over. On the CPU (no kernels) the reference functions do the same work, so a linked
-model gives the unlinked model's outputs bit for bit there.
+A linked consumer called with that same object, not modified in place since, takes ``xq`` and
+``s_x`` instead of quantizing ``y`` again. "Not modified" means an unchanged version counter;
+inference-mode tensors have none, so there the same object is taken as unchanged. Called with
+anything else, the consumer quantizes as usual, so the output is always the unlinked model's: the
+integers are ``quantize_per_token(y)`` in both cases (with the kernels, ``y`` may differ from
+PyTorch's norm / GELU in the last bit). The producer drops what it keeps once every linked consumer
+has taken it. Under ``torch.compile`` neither side hands anything over. On the CPU (no kernels) the
+reference functions do the same work, so a linked model gives the unlinked model's outputs bit for
+bit there.
 """
 from __future__ import annotations
 
@@ -99,6 +102,29 @@ class QuantizingLayerNorm(_HandsOverQuantized, nn.LayerNorm):
         return self._keep(y, xq, s_x)
 
 
+class QuantizingRMSNorm(_HandsOverQuantized, nn.Module):
+    """The RMSNorm of Llama-family ``transformers`` models (:data:`RMS_NORM_CLASSES`), also keeping its
+    output quantized per token (when its weight is in the input's dtype, as after a model cast)."""
+
+    def __init__(self, rms_norm: nn.Module):
+        super().__init__()
+        self.weight = rms_norm.weight  # the same Parameter
+        self.variance_epsilon = rms_norm.variance_epsilon
+        self._init_handover()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self._hands_over(x) or self.weight.dtype != x.dtype:
+            return _kernels.reference.rms_norm_ref(x, self.weight, self.variance_epsilon)
+        if _uses_kernels(x):
+            y, xq, s_x = _kernels.launcher("rms_norm_quantize")(x, self.weight, self.variance_epsilon)
+        else:
+            y, xq, s_x = _kernels.reference.rms_norm_quantize_ref(x, self.weight, self.variance_epsilon)
+        return self._keep(y, xq, s_x)
+
+    def extra_repr(self) -> str:
+        return f"{tuple(self.weight.shape)}, eps={self.variance_epsilon}"
+
+
 class QuantizingGELU(_HandsOverQuantized, nn.Module):
     """The exact (erf) GELU that also keeps its output quantized per token."""
 
@@ -116,6 +142,15 @@ class QuantizingGELU(_HandsOverQuantized, nn.Module):
         return self._keep(y, xq, s_x)
 
 
+RMS_NORM_CLASSES = ("LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm")  # weight * rounded(x / rms(x))
+
+
+def _is_llama_rms_norm(module: nn.Module) -> bool:
+    weight = getattr(module, "weight", None)
+    return (type(module).__name__ in RMS_NORM_CLASSES and hasattr(module, "variance_epsilon")
+            and isinstance(weight, torch.Tensor) and weight.dim() == 1)
+
+
 def _is_exact_gelu(module: nn.Module) -> bool:
     if isinstance(module, nn.GELU):
         return module.approximate == "none"
@@ -129,6 +164,8 @@ def producer_for(module: nn.Module) -> nn.Module | None:
         return module
     if isinstance(module, nn.LayerNorm) and len(module.normalized_shape) == 1:
         return QuantizingLayerNorm(module)
+    if _is_llama_rms_norm(module):
+        return QuantizingRMSNorm(module)
     if _is_exact_gelu(module):
         return QuantizingGELU()
     return None

@@ -1,7 +1,7 @@
-"""LayerNorm and GELU that also quantize their output per token for the W8A8 layer after them.
+"""LayerNorm, RMSNorm and GELU that also quantize their output per token for the W8A8 layer after them.
 
 A W8A8 layer quantizes its input in a pre-pass launch (``kernels.w8a8.quantize_rows``) before its
-GEMM. When that input is the output of a LayerNorm or a GELU, the kernel computing it already holds
+GEMM. When that input is the output of a LayerNorm, an RMSNorm or a GELU, the kernel computing it already holds
 each row in registers, so it can write the int8 copy too, and the W8A8 GEMM starts from it
 (``w8a8_matmul_quantized``): one launch fewer per such layer, which is most of what W8A8 costs over
 fp16 on small layers (docs/kernels-notes.md). One program per row of ``x`` (M, K), the whole row in
@@ -9,6 +9,8 @@ registers (K <= :data:`MAX_ROW`)::
 
     LayerNorm:  mu = mean_k x[m, k]    var = mean_k (x[m, k] - mu)^2          (fp32, two passes)
                 y[m, k] = (x[m, k] - mu) / sqrt(var + eps) * weight[k] + bias[k]   stored in x's dtype
+    RMSNorm:    r = x[m, k] / sqrt(mean_k x[m, k]^2 + eps), rounded to x's dtype     (Llama's order)
+                y[m, k] = weight[k] * r                                             stored in x's dtype
     GELU:       y[m, k] = x[m, k] / 2 * (1 + erf(x[m, k] / sqrt(2)))                  stored in x's dtype
     then, on the stored (rounded) y:
                 s_x[m] = max_k |y[m, k]| / 127 (0 -> 1), or a static scale
@@ -16,8 +18,9 @@ registers (K <= :data:`MAX_ROW`)::
 
 The quantization is ``quantize_rows``' (the same helper, IEEE division, round half to even), applied
 to the rounded ``y``, so ``xq`` and ``s_x`` are exactly ``kernels.reference.quantize_per_token(y)``.
-``y`` itself matches ``torch.nn.functional.layer_norm`` / ``gelu`` to fp32 rounding (the order of
-the sums differs), not bit for bit.
+``y`` itself matches ``torch.nn.functional.layer_norm`` / ``gelu`` / the RMSNorm of Llama-family
+models in ``transformers`` to fp32 rounding (the order of the sums differs, and ``1 / sqrt`` is
+correctly rounded where ``torch.rsqrt`` may not be), not bit for bit.
 
 The kernels form a PDL pair with the GEMM after them, as the quantize pre-pass does
 (``kernels/_pdl.py``): they wait for their input at the start and let the GEMM launch after their
@@ -62,21 +65,22 @@ def _store_quantized(y, mask, xq_row, sx_ptr, static_ptr, row, offs, STATIC: tl.
 
 
 @triton.jit
-def _layer_norm_quantize_kernel(
+def _norm_quantize_kernel(
     x_ptr, w_ptr, b_ptr, y_ptr, xq_ptr, sx_ptr, static_ptr,  # x (M, K) rows of stride_xm; y, xq (M, K) contiguous
     K, stride_xm, eps,
-    HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, STATIC: tl.constexpr, BLOCK_K: tl.constexpr,
-    USE_PDL: tl.constexpr,
+    RMS: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, STATIC: tl.constexpr,
+    BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     wait_for_inputs(USE_PDL)
     row = tl.program_id(0)
     offs = tl.arange(0, BLOCK_K)
     mask = offs < K
     x = tl.load(x_ptr + row.to(tl.int64) * stride_xm + offs, mask=mask, other=0.0).to(tl.float32)
-    mean = tl.sum(x, axis=0) / K
-    centered = tl.where(mask, x - mean, 0.0)
-    var = tl.sum(centered * centered, axis=0) / K
-    y = centered * (1.0 / tl.sqrt_rn(var + eps))
+    if RMS:  # Llama's RMSNorm: the normalized row is rounded to x's dtype before the weight multiplies it
+        y = (x * (1.0 / tl.sqrt_rn(tl.sum(x * x, axis=0) / K + eps))).to(y_ptr.dtype.element_ty).to(tl.float32)
+    else:
+        centered = tl.where(mask, x - tl.sum(x, axis=0) / K, 0.0)
+        y = centered * (1.0 / tl.sqrt_rn(tl.sum(centered * centered, axis=0) / K + eps))
     if HAS_WEIGHT:
         y = y * tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     if HAS_BIAS:
@@ -138,6 +142,21 @@ def layer_norm_quantize(x, weight=None, bias=None, eps: float = 1e-5, x_scale=No
     or one static float32 scale. ``y`` has x's shape and dtype; ``xq`` is (M, K) int8, ``s_x`` (M,)
     float32, M the number of tokens.
     """
+    return _norm_quantize(x, weight, bias, eps, x_scale, rms=False)
+
+
+def rms_norm_quantize(x, weight, eps: float = 1e-6, x_scale=None):
+    """``(y, xq, s_x)``: Llama's RMSNorm of ``x`` (..., K), ``y = weight * rint_dtype(x / rms(x))``
+    with ``rms(x) = sqrt(mean_k x^2 + eps)`` in fp32 and the normalized row rounded to x's dtype
+    before ``weight`` (x's dtype, (K,)) multiplies it, and its per-token int8 quantization; shapes and
+    ``x_scale`` as in :func:`layer_norm_quantize`."""
+    if not isinstance(weight, torch.Tensor) or weight.dtype != getattr(x, "dtype", None):
+        got = weight.dtype if isinstance(weight, torch.Tensor) else type(weight).__name__
+        raise TypeError(f"weight: expected a tensor in x's dtype (the product is formed in it), got {got}")
+    return _norm_quantize(x, weight, None, eps, x_scale, rms=True)
+
+
+def _norm_quantize(x, weight, bias, eps, x_scale, rms: bool):
     x2, m, k = _rows(x, x_scale)
     for name, t in (("weight", weight), ("bias", bias)):
         if t is not None:
@@ -147,10 +166,10 @@ def layer_norm_quantize(x, weight=None, bias=None, eps: float = 1e-5, x_scale=No
     y, xq, s_x = _outputs(x, m, k)
     if m == 0:
         return y, xq, s_x
-    _layer_norm_quantize_kernel[(m,)](
+    _norm_quantize_kernel[(m,)](
         x2, weight if weight is not None else s_x, bias if bias is not None else s_x, y, xq, s_x,
         x_scale if x_scale is not None else s_x, k, x2.stride(0), float(eps),
-        HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None, STATIC=x_scale is not None,
+        RMS=rms, HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None, STATIC=x_scale is not None,
         **_launch_options(x, k),
     )
     return y, xq, s_x

@@ -140,6 +140,20 @@ def layer_norm_quantize_ref(x, weight, bias, eps, x_scale=None):
     return (y, *quantize_per_token(y.reshape(-1, x.shape[-1]), x_scale))
 
 
+def rms_norm_quantize_ref(x, weight, eps, x_scale=None):
+    """``(y, xq, s_x)``: the RMSNorm of Llama-family ``transformers`` models, ``y = weight *
+    (x / sqrt(mean(x^2) + eps))`` with the normalized row (fp32 math) rounded to x's dtype before the
+    multiply, ``weight`` in x's dtype; and the per-token int8 quantization of ``y``."""
+    y = rms_norm_ref(x, weight, eps)
+    return (y, *quantize_per_token(y.reshape(-1, x.shape[-1]), x_scale))
+
+
+def rms_norm_ref(x, weight, eps):
+    """The RMSNorm of Llama-family ``transformers`` models, op for op (fp32 math, rounded before the weight)."""
+    x32 = x.float()
+    return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
 def gelu_quantize_ref(x, x_scale=None):
     """``(y, xq, s_x)``: ``y = gelu(x)`` (the exact, erf form) in x's dtype (fp32 math), and the
     per-token int8 quantization of ``y`` (``xq`` (M, K))."""

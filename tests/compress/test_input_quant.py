@@ -10,6 +10,7 @@ from compress.fusion import fuse_siblings
 from compress.input_quant import (
     QuantizingGELU,
     QuantizingLayerNorm,
+    QuantizingRMSNorm,
     find_links,
     link_quantized_inputs,
     linked_layers,
@@ -193,3 +194,59 @@ def test_gpu_linked_model_matches_unlinked_eager_and_in_a_cuda_graph(dtype, monk
             captured = model(**batch).logits
         graph.replay()
         assert torch.equal(captured.float(), linked)
+
+
+def tiny_w8a8_llama():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=32)
+    model = LlamaForCausalLM(config).eval()
+    compress.prepare(model, compress.W8A8Config())
+    return compress.convert(model).eval()
+
+
+@pytest.mark.parametrize("fuse", [False, True])
+def test_llama_rms_norms_hand_over_to_attention_and_gate_up(fuse, monkeypatch):
+    model = tiny_w8a8_llama()
+    if fuse:
+        fuse_siblings(model)
+    ids = torch.randint(0, 64, (2, 10), generator=torch.Generator().manual_seed(1))
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    with torch.no_grad():
+        expected = model(**batch).logits
+    keys = list(model.state_dict())
+    per_layer = 2 if fuse else 5  # q/k/v after input_layernorm, gate/up after post_attention_layernorm
+    assert link_quantized_inputs(model, batch) == 2 * per_layer
+    assert isinstance(model.model.layers[0].input_layernorm, QuantizingRMSNorm)
+    assert list(model.state_dict()) == keys
+    calls = count_handed_matmuls(monkeypatch)
+    with torch.no_grad():
+        assert torch.equal(model(**batch).logits, expected)
+    assert len(calls) == 2 * per_layer
+
+
+def test_rms_norm_with_a_weight_in_another_dtype_computes_as_transformers_does():
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    norm = LlamaRMSNorm(16)
+    quantizing = producer_for(norm)
+    quantizing.linked_consumers = 1
+    x = torch.randn(3, 16, dtype=torch.float64)  # float32 weight: the product is float64, no hand-over
+    assert torch.equal(quantizing(x), norm(x)) and quantizing._handover is None
+
+
+@pytest.mark.gpu
+def test_gpu_llama_linked_matches_unlinked(monkeypatch):
+    model = tiny_w8a8_llama().to("cuda", torch.float16)
+    fuse_siblings(model)
+    ids = torch.randint(0, 64, (3, 16), device="cuda")
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    with torch.no_grad():
+        expected = model(**batch).logits.float()
+        assert link_quantized_inputs(model, batch) == 4
+        calls = count_handed_matmuls(monkeypatch)
+        linked = model(**batch).logits.float()
+    assert len(calls) == 4
+    torch.testing.assert_close(linked, expected, rtol=0.05, atol=0.05)

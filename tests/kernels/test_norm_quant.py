@@ -1,4 +1,4 @@
-"""Tests of LayerNorm / GELU with per-token int8 output (kernels/norm_quant.py).
+"""Tests of LayerNorm / RMSNorm / GELU with per-token int8 output (kernels/norm_quant.py).
 
 ``y`` is compared with the reference within fp32 rounding (sums in another order; Triton's
 interpreter casts fp32 -> bf16 by truncation), and ``xq`` / ``s_x`` must be exactly
@@ -39,6 +39,25 @@ def test_layer_norm_quantize_matches_reference(dtype, shape, affine):
     assert xq.shape == (x.numel() // k, k) and xq.dtype == torch.int8
     assert rel_error(y, y_ref) <= TOL[dtype]
     assert_quantizes_its_output(y, xq, s_x)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(1, 33), (7, 512), (2, 5, 200)])
+def test_rms_norm_quantize_matches_reference(dtype, shape):
+    gen = torch.Generator().manual_seed(shape[-1])
+    x = (torch.randn(shape, generator=gen) * 4 + 1).to(dtype).to(DEVICE)
+    weight = torch.randn(shape[-1], generator=gen).to(dtype).to(DEVICE)
+    y, xq, s_x = kernels.rms_norm_quantize(x, weight, 1e-6)
+    y_ref, _, _ = reference.rms_norm_quantize_ref(x, weight, 1e-6)
+    assert y.shape == x.shape and y.dtype == dtype
+    assert rel_error(y, y_ref) <= TOL[dtype]
+    assert_quantizes_its_output(y, xq, s_x)
+
+
+def test_rms_norm_quantize_needs_the_weight_in_x_dtype():
+    x = torch.randn(2, 64).half().to(DEVICE)
+    with pytest.raises(TypeError, match="weight: expected a tensor in x's dtype"):
+        kernels.rms_norm_quantize(x, torch.ones(64, device=DEVICE))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -103,4 +122,7 @@ def test_gpu_full_size(dtype, m, k):
     torch.testing.assert_close(y, torch.nn.functional.layer_norm(x, (k,), weight, bias, 1e-12), rtol=2e-2, atol=2e-2)
     y, xq, s_x = kernels.gelu_quantize(x)
     assert rel_error(y, torch.nn.functional.gelu(x)) <= 4e-3
+    assert_quantizes_its_output(y, xq, s_x)
+    y, xq, s_x = kernels.rms_norm_quantize(x, weight, 1e-6)
+    assert rel_error(y, reference.rms_norm_quantize_ref(x, weight, 1e-6)[0]) <= 4e-3
     assert_quantizes_its_output(y, xq, s_x)
