@@ -133,6 +133,14 @@ def test_latency_mode_option_defaults_to_cuda_graph_and_reaches_eval_options():
     assert settings.latency_mode == "eager" and settings.seq_len == 16
 
 
+@pytest.mark.parametrize("flag", [True, False])
+def test_fusion_and_link_options_reach_eval_options(flag):
+    assert CompressOptions().fuse_siblings and CompressOptions().link_quantized_inputs  # on by default
+    settings = eval_options(CompressOptions(fuse_siblings=flag, link_quantized_inputs=flag, latency_seq_len=16),
+                            datamodule=None)
+    assert (settings.fuse_siblings, settings.link_quantized_inputs) == (flag, flag)
+
+
 def test_unknown_latency_mode_fails_listing_the_allowed_ones(tmp_path, capsys):
     with pytest.raises(ValueError, match=r"compress.latency_mode: expected one of \['cuda_graph', 'eager', 'compile'\]"):
         CompressOptions(latency_mode="graphs")

@@ -214,3 +214,17 @@ def test_evaluate_model_fuses_compressed_siblings_unless_asked_not_to(fuse):
         assert result.compression == "W8A8Linear x4, dense x2 (1 fused sibling group, 3 fed int8 by the norm / GELU before)"
     else:
         assert result.compression == "W8A8Linear x6, dense x2 (5 fed int8 by the norm / GELU before)"
+
+
+def test_evaluate_model_links_quantized_inputs_unless_asked_not_to():
+    data = DigitsData(batch_size=32)
+    data.setup()
+    options = EvalOptions(batch_sizes=(1,), seq_len=DigitsData.SEQ_LEN, warmup=0, repeats=1, max_eval_batches=2,
+                          device="cpu", fuse_siblings=False, link_quantized_inputs=False)
+    model = tiny_w8a8_bert()
+    linked = evaluate_model("linked", copy.deepcopy(model), data.val_dataloader(),
+                            dataclasses.replace(options, link_quantized_inputs=True))
+    unlinked = evaluate_model("unlinked", model, data.val_dataloader(), options)
+    assert unlinked.compression == "W8A8Linear x6, dense x2"
+    assert linked.compression.endswith("(5 fed int8 by the norm / GELU before)")
+    assert linked.metrics == unlinked.metrics  # the same integers: no prediction changes on the CPU
