@@ -50,11 +50,14 @@ def _version(t: torch.Tensor) -> int | None:
 
 
 def _uses_kernels(x: torch.Tensor) -> bool:
-    return x.device.type == "cuda" and x.dtype in (torch.float16, torch.bfloat16)
+    """The Triton kernels take ``x``: CUDA, fp16 / bf16, rows that fit one program (else the
+    reference functions do the same work with PyTorch ops)."""
+    return (x.device.type == "cuda" and x.dtype in (torch.float16, torch.bfloat16)
+            and x.shape[-1] <= _kernels.launcher("NORM_QUANT_MAX_ROW"))
 
 
 class _HandsOverQuantized:
-    """What both producers share: keep the int8 copy of the last output until its consumers took it."""
+    """What every producer shares: keep the int8 copy of the last output until its consumers took it."""
 
     def _init_handover(self) -> None:
         self._handover = None  # (y, its version, xq, s_x, consumers still to take it)

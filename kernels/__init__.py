@@ -8,7 +8,8 @@ Public launchers (see docs/architecture.md for the full contract):
 * ``bsr_w8a8_matmul_parts(x, crow, col, values_int8, w_scale, out_features, bias=None, x_scale=None)``
 * ``layer_norm_quantize(x, weight, bias, eps, x_scale=None)``, ``rms_norm_quantize(x, weight, eps,
   x_scale=None)`` and ``gelu_quantize(x, x_scale=None)``:
-  ``(y, xq, s_x)``, the op's output and its per-token int8 copy, for
+  ``(y, xq, s_x)``, the op's output and its per-token int8 copy (rows of at most
+  ``NORM_QUANT_MAX_ROW`` features), for
   ``w8a8_matmul_quantized(xq, s_x, w_q, w_scale, bias, out_dtype)`` and
   ``bsr_w8a8_matmul_quantized(xq, s_x, crow, col, values_int8, w_scale, out_features, bias, out_dtype)``
 
@@ -40,6 +41,7 @@ except ImportError:  # pragma: no cover - Triton ships with every Linux install 
 if TRITON_AVAILABLE:
     from kernels.bsr import bsr_matmul, bsr_matmul_parts
     from kernels.bsr_w8a8 import bsr_w8a8_matmul_parts, bsr_w8a8_matmul_quantized
+    from kernels.norm_quant import MAX_ROW as NORM_QUANT_MAX_ROW
     from kernels.norm_quant import gelu_quantize, layer_norm_quantize, rms_norm_quantize
     from kernels.w4a16 import w4a16_matmul
     from kernels.w8a8 import w8a8_matmul, w8a8_matmul_quantized
@@ -51,8 +53,10 @@ else:  # pragma: no cover
     w8a8_matmul = w4a16_matmul = bsr_matmul = bsr_matmul_parts = bsr_w8a8_matmul_parts = _missing
     w8a8_matmul_quantized = bsr_w8a8_matmul_quantized = layer_norm_quantize = gelu_quantize = _missing
     rms_norm_quantize = _missing
+    NORM_QUANT_MAX_ROW = 0
 
 __all__ = [
+    "NORM_QUANT_MAX_ROW",
     "TRITON_AVAILABLE",
     "bsr_matmul",
     "bsr_matmul_parts",

@@ -250,3 +250,18 @@ def test_gpu_llama_linked_matches_unlinked(monkeypatch):
         linked = model(**batch).logits.float()
     assert len(calls) == 4
     torch.testing.assert_close(linked, expected, rtol=0.05, atol=0.05)
+
+
+@pytest.mark.gpu
+def test_gpu_rows_too_long_for_the_kernel_are_handed_over_by_the_reference():
+    from kernels import NORM_QUANT_MAX_ROW
+
+    k = NORM_QUANT_MAX_ROW + 32
+    model = nn.Sequential(nn.LayerNorm(k), W8A8Linear.from_float(nn.Linear(k, 32))).to("cuda", torch.float16)
+    x = torch.randn(4, k, device="cuda", dtype=torch.float16)
+    with torch.no_grad():
+        expected = model(x)
+        assert link_quantized_inputs(model, {"input": x}) == 1
+        # PyTorch's LayerNorm (on an fp32 copy) and quantization, handed over to the Triton GEMM
+        torch.testing.assert_close(model(x), expected, rtol=0.02, atol=0.02)
+        assert model[0]._handover is None
