@@ -10,7 +10,7 @@ Public API (docs/architecture.md)::
     compress.save_compressed(model, path)                # atomic directory: safetensors + manifest
     compress.load_compressed(path)                       # rebuild without the original weights
     compress.fuse_siblings(model)                        # q/k/v (and gate/up) as one kernel call each
-    compress.link_quantized_inputs(model, example_inputs)  # LayerNorm / GELU quantize for the W8A8 layer after
+    compress.link_quantized_inputs(model, example_inputs)  # norms / GELU quantize for the W8A8 layer after
 
 Lightning callbacks live in :mod:`compress.callbacks` (imported lazily so the core library does not
 import Lightning).

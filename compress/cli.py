@@ -64,7 +64,7 @@ class CompressOptions:
     ``"eager"``; on CPU timing is always eager (see :mod:`compress.evaluate`). ``fuse_siblings``:
     evaluate compressed models with their query/key/value (and gate/up) layers fused into one
     kernel call each (:mod:`compress.fusion`; the saved models are not changed).
-    ``link_quantized_inputs``: W8A8 layers after a LayerNorm or GELU take their input already
+    ``link_quantized_inputs``: W8A8 layers after a norm or GELU take their input already
     quantized by that op, one launch fewer each (:mod:`compress.input_quant`; saved models unchanged).
     """
 

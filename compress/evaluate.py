@@ -27,8 +27,8 @@ On CUDA the model runs in fp16 (the kernels take fp16/bf16 activations): the who
 and the inference modules keep their float32 scales float32 under the cast. Compressed sibling
 layers (query/key/value, gate/up) are then fused into one kernel call each
 (:mod:`compress.fusion`; ``fuse_siblings=False`` keeps them apart); dense layers are never fused,
-so the dense baseline runs as ``transformers`` wrote it. W8A8 layers that read a LayerNorm's or a
-GELU's output then take it already quantized from that op (:mod:`compress.input_quant`,
+so the dense baseline runs as ``transformers`` wrote it. W8A8 layers that read a norm's (LayerNorm,
+Llama-family RMSNorm) or a GELU's output then take it already quantized from that op (:mod:`compress.input_quant`,
 ``link_quantized_inputs=False`` keeps them quantizing it themselves); found with one forward pass.
 On CPU the model runs in float32, and the inference modules use the reference implementation.
 """
@@ -63,7 +63,7 @@ class EvalOptions:
     ``latency_mode``: one of :data:`LATENCY_MODES` (see the module docstring); on CPU it resolves
     to ``"eager"``. ``fuse_siblings``: fuse the compressed query/key/value (and gate/up) layers of
     each model into one kernel call (:mod:`compress.fusion`) before it is evaluated; dense layers
-    stay as they are. ``link_quantized_inputs``: let a LayerNorm / GELU hand its output to the W8A8
+    stay as they are. ``link_quantized_inputs``: let a norm / GELU hand its output to the W8A8
     layer after it already quantized (:mod:`compress.input_quant`).
     """
 

@@ -233,7 +233,7 @@ def link_quantized_inputs(model: nn.Module, example_inputs: dict) -> int:
         consumer = modules[consumer_name]
         consumer.__dict__["input_source"] = producers[producer_name]  # a plain attribute, not a submodule
         producers[producer_name].linked_consumers += 1
-    logger.info("linked %d W8A8 layer(s) to the LayerNorm / GELU before them", len(links))
+    logger.info("linked %d W8A8 layer(s) to the norm / GELU before them", len(links))
     return len(links)
 
 

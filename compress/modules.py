@@ -104,7 +104,7 @@ def _activation_repr(module) -> str:
 
 
 class _TakesHandedInput:
-    """W8A8 kinds: use the int8 copy of ``x`` that a linked LayerNorm / GELU already wrote
+    """W8A8 kinds: use the int8 copy of ``x`` that a linked norm / GELU already wrote
     (:mod:`compress.input_quant` sets ``input_source``; dynamic scales without smoothing only)."""
 
     def _handed_input(self, x: torch.Tensor):

@@ -192,8 +192,8 @@ def bsr_w8a8_matmul_quantized(xq, s_x, crow_indices, col_indices, values, w_scal
     """:func:`bsr_w8a8_matmul_parts` from an input already quantized per token (e.g. by
     ``kernels.norm_quant``): ``xq`` (M, K) int8, ``s_x`` (M,) float32 -> (M, N) in ``out_dtype``."""
     check_quantized(xq, s_x, out_dtype)
-    check_parts(xq.new_empty((0, xq.shape[1]), dtype=out_dtype), crow_indices, col_indices, values, out_features,
-                bias, value_dtype=torch.int8)
+    x_like = xq.new_empty((0, xq.shape[1]), dtype=out_dtype)  # check_parts checks against an activation's K, dtype
+    check_parts(x_like, crow_indices, col_indices, values, out_features, bias, value_dtype=torch.int8)
     check_tensor("w_scale", w_scale, (torch.float32,), ndim=1)
     check_shape("w_scale", w_scale, (out_features,))
     check_same_device(xq, w_scale=w_scale, values=values)

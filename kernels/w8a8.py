@@ -157,6 +157,7 @@ def _w8a8_matmul_kernel(
         tl.store(out_ptrs, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
+SMALL_M_TILE = TileConfig(16, 64, 256, split_k=1, num_warps=4, num_stages=5)  # 2 <= M <= 16
 TARGET_TILES = 132  # one program per SM of an H100 / H200
 SMALL_LAYER_TILES = (  # largest first; the first giving TARGET_TILES output tiles wins, else the last
     TileConfig(128, 128, 128, num_warps=8, num_stages=3),
@@ -189,8 +190,8 @@ def pick_config(m: int, n: int, k: int) -> TileConfig:
         return small_layer_config(m, n)
     if m == 1 and n * k > SMALL_LAYER and n <= GEMV_MAX_N:  # one token row: no quantize launch
         return gemv_config(m, n, k, block_n=32, block_k=128, num_warps=2)
-    if m <= 16:  # no split-K: the reduce launch costs more than the idle SMs (sweep, docs/kernels-notes.md)
-        return TileConfig(16, 64, 256, split_k=1, num_warps=4, num_stages=5)
+    if m <= 16:  # no split-K: slower at every shape measured, even summed in the kernel (docs/kernels-notes.md)
+        return SMALL_M_TILE
     if m <= 64:
         cfg = TileConfig(32, 64, 256, num_warps=4, num_stages=4)
     elif m <= 256:
@@ -331,7 +332,7 @@ def quantized_config(m: int, n: int, k: int) -> TileConfig:
     """``pick_config``'s tiles for a GEMM whose input is already quantized: the pre-pass path's
     (the one-row and fused kernels quantize x themselves, so M = 1 takes the 16-row tile)."""
     cfg = pick_config(m, n, k)
-    return TileConfig(16, 64, 256, split_k=1, num_warps=4, num_stages=5) if cfg.gemv or cfg.fused else cfg
+    return SMALL_M_TILE if cfg.gemv or cfg.fused else cfg
 
 
 def w8a8_matmul_quantized(xq, s_x, w_q, w_scale, bias=None, out_dtype=torch.float16) -> torch.Tensor:

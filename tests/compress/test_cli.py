@@ -77,7 +77,8 @@ def test_run_writes_a_report_comparing_float_and_compressed(sparse_w8a8_run):
     assert names == ["float weights of this run", "compressed (out)"]
     float_model, compressed = report["models"]
     # q/k/v fused; it and both MLP layers take their input quantized by the LayerNorm / GELU before
-    assert compressed["compression"] == "BSRW8A8Linear x4, dense x2 (1 fused sibling group, 3 fed int8 by the norm / GELU before)"
+    assert compressed["compression"] == ("BSRW8A8Linear x4, dense x2 "
+                                         "(1 fused sibling group, 3 fed int8 by the norm / GELU before)")
     assert compressed["linear_weight_bytes"] < float_model["linear_weight_bytes"] / 2
     assert [p["batch_size"] for p in compressed["latency"]] == [1, 2]
     assert (root / "out" / "report.md").read_text().count("| float weights of this run |") == 1

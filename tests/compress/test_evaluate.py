@@ -211,7 +211,8 @@ def test_evaluate_model_fuses_compressed_siblings_unless_asked_not_to(fuse):
     assert result.linear_weight_bytes == expected.linear_weight_bytes
     # q/k/v and the first MLP layer read LayerNorm outputs, the second MLP layer the GELU's
     if fuse:
-        assert result.compression == "W8A8Linear x4, dense x2 (1 fused sibling group, 3 fed int8 by the norm / GELU before)"
+        assert result.compression == ("W8A8Linear x4, dense x2 "
+                                      "(1 fused sibling group, 3 fed int8 by the norm / GELU before)")
     else:
         assert result.compression == "W8A8Linear x6, dense x2 (5 fed int8 by the norm / GELU before)"
 

@@ -110,7 +110,8 @@ def test_only_dynamic_unsmoothed_w8a8_layers_take_handed_inputs():
     static = W8A8Linear.from_float(nn.Linear(32, 32), compress.W8A8Config(activation="static"),
                                    act_scale=torch.tensor(0.1))
     smoothed = W8A8Linear.from_float(nn.Linear(32, 32), input_smoothing=torch.ones(32))
-    assert [takes_handed_input(m) for m in (dynamic, static, smoothed, nn.Linear(32, 32))] == [True, False, False, False]
+    layers = (dynamic, static, smoothed, nn.Linear(32, 32))
+    assert [takes_handed_input(m) for m in layers] == [True, False, False, False]
     model = nn.Sequential(nn.LayerNorm(32), static)
     assert link_quantized_inputs(model, {"input": torch.randn(2, 32)}) == 0
     assert type(model[0]) is nn.LayerNorm
