@@ -63,7 +63,10 @@ class _HandsOverQuantized:
         self._handover = None  # (y, its version, xq, s_x, consumers still to take it)
         self.linked_consumers = 0
 
-    def _keep(self, y: torch.Tensor, xq: torch.Tensor, s_x: torch.Tensor) -> torch.Tensor:
+    def _compute_and_keep(self, op: str, x: torch.Tensor, *args) -> torch.Tensor:
+        """``y`` of ``kernels.<op>`` (Triton) or ``kernels.reference.<op>_ref`` on ``x``; its int8 copy is kept."""
+        compute = _kernels.launcher(op) if _uses_kernels(x) else getattr(_kernels.reference, f"{op}_ref")
+        y, xq, s_x = compute(x, *args)
         self._handover = (y, _version(y), xq, s_x, self.linked_consumers)
         return y
 
@@ -98,11 +101,7 @@ class QuantizingLayerNorm(_HandsOverQuantized, nn.LayerNorm):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self._hands_over(x):
             return super().forward(x)
-        if _uses_kernels(x):
-            y, xq, s_x = _kernels.launcher("layer_norm_quantize")(x, self.weight, self.bias, self.eps)
-        else:
-            y, xq, s_x = _kernels.reference.layer_norm_quantize_ref(x, self.weight, self.bias, self.eps)
-        return self._keep(y, xq, s_x)
+        return self._compute_and_keep("layer_norm_quantize", x, self.weight, self.bias, self.eps)
 
 
 class QuantizingRMSNorm(_HandsOverQuantized, nn.Module):
@@ -118,11 +117,7 @@ class QuantizingRMSNorm(_HandsOverQuantized, nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self._hands_over(x) or self.weight.dtype != x.dtype:
             return _kernels.reference.rms_norm_ref(x, self.weight, self.variance_epsilon)
-        if _uses_kernels(x):
-            y, xq, s_x = _kernels.launcher("rms_norm_quantize")(x, self.weight, self.variance_epsilon)
-        else:
-            y, xq, s_x = _kernels.reference.rms_norm_quantize_ref(x, self.weight, self.variance_epsilon)
-        return self._keep(y, xq, s_x)
+        return self._compute_and_keep("rms_norm_quantize", x, self.weight, self.variance_epsilon)
 
     def extra_repr(self) -> str:
         return f"{tuple(self.weight.shape)}, eps={self.variance_epsilon}"
@@ -138,11 +133,7 @@ class QuantizingGELU(_HandsOverQuantized, nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self._hands_over(x):
             return F.gelu(x)
-        if _uses_kernels(x):
-            y, xq, s_x = _kernels.launcher("gelu_quantize")(x)
-        else:
-            y, xq, s_x = _kernels.reference.gelu_quantize_ref(x)
-        return self._keep(y, xq, s_x)
+        return self._compute_and_keep("gelu_quantize", x)
 
 
 RMS_NORM_CLASSES = ("LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm")  # weight * rounded(x / rms(x))
