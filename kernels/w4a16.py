@@ -26,12 +26,20 @@ operands, BLOCK_M x BLOCK_N multiplies per tile: the small-M path), otherwise th
 to x's dtype before ``tl.dot`` (BLOCK_K x BLOCK_N multiplies, the accumulator stays in the tensor-core
 pipeline: the large-M path).
 
-Small M is memory bound (the packed weight is a quarter of the fp16 bytes). For M <= 2 on layers of
->= 4 Mi weights the launcher runs :mod:`kernels.w4a16_fma` (CUDA-core FMAs, no shared-memory round
-trip for the unpacked tile: 1.5-2.1x cuBLAS at M = 1 on an H200). Otherwise, up to M = 127, this
-kernel with narrow N tiles plus split-K (fp32 partials summed in split order: by the last split of
-each 16-row tile to finish, in the kernel, else by :func:`kernels._splitk.splitk_reduce`) gives every
-SM a stream of weight tiles; from M = 128 on, a Triton dequantize pass and cuBLAS.
+``PLANES`` (the default for 2 <= M <= 16 with 128-deep K tiles) takes a K tile as 8 nibble planes:
+plane j is nibble j of every word of the (BK/8, BN) packed tile, i.e. channels kt + 8r + j, and meets
+the x columns kt + 8r + j in a 16-deep ``tl.dot``. A plane is elementwise in the packed tile, so
+Triton loads the words from shared memory straight into the tensor-core operand layout and the
+unpack (13 PTX instructions per word for all 8 planes, :func:`kernels.w4a16_gemv.nibble_planes_asm`)
+happens in registers: the unpacked tile never goes through shared memory, which bound the plain
+tiled kernel. The x tile is loaded whole (cp.async) and split into its planes in registers.
+
+Small M is memory bound (the packed weight is a quarter of the fp16 bytes). At M = 1 on layers of
+>= 4 Mi weights the launcher runs :mod:`kernels.w4a16_fma` (CUDA-core FMAs: 2.2-3.0x cuBLAS on an
+H100). Otherwise, up to M = 127, this kernel (nibble planes to M = 16) with narrow N tiles plus
+split-K (fp32 partials summed in split order: by the last split of each 16-row tile to finish, in the
+kernel, else by :func:`kernels._splitk.splitk_reduce`) gives every SM a stream of weight tiles; from
+M = 128 on, a Triton dequantize pass and cuBLAS.
 ``CHUNK`` > 1 makes one loop step cover CHUNK K tiles whose scale rows come in one (CHUNK, BN) load
 (same per-tile products and summation order as CHUNK = 1); measured slower on the H100, not a default.
 ``path="skinny"`` (:mod:`kernels.w4a16_gemv`, two nibbles per op) and ``path="swap"``
@@ -52,12 +60,14 @@ from kernels._checks import interpreting, check_activation, check_bias, check_sa
 from kernels._splitk import last_split_reduces, reduces_in_kernel, split_buffers, splitk_reduce
 from kernels._tiles import SMALL_LAYER, grouped_tile, prefetch_split_k, split_k_for, split_k_range, weight_columns
 from kernels.w4a16_fma import launch_fma
-from kernels.w4a16_gemv import launch_skinny
+from kernels.w4a16_gemv import launch_skinny, nibble_planes_asm
 from kernels.w4a16_swap import launch_swap
 
 GROUP_SIZES = (32, 64, 128)
-FMA_MAX_M = 2  # up to here, the CUDA-core kernel of kernels.w4a16_fma (one program per token row and tile),
+FMA_MAX_M = 1  # up to here, the CUDA-core kernel of kernels.w4a16_fma (one program per token row and tile),
 FMA_MIN_WEIGHTS = 4 * 2**20  # for layers this large (at 1024x1024 the tiled kernel measured faster)
+PLANES_MAX_M = 16  # up to here (and with 128-deep K tiles), the nibble-plane tiles (H100: 1.3-1.6x the tiled kernel)
+WIDE_N = 8192  # from here on the nibble-plane tiles are 128 wide (H100, M = 16: 8192x8192 23.0 vs 25.3 us)
 SHORT_K = 512  # with n * k <= SMALL_LAYER (MiniLM's 384-wide inputs): no split-K at M <= 64
 DEQUANT_MIN_M = 128  # from here on, dequantize once and let cuBLAS run the fp16 GEMM (see docs/kernels-notes.md)
 
@@ -75,12 +85,15 @@ class TileConfig(NamedTuple):
     scale_after_dot: bool = False
     magic_unpack: bool = False
     expanded_load: bool = False
-    path: str = "tiled"  # "fma" (kernels.w4a16_fma, CUDA-core FMAs, M <= 2), "swap" (kernels.w4a16_swap,
+    path: str = "tiled"  # "fma" (kernels.w4a16_fma, CUDA-core FMAs, M = 1), "swap" (kernels.w4a16_swap,
     # weight as left operand, M <= 64), "skinny" (kernels.w4a16_gemv, M <= 64), "tiled" (tl.dot),
     # "dequant" (dequantize, then cuBLAS)
-    asm_unpack: bool = True  # skinny path: inline-PTX unpack (False: plain Triton ops; always so in the interpreter)
+    asm_unpack: bool = True  # skinny path and nibble planes: inline-PTX unpack (False: plain Triton ops; always
+    # so in the interpreter)
     prefetch_scale: bool = False  # skinny path: load the next K tile's scales one iteration ahead
     chunk: int = 1  # tiled path: K tiles per loop step (power of two); their scale rows come in one load
+    planes: int = 0  # tiled path: the K tile as 8 nibble planes (packed words straight into the dot operand);
+    # 1: x columns loaded with a stride of 8, 2: the contiguous x tile split in registers
 
 
 @triton.jit
@@ -145,6 +158,102 @@ def _tile_product(acc, a, packed, scale, offs_k, SCALE_AFTER_DOT: tl.constexpr, 
 
 
 @triton.jit
+def _x_planes(x_ptrs, kt, k_last, offs_k, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The contiguous (BM, BK) x tile split in registers into its 8 planes (BM, BK/8): plane j holds
+    columns kt + 8r + j (k = 8r + 4a + 2b + c, split off c, then b, then a)."""
+    if EVEN_K:
+        a = tl.load(x_ptrs)
+    else:
+        a = tl.load(x_ptrs, mask=(kt + offs_k)[None, :] < k_last, other=0.0)
+    a = tl.reshape(a, (BLOCK_M, BLOCK_K // 8, 2, 2, 2))
+    c0, c1 = tl.split(a)
+    b00, b01 = tl.split(c0)  # (b, c) = (0, 0), (1, 0)
+    b10, b11 = tl.split(c1)
+    p0, p4 = tl.split(b00)
+    p2, p6 = tl.split(b01)
+    p1, p5 = tl.split(b10)
+    p3, p7 = tl.split(b11)
+    return p0, p1, p2, p3, p4, p5, p6, p7
+
+
+@triton.jit
+def _plane_weight(packed, j: tl.constexpr, DTYPE: tl.constexpr, MAGIC_UNPACK: tl.constexpr):
+    """Nibble j of every word of the (BK/8, BN) packed tile as exact values in DTYPE (elementwise)."""
+    if MAGIC_UNPACK:
+        nib = ((packed >> (4 * j)) & 0xF) ^ 0x8  # q + 8 in 0..15
+        if DTYPE == tl.float16:
+            w = (nib | 0x6400).to(tl.int16).to(tl.float16, bitcast=True) - 1032.0
+        elif DTYPE == tl.bfloat16:
+            w = (nib | 0x4300).to(tl.int16).to(tl.bfloat16, bitcast=True) - 136.0
+        else:
+            w = (nib | 0x4300).to(tl.int16).to(tl.bfloat16, bitcast=True).to(tl.float32) - 136.0
+    else:
+        w = ((packed << (28 - 4 * j)) >> 28).to(DTYPE)
+    return w
+
+
+@triton.jit
+def _plane_dot(part, a, w, FP32_OPERANDS: tl.constexpr):
+    if FP32_OPERANDS:
+        return tl.dot(a.to(tl.float32), w, part, input_precision="ieee", out_dtype=tl.float32)
+    return tl.dot(a, w, part, out_dtype=tl.float32)
+
+
+@triton.jit
+def _plane_tile_product(acc, x_ptrs, packed, scale, offs_k, kt, k_last, stride_xk, PLANES: tl.constexpr,
+                        EVEN_K: tl.constexpr, MAGIC_UNPACK: tl.constexpr, ASM_UNPACK: tl.constexpr,
+                        FP32_OPERANDS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                        BLOCK_K: tl.constexpr):
+    """acc + one K tile as 8 nibble planes: plane j is the (BK/8, BN) tile of nibble j of every packed word
+    (channels kt + 8r + j) times the x columns kt + 8r + j. Each plane is elementwise in the packed tile, so
+    Triton loads the words straight into the dot-operand layout and unpacks them in registers; scale after.
+    PLANES == 1 loads each plane's x columns with a stride of 8, PLANES == 2 splits the contiguous tile.
+    ASM_UNPACK builds all 8 planes of a word in 13 PTX instructions (kernels.w4a16_gemv)."""
+    part = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    x_dtype: tl.constexpr = tl.float32 if FP32_OPERANDS else x_ptrs.dtype.element_ty
+    if ASM_UNPACK:
+        w0, w1, w2, w3, w4, w5, w6, w7 = nibble_planes_asm(packed, x_dtype)
+    else:
+        w0 = _plane_weight(packed, 0, x_dtype, MAGIC_UNPACK)
+        w1 = _plane_weight(packed, 1, x_dtype, MAGIC_UNPACK)
+        w2 = _plane_weight(packed, 2, x_dtype, MAGIC_UNPACK)
+        w3 = _plane_weight(packed, 3, x_dtype, MAGIC_UNPACK)
+        w4 = _plane_weight(packed, 4, x_dtype, MAGIC_UNPACK)
+        w5 = _plane_weight(packed, 5, x_dtype, MAGIC_UNPACK)
+        w6 = _plane_weight(packed, 6, x_dtype, MAGIC_UNPACK)
+        w7 = _plane_weight(packed, 7, x_dtype, MAGIC_UNPACK)
+    if PLANES == 2:
+        a0, a1, a2, a3, a4, a5, a6, a7 = _x_planes(x_ptrs, kt, k_last, offs_k, EVEN_K, BLOCK_M, BLOCK_K)
+    else:
+        a0 = _x_plane(x_ptrs, 0, kt, k_last, stride_xk, EVEN_K, BLOCK_K)
+        a1 = _x_plane(x_ptrs, 1, kt, k_last, stride_xk, EVEN_K, BLOCK_K)
+        a2 = _x_plane(x_ptrs, 2, kt, k_last, stride_xk, EVEN_K, BLOCK_K)
+        a3 = _x_plane(x_ptrs, 3, kt, k_last, stride_xk, EVEN_K, BLOCK_K)
+        a4 = _x_plane(x_ptrs, 4, kt, k_last, stride_xk, EVEN_K, BLOCK_K)
+        a5 = _x_plane(x_ptrs, 5, kt, k_last, stride_xk, EVEN_K, BLOCK_K)
+        a6 = _x_plane(x_ptrs, 6, kt, k_last, stride_xk, EVEN_K, BLOCK_K)
+        a7 = _x_plane(x_ptrs, 7, kt, k_last, stride_xk, EVEN_K, BLOCK_K)
+    part = _plane_dot(part, a0, w0, FP32_OPERANDS)
+    part = _plane_dot(part, a1, w1, FP32_OPERANDS)
+    part = _plane_dot(part, a2, w2, FP32_OPERANDS)
+    part = _plane_dot(part, a3, w3, FP32_OPERANDS)
+    part = _plane_dot(part, a4, w4, FP32_OPERANDS)
+    part = _plane_dot(part, a5, w5, FP32_OPERANDS)
+    part = _plane_dot(part, a6, w6, FP32_OPERANDS)
+    part = _plane_dot(part, a7, w7, FP32_OPERANDS)
+    return acc + part * scale[None, :]
+
+
+@triton.jit
+def _x_plane(x_ptrs, j: tl.constexpr, kt, k_last, stride_xk, EVEN_K: tl.constexpr, BLOCK_K: tl.constexpr):
+    """x columns kt + 8r + j (r < BK/8) of the tile: a load with a stride of 8 channels."""
+    if EVEN_K:
+        return tl.load(x_ptrs + j * stride_xk)
+    offs_r = tl.arange(0, BLOCK_K // 8)
+    return tl.load(x_ptrs + j * stride_xk, mask=(kt + 8 * offs_r + j)[None, :] < k_last, other=0.0)
+
+
+@triton.jit
 def _w4a16_matmul_kernel(
     x_ptr, qw_ptr, s_ptr, bias_ptr, out_ptr,  # x (M, K), qweight (K/8, N), scales (K/G, N), bias (N,), out
     y_ptr, cnt_ptr,  # REDUCE_SPLIT > 1: the output (M, N) and one ticket counter per output tile
@@ -152,7 +261,7 @@ def _w4a16_matmul_kernel(
     stride_xm, stride_xk, stride_qk, stride_qn, stride_sg, stride_sn, stride_os, stride_om, stride_ym,
     SPLIT_K, ADD_BIAS: tl.constexpr, REDUCE_SPLIT: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
     SCALE_AFTER_DOT: tl.constexpr, MAGIC_UNPACK: tl.constexpr, EXPANDED_LOAD: tl.constexpr,
-    FP32_OPERANDS: tl.constexpr, CHUNK: tl.constexpr,
+    FP32_OPERANDS: tl.constexpr, CHUNK: tl.constexpr, PLANES: tl.constexpr, ASM_UNPACK: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
     pid_m, pid_n = grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
@@ -166,7 +275,10 @@ def _w4a16_matmul_kernel(
     offs_kp = tl.arange(0, BLOCK_K // 8)
 
     k_first, k_last = split_k_range(pid_k, K, SPLIT_K, BLOCK_K)
-    x_ptrs = x_ptr + rows[:, None] * stride_xm + (k_first + offs_k)[None, :] * stride_xk  # (BM, BK)
+    if PLANES == 1:  # (BM, BK/8): the columns of nibble plane 0 (plane j adds j)
+        x_ptrs = x_ptr + rows[:, None] * stride_xm + (k_first + 8 * offs_kp)[None, :] * stride_xk
+    else:  # (BM, BK)
+        x_ptrs = x_ptr + rows[:, None] * stride_xm + (k_first + offs_k)[None, :] * stride_xk
     if EXPANDED_LOAD:  # (BK, BN): row k reads packed row k // 8 (8 rows share a word, served by L1)
         q_ptrs = qw_ptr + ((k_first + offs_k) // 8)[:, None] * stride_qk + cols[None, :] * stride_qn
     else:  # (BK/8, BN): each packed word read once
@@ -183,11 +295,14 @@ def _w4a16_matmul_kernel(
             scales = tl.load(s_ptrs[None, :] + (chunk_k // group_size)[:, None] * stride_sg).to(tl.float32)
         for t in tl.static_range(CHUNK):
             kt = k0 + t * BLOCK_K
+            if PLANES == 0:  # (planes load their own x columns in _plane_tile_product)
+                if EVEN_K:
+                    a = tl.load(x_ptrs)
+                else:  # masked against k_last (not K): with CHUNK > 1 a step may run past this split's range
+                    a = tl.load(x_ptrs, mask=(kt + offs_k)[None, :] < k_last, other=0.0)
             if EVEN_K:
-                a = tl.load(x_ptrs)
                 packed = tl.load(q_ptrs)
-            else:  # masked against k_last (not K): with CHUNK > 1 a step may run past this split's range
-                a = tl.load(x_ptrs, mask=(kt + offs_k)[None, :] < k_last, other=0.0)
+            else:
                 if EXPANDED_LOAD:
                     packed = tl.load(q_ptrs, mask=(kt + offs_k)[:, None] < k_last, other=0)
                 else:
@@ -196,8 +311,12 @@ def _w4a16_matmul_kernel(
                 scale = tl.load(s_ptrs + (k0 // group_size) * stride_sg).to(tl.float32)  # (BN,)
             else:  # row t of the (CHUNK, BN) tile: a sum of one value and zeros, exact
                 scale = tl.sum(tl.where((offs_c == t)[:, None], scales, 0.0), axis=0)
-            acc = _tile_product(acc, a, packed, scale, offs_k, SCALE_AFTER_DOT, MAGIC_UNPACK, EXPANDED_LOAD,
-                                FP32_OPERANDS, BLOCK_K, BLOCK_N)
+            if PLANES:
+                acc = _plane_tile_product(acc, x_ptrs, packed, scale, offs_k, kt, k_last, stride_xk, PLANES, EVEN_K,
+                                          MAGIC_UNPACK, ASM_UNPACK, FP32_OPERANDS, BLOCK_M, BLOCK_N, BLOCK_K)
+            else:
+                acc = _tile_product(acc, a, packed, scale, offs_k, SCALE_AFTER_DOT, MAGIC_UNPACK, EXPANDED_LOAD,
+                                    FP32_OPERANDS, BLOCK_K, BLOCK_N)
             x_ptrs += BLOCK_K * stride_xk
             q_ptrs += (BLOCK_K // 8) * stride_qk
 
@@ -260,6 +379,10 @@ def pick_config(m: int, n: int, k: int, group_size: int) -> TileConfig:
         # (H200, M = 64: 384x384 5.6 -> 4.4 us, 384x1536 6.5 -> 4.9 us; docs/kernels-notes.md)
         return TileConfig(16, 64, 128 if group_size == k else min(128, group_size), num_warps=4, num_stages=3,
                           scale_after_dot=True)
+    block_k = 128 if group_size == k else min(128, group_size)
+    if m <= PLANES_MAX_M and block_k == 128:  # 64 columns per warp; H100 sweeps, session 9 (docs/kernels-notes.md)
+        cfg = TileConfig(16, 128 if n >= WIDE_N else 64, 128, num_warps=2, num_stages=3, scale_after_dot=True, planes=2)
+        return cfg._replace(split_k=_balanced_split_k(m, n, k, cfg))
     if m <= 16:  # the skinny path (kernels.w4a16_gemv) measured slower on the H100: see docs/kernels-notes.md
         cfg = TileConfig(16, 64, 128, num_warps=4, num_stages=4, scale_after_dot=True)
     elif m <= 64:
@@ -360,6 +483,10 @@ def _launch_tiled(x2, qweight, scales, group_size, bias, y, cfg: TileConfig) -> 
     by a second launch (:func:`kernels._splitk.reduces_in_kernel`)."""
     m, k = x2.shape
     n = qweight.shape[1]
+    if cfg.planes and (cfg.block_k < 128 or cfg.expanded_load or cfg.chunk != 1):
+        raise ValueError(f"config: nibble planes need block_k >= 128 (one 16-deep dot per plane), no expanded "
+                         f"load and chunk 1, got block_k={cfg.block_k}, expanded_load={cfg.expanded_load}, "
+                         f"chunk={cfg.chunk}")
     grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n), cfg.split_k)
     in_kernel = reduces_in_kernel(cfg.split_k, cfg.block_m)
     out, counters = split_buffers(y, cfg.split_k, m, n, grid[0], in_kernel)
@@ -372,7 +499,8 @@ def _launch_tiled(x2, qweight, scales, group_size, bias, y, cfg: TileConfig) -> 
         REDUCE_SPLIT=cfg.split_k if in_kernel else 1,
         EVEN_K=k % (cfg.block_k * cfg.chunk * cfg.split_k) == 0, EVEN_N=n % cfg.block_n == 0,
         SCALE_AFTER_DOT=cfg.scale_after_dot, MAGIC_UNPACK=cfg.magic_unpack, EXPANDED_LOAD=cfg.expanded_load,
-        FP32_OPERANDS=interpreting() and x2.dtype == torch.bfloat16, CHUNK=cfg.chunk,
+        FP32_OPERANDS=interpreting() and x2.dtype == torch.bfloat16, CHUNK=cfg.chunk, PLANES=cfg.planes,
+        ASM_UNPACK=cfg.asm_unpack and cfg.planes > 0 and not interpreting(),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )

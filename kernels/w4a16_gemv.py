@@ -72,8 +72,9 @@ def _join8(n0, n1, n2, n3, n4, n5, n6, n7, ROWS: tl.constexpr, BLOCK_N: tl.const
 
 
 @triton.jit
-def _unpack_asm(packed, DTYPE: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr):
-    """(ROWS, BLOCK_N) int32 -> (8 ROWS, BLOCK_N) exact int4 values in fp16 / bf16, through inline PTX."""
+def nibble_planes_asm(packed, DTYPE: tl.constexpr):
+    """int32 tile -> its 8 nibble planes (same shape each) as exact int4 values in fp16 / bf16, in
+    13 inline-PTX instructions per word (``_UNPACK_ASM``); elementwise, so any layout stays as it is."""
     if DTYPE == tl.float16:
         xor_magic = tl.full(packed.shape, 0x64086408, tl.int32)  # 1024 + 8 in each fp16 lane's bits
         neg_magic = tl.full(packed.shape, -0x1BF71BF8, tl.int32)  # 0xE408E408: -1032.0 in each lane
@@ -88,7 +89,13 @@ def _unpack_asm(packed, DTYPE: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.con
         planes = tl.inline_asm_elementwise(UNPACK_ASM_BF16, "=h,=h,=h,=h,=h,=h,=h,=h,r,r,r,r",
                                            [packed, xor_magic, neg_magic, one], dtype=(tl.bfloat16,) * 8,
                                            is_pure=True, pack=1)
-    n0, n1, n2, n3, n4, n5, n6, n7 = planes
+    return planes
+
+
+@triton.jit
+def _unpack_asm(packed, DTYPE: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr):
+    """(ROWS, BLOCK_N) int32 -> (8 ROWS, BLOCK_N) exact int4 values in fp16 / bf16, through inline PTX."""
+    n0, n1, n2, n3, n4, n5, n6, n7 = nibble_planes_asm(packed, DTYPE)
     return _join8(n0, n1, n2, n3, n4, n5, n6, n7, ROWS, BLOCK_N)
 
 

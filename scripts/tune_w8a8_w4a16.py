@@ -24,6 +24,8 @@ vs plain unpack) against the previous default; ``--methods fp16,w4a16,int4pk`` l
 ``--sweep decode`` times W8A8 / W4A16 alternatives at the decode benchmark's fused layer shapes
 (q/k/v 4096x12288, gate/up 4096x22016, o 4096x4096, down 11008x4096) at M = 1 and 8, tinygemm alongside.
 ``--sweep split16`` times W8A8 16-row tiles with K splits (summed in the kernel) at M = 4 and 16.
+``--sweep planes`` times the W4A16 tiled kernel with the K tile taken as 8 nibble planes (packed words
+loaded straight into the dot operand, no unpacked tile in shared memory) against the current pick.
 """
 from __future__ import annotations
 
@@ -426,6 +428,40 @@ def sweep_decode(deadline, out_dir, meta):
 SPLIT16_CELLS = [(shape, m) for shape in SHAPES for m in (4, 16)]
 
 
+def planes_variants(m, n, k):
+    """Nibble-plane tiles at the balanced split, next to the current pick: the columns each warp covers
+    (BLOCK_N / warps: the x tile's split into planes is paid once per warp and K tile), stages, the
+    magic-number unpack instead of inline PTX, and (M > 16) taller row tiles."""
+    current = w4.pick_config(m, n, k, GROUP)
+    base = w4.TileConfig(16, 64, 128, num_warps=4, num_stages=3, scale_after_dot=True, planes=2)
+    tiles = [base, base._replace(num_warps=2), base._replace(num_warps=1),
+             base._replace(block_n=128, num_stages=4), base._replace(block_n=128, asm_unpack=False, magic_unpack=True),
+             base._replace(block_n=128, num_warps=2), base._replace(block_n=128, num_warps=2, num_stages=4),
+             base._replace(block_n=128, num_warps=1), base._replace(block_n=256), base._replace(block_n=256, num_warps=2),
+             base._replace(block_n=512), base._replace(block_n=256, num_warps=2, num_stages=4)]
+    if m > 16:
+        tiles += [t._replace(block_m=bm) for bm in (32, 64) for t in (base, base._replace(block_n=128))]
+    balanced = [t._replace(split_k=w4._balanced_split_k(m, n, k, t)) for t in tiles]
+    doubled = [balanced[5]._replace(split_k=2 * balanced[5].split_k), balanced[8]._replace(split_k=2 * balanced[8].split_k)]
+    return [("current", current)] + [("planes", t) for t in balanced + doubled]
+
+
+PLANES_CELLS = [((8192, 28672), 16), ((4096, 4096), 16), ((11008, 4096), 16), ((4096, 11008), 16),
+                ((8192, 8192), 16), ((8192, 28672), 4), ((4096, 4096), 4), ((8192, 8192), 4), ((11008, 4096), 4),
+                ((1024, 1024), 16), ((1024, 1024), 1), ((8192, 28672), 1), ((4096, 4096), 1)]
+
+
+def sweep_planes(deadline, out_dir, meta):
+    """Time ``planes_variants`` with fp16 and tinygemm alongside; rewrite the result files after every cell."""
+    def time_cell(k, n, m, wsets, xs, fp16_us):
+        tiny = time_tinygemm(xs, wsets)
+        return time_variants("w4a16", w4.launch, planes_variants(m, n, k), w4_args(xs, wsets),
+                             dict(k=k, n=n, m=m, r=len(wsets), fp16_us=fp16_us, int4pk_us=tiny))
+
+    return sweep_cells(PLANES_CELLS, deadline, lambda k, n: make_weights(k, n, rotations(k, n)), time_cell,
+                       out_dir, "planes_sweep", meta)
+
+
 def split16_variants(m, n, k):
     """W8A8 16-row tiles with K splits, next to the current pick (no split at M <= 16). Since the
     16-row tiles sum their K splits in the kernel (``kernels._splitk.reduces_in_kernel``), a split
@@ -518,6 +554,7 @@ def sweep_markdown(rows) -> str:
         elif r["kernel"] == "w4a16":
             desc += f" sad{int(c['scale_after_dot'])} magic{int(c['magic_unpack'])} exp{int(c['expanded_load'])} {c['path']}"
             desc += f" chunk{c.get('chunk', 1)}" if c.get("chunk", 1) > 1 else ""
+            desc += f" planes{c['planes']} asm{int(c['asm_unpack'])}" if c.get("planes") else ""
         if r["kernel"] == "w4a16" and "label" in r:
             desc = f"{r['label']}: {desc}"
         us = f"{r['us']:.1f}" if isinstance(r["us"], float) else f"err {r['us']}"
@@ -530,7 +567,7 @@ def sweep_markdown(rows) -> str:
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
-    parser.add_argument("--sweep", nargs="?", const="all", choices=["all", "skinny", "chunk", "fused", "small", "decode", "split16"], default=None)
+    parser.add_argument("--sweep", nargs="?", const="all", choices=["all", "skinny", "chunk", "fused", "small", "decode", "split16", "planes"], default=None)
     parser.add_argument("--deadline-epoch", type=float, default=None, help="absolute stop time (overrides budgets)")
     parser.add_argument("--methods", default=",".join(METHODS), help="table columns to time, e.g. fp16,w4a16,int4pk")
     parser.add_argument("--no-table", action="store_true")
@@ -579,6 +616,8 @@ def main():
             rows = sweep_decode(sweep_deadline, args.out, meta)
         elif args.sweep == "split16":
             rows = sweep_split16(sweep_deadline, args.out, meta)
+        elif args.sweep == "planes":
+            rows = sweep_planes(sweep_deadline, args.out, meta)
         elif args.sweep == "skinny":
             rows = sweep_skinny(sweep_deadline)
         else:

@@ -91,6 +91,36 @@ def test_small_m_paths(dtype, m, n, g, cfg):
     assert rel_error(y, reference.w4a16_matmul_ref(x, qweight, scales, g, bias)) <= TOL[dtype]
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    "m,k,g,cfg",
+    [
+        (1, 256, 128, TileConfig(16, 32, 128, split_k=2, scale_after_dot=True, planes=1)),
+        (5, 384, 128, TileConfig(16, 64, 128, split_k=1, scale_after_dot=True, planes=2)),  # N wraps
+        (16, 384, 128, TileConfig(16, 32, 128, split_k=2, scale_after_dot=True, planes=2, magic_unpack=True)),
+        (20, 512, 256, TileConfig(16, 32, 256, split_k=1, scale_after_dot=True, planes=1, magic_unpack=True)),
+        (3, 264, 264, TileConfig(16, 32, 128, split_k=2, scale_after_dot=True, planes=2)),  # G = K, masked tail
+        (2, 264, 264, TileConfig(16, 32, 128, split_k=1, scale_after_dot=True, planes=1)),
+        (40, 256, 128, TileConfig(64, 32, 128, split_k=2, scale_after_dot=True, planes=2)),
+    ],
+)
+def test_nibble_planes_match_reference(dtype, m, k, g, cfg):
+    n = 80
+    x = torch.randn(m, k, device=DEVICE).to(dtype)
+    qweight, _, scales = random_int4_weight(k, n, g, device=DEVICE)
+    bias = torch.randn(n, device=DEVICE).to(dtype) if m % 2 else None
+    y = launch(x, qweight, scales, g, bias, config=cfg)
+    assert y.shape == (m, n) and y.dtype == dtype
+    assert rel_error(y, reference.w4a16_matmul_ref(x, qweight, scales, g, bias)) <= TOL[dtype]
+
+
+def test_nibble_planes_reject_tiles_shallower_than_one_dot():
+    x = torch.randn(2, 256, device=DEVICE).half()
+    qweight, _, scales = random_int4_weight(256, 32, 64, device=DEVICE)
+    with pytest.raises(ValueError, match="block_k >= 128"):
+        launch(x, qweight, scales, 64, config=TileConfig(16, 32, 64, scale_after_dot=True, planes=1))
+
+
 def test_skinny_split_balance():
     from kernels.w4a16 import _balanced_split_k
 
@@ -155,8 +185,11 @@ def test_pick_config_buckets():
     assert skinny_config(64, 4096, 4096, 128).path == "skinny" and skinny_config(1, 4096, 4096, 32).block_k <= 32
     assert pick_config(4096, 4096, 4096, 128).path == "dequant"
     assert pick_config(1, 4096, 4096, 32).block_k <= 32  # a K tile never crosses a scale group
-    assert small.path == "fma" and pick_config(2, 4096, 4096, 128).path == "fma"
-    assert pick_config(3, 4096, 4096, 128).path == "tiled" and pick_config(1, 1024, 1024, 128).path == "tiled"
+    assert small.path == "fma" and pick_config(2, 4096, 4096, 128).planes == 2
+    for m, n, k, g in ((1, 1024, 1024, 128), (2, 4096, 4096, 128), (16, 28672, 8192, 128), (16, 4096, 4096, 4096)):
+        cfg = pick_config(m, n, k, g)  # 128-deep K tiles: the nibble planes
+        assert cfg.path == "tiled" and cfg.planes == 2 and cfg.block_k == 128 and cfg.block_n == (128 if n >= 8192 else 64)
+    assert pick_config(16, 4096, 4096, 64).planes == 0 and pick_config(17, 4096, 4096, 128).planes == 0
 
 
 @pytest.mark.parametrize("k,n,g", [(384, 384, 128), (384, 1536, 128), (384, 1536, 384), (256, 1024, 32)])
@@ -260,7 +293,7 @@ def test_gpu_chunked_steps_match_reference_and_unchunked(dtype, m, chunk, stages
     x = torch.randn(m, k, device="cuda").to(dtype)
     qweight, _, scales = random_int4_weight(k, n, g, device="cuda")
     bias = torch.randn(n, device="cuda").to(dtype)
-    base = pick_config(m, n, k, g)
+    base = pick_config(m, n, k, g)._replace(planes=0, path="tiled", block_m=16 if m <= 16 else 64)  # chunks: plain tiles
     cfg = base._replace(chunk=chunk, num_stages=stages, split_k=3)  # 3 splits: a ragged last one
     y = launch(x, qweight, scales, g, bias, config=cfg)
     assert rel_error(y, reference.w4a16_matmul_ref(x, qweight, scales, g, bias)) <= TOL[dtype]
@@ -302,6 +335,22 @@ def test_gpu_fma_and_swap_full_size(dtype, m, cfg):
     assert rel_error(y, reference.w4a16_matmul_ref(x, qweight, scales, g, bias)) <= TOL[dtype]
     for _ in range(3):  # in-kernel split reduction: the same bits whichever split arrives last
         assert torch.equal(launch(x, qweight, scales, g, bias, config=cfg), y)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m", [1, 4, 16, 33, 64])
+@pytest.mark.parametrize("planes,magic", [(1, False), (2, False), (2, True)])
+def test_gpu_nibble_planes_full_size(dtype, m, planes, magic):
+    k, n, g = 4096, 4096 + 64, 128  # N a multiple of 64 only: the wrapped-column path for 128-wide tiles
+    x = torch.randn(m, k, device="cuda").to(dtype)
+    qweight, _, scales = random_int4_weight(k, n, g, device="cuda")
+    bias = torch.randn(n, device="cuda").to(dtype)
+    ref = reference.w4a16_matmul_ref(x, qweight, scales, g, bias)
+    for block_n, split in ((64, 4), (128, 3)):  # 3 splits: a ragged last one
+        cfg = TileConfig(16 if m <= 16 else 64, block_n, 128, split_k=split, num_stages=4, scale_after_dot=True,
+                         planes=planes, magic_unpack=magic)
+        assert rel_error(launch(x, qweight, scales, g, bias, config=cfg), ref) <= TOL[dtype]
 
 
 @pytest.mark.gpu
