@@ -31,7 +31,8 @@ kernel can be captured in a CUDA graph on its first call. At small M the weight 
 narrow N tiles and, where N is small, split-K keep all SMs streaming (fp32 partials summed in split
 order: by the last split of each 16-row tile to finish, in the kernel, else by a second launch;
 :func:`kernels._splitk.reduces_in_kernel`). At large M the work is int8 tensor-core bound:
-128x256x128 tiles, grouped tile order for L2 reuse, a deep software pipeline. Small layers (N * K <= ``SMALL_LAYER``, e.g.
+128x256x128 tiles loaded by TMA (:mod:`kernels.w8a8_tma`; 256x128 tiles with pointer loads where a
+tensor descriptor cannot describe the operands), grouped tile order for L2 reuse, a deep pipeline. Small layers (N * K <= ``SMALL_LAYER``, e.g.
 MiniLM's 384 / 1536) take the largest tile that still gives every SM an output tile, without split-K.
 
 The op is registered as ``torch.ops.compress_kernels.w8a8_matmul`` with a fake implementation, so
@@ -52,6 +53,7 @@ from kernels._splitk import last_split_reduces, reduces_in_kernel, split_buffers
 from kernels._tiles import SMALL_LAYER, grouped_tile, resident_split_k, split_k_for, split_k_range
 from kernels.w8a8_fused import launch_fused, quantize_int8
 from kernels.w8a8_gemv import launch_gemv
+from kernels.w8a8_tma import launch_tma, tma_ready
 
 
 GEMV_MAX_N = 264 * 64  # the one-row kernel at M = 1 while the 16x64 tile would give <= 264 programs
@@ -70,6 +72,7 @@ class TileConfig(NamedTuple):
     num_stages: int = 3
     fused: bool = False
     gemv: bool = False
+    tma: bool = False  # pre-pass path without split-K: tiles loaded through TMA descriptors (kernels.w8a8_tma)
 
 
 @triton.jit
@@ -158,6 +161,8 @@ def _w8a8_matmul_kernel(
 
 
 SMALL_M_TILE = TileConfig(16, 64, 256, split_k=1, num_warps=4, num_stages=5)  # 2 <= M <= 16
+LARGE_M_TMA_TILE = TileConfig(128, 256, 128, num_warps=8, num_stages=4, tma=True)  # M > 256 (192 KB of shared memory)
+LARGE_M_TILE = TileConfig(256, 128, 128, num_warps=8, num_stages=3)  # M > 256 where TMA cannot run
 TARGET_TILES = 132  # one program per SM of an H100 / H200
 SMALL_LAYER_TILES = (  # largest first; the first giving TARGET_TILES output tiles wins, else the last
     TileConfig(128, 128, 128, num_warps=8, num_stages=3),
@@ -196,8 +201,8 @@ def pick_config(m: int, n: int, k: int) -> TileConfig:
         cfg = TileConfig(32, 64, 256, num_warps=4, num_stages=4)
     elif m <= 256:
         cfg = TileConfig(128, 128, 128, num_warps=8, num_stages=4)
-    else:
-        cfg = TileConfig(256, 128, 128, num_warps=8, num_stages=3)
+    else:  # H100, M = 2048 / 8192: 1.2-1.5x faster than LARGE_M_TILE with pointer loads (docs/kernels-notes.md)
+        cfg = LARGE_M_TMA_TILE
     return cfg._replace(split_k=split_k_for(m, n, k, cfg))
 
 
@@ -278,6 +283,10 @@ def launch_gemm(xq, s_x, w_q, w_scale, bias, cfg: TileConfig, y) -> torch.Tensor
     """The GEMM of the pre-pass path on quantized ``xq`` (M, K) int8 and ``s_x`` (M,) into ``y`` (M, N)."""
     m, k = xq.shape
     n = w_q.shape[0]
+    if cfg.tma:
+        if cfg.split_k == 1 and tma_ready(xq, w_q):
+            return launch_tma(xq, s_x, w_q, w_scale, bias, cfg, y)
+        cfg = LARGE_M_TILE._replace(split_k=split_k_for(m, n, k, LARGE_M_TILE))  # the pointer kernel's tiles
     use_pdl = pdl_enabled(xq.device, w8a8_pair=True)
     grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n), cfg.split_k)
     in_kernel = reduces_in_kernel(cfg.split_k, cfg.block_m)  # else a second launch sums the K splits

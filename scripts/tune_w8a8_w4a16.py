@@ -24,6 +24,8 @@ vs plain unpack) against the previous default; ``--methods fp16,w4a16,int4pk`` l
 ``--sweep decode`` times W8A8 / W4A16 alternatives at the decode benchmark's fused layer shapes
 (q/k/v 4096x12288, gate/up 4096x22016, o 4096x4096, down 11008x4096) at M = 1 and 8, tinygemm alongside.
 ``--sweep split16`` times W8A8 16-row tiles with K splits (summed in the kernel) at M = 4 and 16.
+``--sweep tma`` times the W8A8 large-M GEMM with TMA tile loads (``kernels/w8a8_tma.py``) in several tiles
+against the current pick (pointer loads), quantize pass included, at M = 2048 and 8192.
 ``--sweep planes`` times the W4A16 tiled kernel with the K tile taken as 8 nibble planes (packed words
 loaded straight into the dot operand, no unpacked tile in shared memory) against the current pick.
 """
@@ -462,6 +464,31 @@ def sweep_planes(deadline, out_dir, meta):
                        out_dir, "planes_sweep", meta)
 
 
+TMA_CELLS = [((4096, 4096), 2048), ((4096, 11008), 2048), ((11008, 4096), 2048), ((8192, 8192), 2048),
+             ((4096, 4096), 8192), ((8192, 28672), 2048), ((4096, 11008), 8192), ((11008, 4096), 8192),
+             ((8192, 8192), 8192), ((8192, 28672), 8192)]
+
+
+def tma_variants(m, n, k):
+    """W8A8 large-M tiles with TMA loads (tiles x warps x stages), next to the current pick."""
+    T8 = w8.TileConfig
+    tiles = [T8(128, 256, 128, num_warps=8, num_stages=3), T8(128, 256, 128, num_warps=8, num_stages=4),
+             T8(256, 128, 128, num_warps=8, num_stages=3), T8(256, 128, 128, num_warps=8, num_stages=4),
+             T8(128, 128, 128, num_warps=8, num_stages=4), T8(128, 128, 128, num_warps=4, num_stages=5),
+             T8(128, 256, 64, num_warps=8, num_stages=5), T8(256, 128, 64, num_warps=8, num_stages=5),
+             T8(128, 256, 128, num_warps=8, num_stages=3, group_m=16), T8(256, 256, 64, num_warps=8, num_stages=3)]
+    return [("current", w8.pick_config(m, n, k))] + [("tma", t._replace(tma=True)) for t in tiles]
+
+
+def sweep_tma(deadline, out_dir, meta):
+    """Time ``tma_variants`` and cuBLAS fp16 at ``TMA_CELLS``; rewrite the result files after every cell."""
+    def time_cell(k, n, m, wsets, xs, fp16_us):
+        return time_variants("w8a8", w8.launch, tma_variants(m, n, k), w8_args(xs, wsets),
+                             dict(k=k, n=n, m=m, r=len(wsets), fp16_us=fp16_us))
+
+    return sweep_cells(TMA_CELLS, deadline, w8_weights, time_cell, out_dir, "tma_sweep", meta)
+
+
 def split16_variants(m, n, k):
     """W8A8 16-row tiles with K splits, next to the current pick (no split at M <= 16). Since the
     16-row tiles sum their K splits in the kernel (``kernels._splitk.reduces_in_kernel``), a split
@@ -548,7 +575,8 @@ def sweep_markdown(rows) -> str:
         c = r["cfg"]
         desc = f"{c['block_m']}x{c['block_n']}x{c['block_k']} sk{c['split_k']} w{c['num_warps']} s{c['num_stages']}"
         if r["kernel"] == "w8a8" and "label" in r:
-            desc = f"{r['label']}: {desc}{' fused' if c.get('fused') else ''}{' gemv' if c.get('gemv') else ''}"
+            desc = (f"{r['label']}: {desc} g{c['group_m']}{' fused' if c.get('fused') else ''}"
+                    f"{' gemv' if c.get('gemv') else ''}{' tma' if c.get('tma') else ''}")
         if r["kernel"] == "w4a16" and c["path"] == "skinny":
             desc += f" skinny asm{int(c['asm_unpack'])}"
         elif r["kernel"] == "w4a16":
@@ -567,7 +595,7 @@ def sweep_markdown(rows) -> str:
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
-    parser.add_argument("--sweep", nargs="?", const="all", choices=["all", "skinny", "chunk", "fused", "small", "decode", "split16", "planes"], default=None)
+    parser.add_argument("--sweep", nargs="?", const="all", choices=["all", "skinny", "chunk", "fused", "small", "decode", "split16", "planes", "tma"], default=None)
     parser.add_argument("--deadline-epoch", type=float, default=None, help="absolute stop time (overrides budgets)")
     parser.add_argument("--methods", default=",".join(METHODS), help="table columns to time, e.g. fp16,w4a16,int4pk")
     parser.add_argument("--no-table", action="store_true")
@@ -618,6 +646,8 @@ def main():
             rows = sweep_split16(sweep_deadline, args.out, meta)
         elif args.sweep == "planes":
             rows = sweep_planes(sweep_deadline, args.out, meta)
+        elif args.sweep == "tma":
+            rows = sweep_tma(sweep_deadline, args.out, meta)
         elif args.sweep == "skinny":
             rows = sweep_skinny(sweep_deadline)
         else:

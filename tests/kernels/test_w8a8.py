@@ -109,10 +109,34 @@ def test_split_k_path(k):
     assert rel_error(y, reference.w8a8_matmul_ref(x, w_q, w_scale, bias)) <= TOL[torch.float16]
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m,k,n,with_bias", [(5, 64, 48, True), (70, 160, 96, False), (33, 96, 40, True)])
+def test_tma_tiles_equal_the_pointer_kernel(dtype, m, k, n, with_bias):
+    x = torch.randn(m, k, device=DEVICE).to(dtype)  # M, N, K not tile multiples: the boxes zero-fill
+    w_q, w_scale = random_int8_weight(n, k, DEVICE)
+    bias = torch.randn(n, device=DEVICE).to(dtype) if with_bias else None
+    cfg = TileConfig(32, 32, 64, num_warps=4, num_stages=3)
+    plain = launch(x, w_q, w_scale, bias, config=cfg)
+    tma = launch(x, w_q, w_scale, bias, config=cfg._replace(tma=True))
+    assert torch.equal(tma, plain)  # the same exact integers and the same epilogue
+    assert rel_error(tma, reference.w8a8_matmul_ref(x, w_q, w_scale, bias)) <= TOL[dtype]
+
+
+def test_tma_falls_back_when_rows_are_not_16_byte_aligned():
+    from kernels.w8a8_tma import tma_ready
+
+    m, k, n = 4, 72, 24  # K = 72: an int8 row stride of 72 bytes, not a multiple of 16
+    x = torch.randn(m, k, device=DEVICE).half()
+    w_q, w_scale = random_int8_weight(n, k, DEVICE)
+    assert not tma_ready(torch.empty(m, k, dtype=torch.int8), w_q.cpu())
+    y = launch(x, w_q, w_scale, config=TileConfig(16, 32, 64, tma=True))
+    assert rel_error(y, reference.w8a8_matmul_ref(x, w_q, w_scale)) <= TOL[torch.float16]
+
+
 def test_pick_config_buckets():
     small, large = pick_config(1, 4096, 4096), pick_config(4096, 4096, 4096)
     assert small.block_m <= 16 and small.split_k >= 1
-    assert large.block_m >= 128 and large.split_k == 1
+    assert large.block_m >= 128 and large.split_k == 1 and large.tma  # TMA tile loads from M = 257
 
 
 def test_pick_config_paths():
@@ -387,6 +411,20 @@ def test_gpu_gemv(dtype, m, k, n):
     split = launch(x, w_q, w_scale, bias, config=gemv_config(m, n, k))
     tol = {torch.float16: 1e-3, torch.bfloat16: 4e-3}[dtype]
     assert rel_error(split, reference.w8a8_matmul_ref(x, w_q, w_scale, bias)) <= tol
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m,k,n", [(2048, 4096, 4096), (300, 4096, 11008 + 16), (8192, 1024, 1024)])
+@pytest.mark.parametrize("cfg", [TileConfig(128, 256, 128, num_warps=8, num_stages=3, tma=True),
+                                 TileConfig(256, 128, 128, num_warps=8, num_stages=4, tma=True)])
+def test_gpu_tma_tiles_equal_the_pointer_kernel(dtype, m, k, n, cfg):
+    x = torch.randn(m, k, device="cuda").to(dtype)
+    w_q, w_scale = random_int8_weight(n, k, "cuda")
+    bias = torch.randn(n, device="cuda").to(dtype)
+    tma = launch(x, w_q, w_scale, bias, config=cfg)
+    assert torch.equal(tma, launch(x, w_q, w_scale, bias, config=cfg._replace(tma=False)))
+    assert rel_error(tma, reference.w8a8_matmul_ref(x, w_q, w_scale, bias)) <= {torch.float16: 1e-3, torch.bfloat16: 4e-3}[dtype]
 
 
 @pytest.mark.gpu

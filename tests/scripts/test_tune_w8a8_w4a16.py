@@ -94,3 +94,11 @@ def test_planes_variants_time_nibble_planes_next_to_the_current_pick(m):
     assert {cfg.asm_unpack for cfg in planes} == {True, False}
     assert all(cfg.block_k >= 128 and cfg.scale_after_dot and cfg.split_k >= 1 for cfg in planes)
     assert {cfg.block_m for cfg in planes} == ({16} if m <= 16 else {16, 32, 64})
+
+
+def test_tma_variants_time_tma_tiles_next_to_the_current_pick():
+    variants = tune.tma_variants(2048, 4096, 4096)
+    assert variants[0] == ("current", tune.w8.pick_config(2048, 4096, 4096))
+    tiles = [cfg for label, cfg in variants if label == "tma"]
+    assert len(tiles) >= 8 and all(cfg.tma and cfg.split_k == 1 for cfg in tiles)
+    assert all(m >= 2048 for _, m in tune.TMA_CELLS)
