@@ -10,9 +10,10 @@ Math (the contract of ``kernels.reference.w8a8_matmul_ref``), with ``x`` (M, K) 
 
 Two paths, the same integers and the same output bits:
 
-* pre-pass (the default): ``_quantize_rows_kernel`` (one program per row: absmax pass, then quantize
-  pass) writes ``xq`` (M, K) int8 and ``s_x`` (M,) fp32; ``_w8a8_matmul_kernel`` multiplies with
-  ``tl.dot(..., out_dtype=int32)`` and dequantizes in its epilogue.
+* pre-pass (the default): ``_quantize_rows_kernel`` (one program per row: the whole row in registers
+  up to K = 4096, else an absmax pass then a quantize pass) writes ``xq`` (M, K) int8 and ``s_x``
+  (M,) fp32; ``_w8a8_matmul_kernel`` multiplies with ``tl.dot(..., out_dtype=int32)`` and dequantizes
+  in its epilogue.
 * fused (opt-in, ``TileConfig(fused=True)``, :mod:`kernels.w8a8_fused`): one launch; each GEMM
   program computes its rows' scales and quantizes its x tiles in registers. It saves a launch, but
   every N tile redoes the quantization, and on an H200 that cost more than the launch at every shape
@@ -79,7 +80,8 @@ class TileConfig(NamedTuple):
 def _quantize_rows_kernel(
     x_ptr, xq_ptr, sx_ptr, static_ptr,  # x (M, K), xq (M, K) int8 contiguous, s_x (M,) fp32, static scale
     K, stride_xm, stride_xk,
-    STATIC: tl.constexpr, STATIC_PER_ROW: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr,
+    STATIC: tl.constexpr, STATIC_PER_ROW: tl.constexpr, BLOCK_K: tl.constexpr, ONE_PASS: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     wait_for_inputs(USE_PDL)  # x comes from the kernel before
     row = tl.program_id(0)
@@ -90,19 +92,28 @@ def _quantize_rows_kernel(
             scale = tl.load(static_ptr + row)
         else:
             scale = tl.load(static_ptr)
-    else:
-        absmax = tl.zeros((BLOCK_K,), dtype=tl.float32)
+    if ONE_PASS:  # the whole row (K <= BLOCK_K) in registers: x is read once
+        row_mask = offs < K
+        row_vals = tl.load(x_row + offs * stride_xk, mask=row_mask, other=0.0).to(tl.float32)
+        if not STATIC:
+            scale = tl.math.div_rn(tl.max(tl.abs(row_vals), axis=0), 127.0)
+        scale = tl.where(scale == 0.0, 1.0, scale)
+        tl.store(sx_ptr + row, scale)
+        tl.store(xq_ptr + row.to(tl.int64) * K + offs, quantize_int8(row_vals, scale), mask=row_mask)
+    else:  # an absmax pass, then a quantize pass, BLOCK_K at a time
+        if not STATIC:
+            absmax = tl.zeros((BLOCK_K,), dtype=tl.float32)
+            for k0 in range(0, K, BLOCK_K):
+                v = tl.load(x_row + (k0 + offs) * stride_xk, mask=k0 + offs < K, other=0.0)
+                absmax = tl.maximum(absmax, tl.abs(v.to(tl.float32)))
+            scale = tl.math.div_rn(tl.max(absmax, axis=0), 127.0)
+        scale = tl.where(scale == 0.0, 1.0, scale)
+        tl.store(sx_ptr + row, scale)
+        xq_row = xq_ptr + row.to(tl.int64) * K
         for k0 in range(0, K, BLOCK_K):
-            v = tl.load(x_row + (k0 + offs) * stride_xk, mask=k0 + offs < K, other=0.0)
-            absmax = tl.maximum(absmax, tl.abs(v.to(tl.float32)))
-        scale = tl.math.div_rn(tl.max(absmax, axis=0), 127.0)
-    scale = tl.where(scale == 0.0, 1.0, scale)
-    tl.store(sx_ptr + row, scale)
-    xq_row = xq_ptr + row.to(tl.int64) * K
-    for k0 in range(0, K, BLOCK_K):
-        mask = k0 + offs < K
-        v = tl.load(x_row + (k0 + offs) * stride_xk, mask=mask, other=0.0).to(tl.float32)
-        tl.store(xq_row + k0 + offs, quantize_int8(v, scale), mask=mask)
+            mask = k0 + offs < K
+            v = tl.load(x_row + (k0 + offs) * stride_xk, mask=mask, other=0.0).to(tl.float32)
+            tl.store(xq_row + k0 + offs, quantize_int8(v, scale), mask=mask)
     # the GEMM may launch now (it waits for this kernel before reading xq); at the kernel's start this
     # made batch 8 of a MiniLM-size model slower (kernels/_pdl.py)
     let_dependents_launch(USE_PDL)
@@ -239,20 +250,31 @@ def check_x_scale(x, x_scale) -> None:
         raise ValueError(f"x_scale: expected a scalar or shape ({m},) (one per token), got {tuple(x_scale.shape)}")
 
 
-def quantize_rows(x2: torch.Tensor, x_scale: torch.Tensor | None = None):
-    """Triton per-token quantization of ``x2`` (M, K): ``(xq int8 (M, K), s_x fp32 (M,))``."""
+ONE_PASS_MAX_K = 16384  # the longest row one program can hold in registers
+ONE_PASS_DEFAULT_K = 4096  # rows up to this long are read once by default (H100: 4096x4096 M = 8192 quantize
+# pass 47.8 -> 35.7 us; at K = 11008, padded to 16384, one pass was slower: 40.2 -> 56.1 us at M = 2048)
+
+
+def quantize_rows(x2: torch.Tensor, x_scale: torch.Tensor | None = None, one_pass: bool | None = None):
+    """Triton per-token quantization of ``x2`` (M, K): ``(xq int8 (M, K), s_x fp32 (M,))``.
+
+    ``one_pass`` (default: K <= ``ONE_PASS_DEFAULT_K``; never above ``ONE_PASS_MAX_K``): one program
+    holds its whole row and reads x once; otherwise it reads the row twice in 2048-wide blocks (absmax
+    pass, quantize pass). Same integers."""
     m, k = x2.shape
     xq = torch.empty((m, k), dtype=torch.int8, device=x2.device)
     s_x = torch.empty((m,), dtype=torch.float32, device=x2.device)
     if m == 0:
         return xq, s_x
     static = x_scale.reshape(-1).contiguous() if x_scale is not None else s_x
-    block_k = min(triton.next_power_of_2(k), 2048)
+    one_pass = (k <= ONE_PASS_DEFAULT_K if one_pass is None else one_pass) and k <= ONE_PASS_MAX_K
+    block_k = triton.next_power_of_2(k) if one_pass else min(triton.next_power_of_2(k), 2048)
     use_pdl = pdl_enabled(x2.device, w8a8_pair=True)
     _quantize_rows_kernel[(m,)](
         x2, xq, s_x, static, k, x2.stride(0), x2.stride(1),
         STATIC=x_scale is not None, STATIC_PER_ROW=x_scale is not None and x_scale.numel() > 1,
-        BLOCK_K=block_k, USE_PDL=use_pdl, num_warps=4 if block_k <= 1024 else 8, **launch_options(use_pdl),
+        BLOCK_K=block_k, ONE_PASS=one_pass, USE_PDL=use_pdl,
+        num_warps=4 if block_k <= 1024 else (8 if block_k <= 4096 else 16), **launch_options(use_pdl),
     )
     return xq, s_x
 

@@ -26,6 +26,8 @@ vs plain unpack) against the previous default; ``--methods fp16,w4a16,int4pk`` l
 ``--sweep split16`` times W8A8 16-row tiles with K splits (summed in the kernel) at M = 4 and 16.
 ``--sweep tma`` times the W8A8 large-M GEMM with TMA tile loads (``kernels/w8a8_tma.py``) in several tiles
 against the current pick (pointer loads), quantize pass included, at M = 2048 and 8192.
+``--sweep quant`` times W8A8's per-token quantize pass reading x once (whole rows in registers) against
+the two-pass version, alone and with the GEMM after it, at M = 16 to 8192.
 ``--sweep planes`` times the W4A16 tiled kernel with the K tile taken as 8 nibble planes (packed words
 loaded straight into the dot operand, no unpacked tile in shared memory) against the current pick.
 """
@@ -489,6 +491,29 @@ def sweep_tma(deadline, out_dir, meta):
     return sweep_cells(TMA_CELLS, deadline, w8_weights, time_cell, out_dir, "tma_sweep", meta)
 
 
+QUANT_CELLS = [((4096, 4096), 2048), ((4096, 11008), 2048), ((11008, 4096), 2048), ((4096, 4096), 8192),
+               ((11008, 4096), 8192), ((4096, 4096), 16), ((8192, 8192), 64), ((1536, 384), 2048)]
+
+
+def sweep_quant(deadline, out_dir, meta):
+    """One- vs two-pass quantization (``kernels.w8a8.quantize_rows``), alone and followed by the GEMM."""
+    def time_cell(k, n, m, wsets, xs, fp16_us):
+        rows = []
+        for one_pass in (False, True):
+            cfg = w8.TileConfig(0, 0, 0)  # placeholder: the row records the pass, not a tile
+            quant = time_graph(lambda x: w8.quantize_rows(x, None, one_pass), [(x,) for x in xs])
+            full = time_graph(lambda x, w: w8.launch_gemm(*w8.quantize_rows(x, None, one_pass), w["w_q"], w["w_scale"],
+                                                          None, w8.pick_config(m, n, k),
+                                                          torch.empty(m, n, dtype=x.dtype, device=x.device)),
+                              list(zip(xs, wsets)))
+            rows.append(dict(k=k, n=n, m=m, r=len(wsets), fp16_us=fp16_us, kernel="w8a8", cfg=cfg._asdict(),
+                             label=f"{'one' if one_pass else 'two'}-pass quantize {quant:.1f} us; with GEMM",
+                             us=full))
+        return rows
+
+    return sweep_cells(QUANT_CELLS, deadline, w8_weights, time_cell, out_dir, "quant_sweep", meta)
+
+
 def split16_variants(m, n, k):
     """W8A8 16-row tiles with K splits, next to the current pick (no split at M <= 16). Since the
     16-row tiles sum their K splits in the kernel (``kernels._splitk.reduces_in_kernel``), a split
@@ -595,7 +620,7 @@ def sweep_markdown(rows) -> str:
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
-    parser.add_argument("--sweep", nargs="?", const="all", choices=["all", "skinny", "chunk", "fused", "small", "decode", "split16", "planes", "tma"], default=None)
+    parser.add_argument("--sweep", nargs="?", const="all", choices=["all", "skinny", "chunk", "fused", "small", "decode", "split16", "planes", "tma", "quant"], default=None)
     parser.add_argument("--deadline-epoch", type=float, default=None, help="absolute stop time (overrides budgets)")
     parser.add_argument("--methods", default=",".join(METHODS), help="table columns to time, e.g. fp16,w4a16,int4pk")
     parser.add_argument("--no-table", action="store_true")
@@ -648,6 +673,8 @@ def main():
             rows = sweep_planes(sweep_deadline, args.out, meta)
         elif args.sweep == "tma":
             rows = sweep_tma(sweep_deadline, args.out, meta)
+        elif args.sweep == "quant":
+            rows = sweep_quant(sweep_deadline, args.out, meta)
         elif args.sweep == "skinny":
             rows = sweep_skinny(sweep_deadline)
         else:

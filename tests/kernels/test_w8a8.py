@@ -42,6 +42,20 @@ def test_quantized_integers_match_reference(dtype):
     assert torch.equal(s_x, ref_s)
 
 
+@pytest.mark.parametrize("k", [96, 1000, 5000])  # 5000 > 2048: three blocks per pass in the two-pass kernel
+@pytest.mark.parametrize("static", [None, "scalar", "per_row"])
+def test_one_pass_and_two_pass_quantization_agree(k, static):
+    m = 3
+    x = torch.randn(m, k, device=DEVICE).half() * 4
+    x[1] = 0.0  # an all-zero row: scale 1, zeros
+    x_scale = {None: None, "scalar": torch.tensor([0.05], device=DEVICE),
+               "per_row": torch.tensor([0.03, 0.5, 0.07], device=DEVICE)}[static]
+    one, two = quantize_rows(x, x_scale, one_pass=True), quantize_rows(x, x_scale, one_pass=False)
+    assert torch.equal(one[0], two[0]) and torch.equal(one[1], two[1])
+    ref_q, ref_s = reference.quantize_per_token(x, x_scale)
+    assert torch.equal(one[0], ref_q) and torch.equal(one[1], ref_s.reshape(-1).expand(m))
+
+
 def test_rounding_is_half_to_even():
     # absmax 127 -> scale exactly 1, so x / s_x = x and the ties below are exact
     x = torch.tensor([[127.0, 0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 3.49, -126.5]], device=DEVICE).half()
