@@ -13,6 +13,8 @@
   latency with many resident programs rather than with deep pipelines.
 * :func:`prefetch_split_k` (host side): the K split for the one-row W4A16 kernel, which loads one
   tile ahead, so a program wants a run of K tiles and the split needs fewer programs.
+* :func:`split8`: a tensor whose last three dims are (2, 2, 2) -> its 8 slices in index order (the
+  8 nibble positions of a packed int4 word, for the x operand of the W4A16 kernels).
 * ``SMALL_LAYER`` (host side): layers with N * K up to this (e.g. MiniLM's 384 / 1536) sit in L2 and
   get their own tiles in the W8A8 and W4A16 launchers (no split-K where its reduce costs more).
 """
@@ -101,3 +103,17 @@ def prefetch_split_k(m: int, n: int, k: int, cfg, min_programs: int = 512, max_s
     while triton.cdiv(k, split) > max_split_channels and can_double(split):
         split *= 2
     return split
+
+
+@triton.jit
+def split8(t):
+    """A tensor whose last three dims are (2, 2, 2), index j = 4a + 2b + c, -> its 8 slices j = 0..7
+    (split off c, then b, then a)."""
+    c0, c1 = tl.split(t)
+    b00, b01 = tl.split(c0)  # (b, c) = (0, 0), (1, 0)
+    b10, b11 = tl.split(c1)  # (0, 1), (1, 1)
+    s0, s4 = tl.split(b00)
+    s2, s6 = tl.split(b01)
+    s1, s5 = tl.split(b10)
+    s3, s7 = tl.split(b11)
+    return s0, s1, s2, s3, s4, s5, s6, s7

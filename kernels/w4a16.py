@@ -58,7 +58,8 @@ import triton.language as tl
 
 from kernels._checks import interpreting, check_activation, check_bias, check_same_device, check_shape, check_tensor
 from kernels._splitk import last_split_reduces, reduces_in_kernel, split_buffers, splitk_reduce
-from kernels._tiles import SMALL_LAYER, grouped_tile, prefetch_split_k, split_k_for, split_k_range, weight_columns
+from kernels._tiles import (SMALL_LAYER, grouped_tile, prefetch_split_k, split8, split_k_for, split_k_range,
+                            weight_columns)
 from kernels.w4a16_fma import launch_fma
 from kernels.w4a16_gemv import launch_skinny, nibble_planes_asm
 from kernels.w4a16_swap import launch_swap
@@ -116,9 +117,9 @@ def _unpack_int4(packed, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr, DTYPE: tl
 
 
 @triton.jit
-def _unpack_int4_rows(packed, offs_k, DTYPE: tl.constexpr, MAGIC: tl.constexpr):
-    """(BLOCK_K, BLOCK_N) int32, row k holding packed word k // 8 -> its nibble k % 8, in DTYPE, exactly."""
-    shift = ((offs_k % 8) * 4)[:, None]
+def _nibble_values(packed, shift, DTYPE: tl.constexpr, MAGIC: tl.constexpr):
+    """The nibble at bit ``shift`` of each int32 of ``packed`` (``shift`` a constant or a tensor that
+    broadcasts) as exact signed values in DTYPE: elementwise, so any layout stays as it is."""
     if MAGIC:
         nib = ((packed >> shift) & 0xF) ^ 0x8  # q + 8 in 0..15
         if DTYPE == tl.float16:
@@ -130,6 +131,12 @@ def _unpack_int4_rows(packed, offs_k, DTYPE: tl.constexpr, MAGIC: tl.constexpr):
     else:
         w = ((packed << (28 - shift)) >> 28).to(DTYPE)
     return w
+
+
+@triton.jit
+def _unpack_int4_rows(packed, offs_k, DTYPE: tl.constexpr, MAGIC: tl.constexpr):
+    """(BLOCK_K, BLOCK_N) int32, row k holding packed word k // 8 -> its nibble k % 8, in DTYPE, exactly."""
+    return _nibble_values(packed, ((offs_k % 8) * 4)[:, None], DTYPE, MAGIC)
 
 
 @triton.jit
@@ -165,31 +172,7 @@ def _x_planes(x_ptrs, kt, k_last, offs_k, EVEN_K: tl.constexpr, BLOCK_M: tl.cons
         a = tl.load(x_ptrs)
     else:
         a = tl.load(x_ptrs, mask=(kt + offs_k)[None, :] < k_last, other=0.0)
-    a = tl.reshape(a, (BLOCK_M, BLOCK_K // 8, 2, 2, 2))
-    c0, c1 = tl.split(a)
-    b00, b01 = tl.split(c0)  # (b, c) = (0, 0), (1, 0)
-    b10, b11 = tl.split(c1)
-    p0, p4 = tl.split(b00)
-    p2, p6 = tl.split(b01)
-    p1, p5 = tl.split(b10)
-    p3, p7 = tl.split(b11)
-    return p0, p1, p2, p3, p4, p5, p6, p7
-
-
-@triton.jit
-def _plane_weight(packed, j: tl.constexpr, DTYPE: tl.constexpr, MAGIC_UNPACK: tl.constexpr):
-    """Nibble j of every word of the (BK/8, BN) packed tile as exact values in DTYPE (elementwise)."""
-    if MAGIC_UNPACK:
-        nib = ((packed >> (4 * j)) & 0xF) ^ 0x8  # q + 8 in 0..15
-        if DTYPE == tl.float16:
-            w = (nib | 0x6400).to(tl.int16).to(tl.float16, bitcast=True) - 1032.0
-        elif DTYPE == tl.bfloat16:
-            w = (nib | 0x4300).to(tl.int16).to(tl.bfloat16, bitcast=True) - 136.0
-        else:
-            w = (nib | 0x4300).to(tl.int16).to(tl.bfloat16, bitcast=True).to(tl.float32) - 136.0
-    else:
-        w = ((packed << (28 - 4 * j)) >> 28).to(DTYPE)
-    return w
+    return split8(tl.reshape(a, (BLOCK_M, BLOCK_K // 8, 2, 2, 2)))
 
 
 @triton.jit
@@ -214,14 +197,14 @@ def _plane_tile_product(acc, x_ptrs, packed, scale, offs_k, kt, k_last, stride_x
     if ASM_UNPACK:
         w0, w1, w2, w3, w4, w5, w6, w7 = nibble_planes_asm(packed, x_dtype)
     else:
-        w0 = _plane_weight(packed, 0, x_dtype, MAGIC_UNPACK)
-        w1 = _plane_weight(packed, 1, x_dtype, MAGIC_UNPACK)
-        w2 = _plane_weight(packed, 2, x_dtype, MAGIC_UNPACK)
-        w3 = _plane_weight(packed, 3, x_dtype, MAGIC_UNPACK)
-        w4 = _plane_weight(packed, 4, x_dtype, MAGIC_UNPACK)
-        w5 = _plane_weight(packed, 5, x_dtype, MAGIC_UNPACK)
-        w6 = _plane_weight(packed, 6, x_dtype, MAGIC_UNPACK)
-        w7 = _plane_weight(packed, 7, x_dtype, MAGIC_UNPACK)
+        w0 = _nibble_values(packed, 0, x_dtype, MAGIC_UNPACK)
+        w1 = _nibble_values(packed, 4, x_dtype, MAGIC_UNPACK)
+        w2 = _nibble_values(packed, 8, x_dtype, MAGIC_UNPACK)
+        w3 = _nibble_values(packed, 12, x_dtype, MAGIC_UNPACK)
+        w4 = _nibble_values(packed, 16, x_dtype, MAGIC_UNPACK)
+        w5 = _nibble_values(packed, 20, x_dtype, MAGIC_UNPACK)
+        w6 = _nibble_values(packed, 24, x_dtype, MAGIC_UNPACK)
+        w7 = _nibble_values(packed, 28, x_dtype, MAGIC_UNPACK)
     if PLANES == 2:
         a0, a1, a2, a3, a4, a5, a6, a7 = _x_planes(x_ptrs, kt, k_last, offs_k, EVEN_K, BLOCK_M, BLOCK_K)
     else:

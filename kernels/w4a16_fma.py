@@ -43,7 +43,7 @@ import triton.language as tl
 
 from kernels._pdl import launch_options, let_dependents_launch, pdl_enabled, wait_for_inputs
 from kernels._splitk import last_split_buffers, last_split_reduces
-from kernels._tiles import split_k_range, weight_columns
+from kernels._tiles import split8, split_k_range, weight_columns
 
 
 @triton.jit
@@ -70,14 +70,7 @@ def _load_tile(q_ptrs, x_ptrs, s_ptrs, kt, k_last, K, offs_r, offs_j, stride_qk,
 @triton.jit
 def _nibble_columns(xt, ROWS: tl.constexpr):
     """The 8 columns of ``xt`` (ROWS, 8) as (ROWS,) tensors, j = 0..7."""
-    e, o = tl.split(tl.reshape(xt, (ROWS, 2, 2, 2)))  # j = 4a + 2b + c: c = 0 / 1
-    e0, e1 = tl.split(e)  # (c=0, b=0): j in {0, 4}; (c=0, b=1): {2, 6}
-    o0, o1 = tl.split(o)  # (c=1, b=0): {1, 5}; (c=1, b=1): {3, 7}
-    x0, x4 = tl.split(e0)
-    x2, x6 = tl.split(e1)
-    x1, x5 = tl.split(o0)
-    x3, x7 = tl.split(o1)
-    return x0, x1, x2, x3, x4, x5, x6, x7
+    return split8(tl.reshape(xt, (ROWS, 2, 2, 2)))
 
 
 @triton.jit

@@ -82,7 +82,11 @@ def test_every_kernel_variant(dtype, cfg):
     ],
 )
 def test_small_m_paths(dtype, m, n, g, cfg):
-    k = 192
+    check_config_against_reference(dtype, m, 192, n, g, cfg)
+
+
+def check_config_against_reference(dtype, m, k, n, g, cfg):
+    """``launch`` with ``cfg`` on random inputs (a bias for odd M) against the reference."""
     x = torch.randn(m, k, device=DEVICE).to(dtype)
     qweight, _, scales = random_int4_weight(k, n, g, device=DEVICE)
     bias = torch.randn(n, device=DEVICE).to(dtype) if m % 2 else None
@@ -105,13 +109,7 @@ def test_small_m_paths(dtype, m, n, g, cfg):
     ],
 )
 def test_nibble_planes_match_reference(dtype, m, k, g, cfg):
-    n = 80
-    x = torch.randn(m, k, device=DEVICE).to(dtype)
-    qweight, _, scales = random_int4_weight(k, n, g, device=DEVICE)
-    bias = torch.randn(n, device=DEVICE).to(dtype) if m % 2 else None
-    y = launch(x, qweight, scales, g, bias, config=cfg)
-    assert y.shape == (m, n) and y.dtype == dtype
-    assert rel_error(y, reference.w4a16_matmul_ref(x, qweight, scales, g, bias)) <= TOL[dtype]
+    check_config_against_reference(dtype, m, k, 80, g, cfg)
 
 
 def test_nibble_planes_reject_tiles_shallower_than_one_dot():
