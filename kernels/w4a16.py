@@ -354,7 +354,7 @@ def pick_config(m: int, n: int, k: int, group_size: int) -> TileConfig:
     """Tile shape by M bucket; BLOCK_K never crosses a scale group."""
     if m >= DEQUANT_MIN_M:
         return TileConfig(0, 0, 0, path="dequant")
-    if m <= FMA_MAX_M and n * k >= FMA_MIN_WEIGHTS:  # H200: 1.3-1.9x fp16 at M = 1 where the tensor-core kernels gave ~1.0x (kernels-notes)
+    if m <= FMA_MAX_M and n * k >= FMA_MIN_WEIGHTS:  # H100: 2.2-3.0x fp16 at M = 1 (docs/kernels-notes.md)
         cfg = TileConfig(1, 64, 128 if group_size == k else min(128, group_size), num_warps=4, num_stages=3, path="fma")
         return cfg._replace(split_k=prefetch_split_k(m, n, k, cfg))
     if m <= 64 and k <= SHORT_K and n * k <= SMALL_LAYER:

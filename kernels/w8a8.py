@@ -33,8 +33,9 @@ narrow N tiles and, where N is small, split-K keep all SMs streaming (fp32 parti
 order: by the last split of each 16-row tile to finish, in the kernel, else by a second launch;
 :func:`kernels._splitk.reduces_in_kernel`). At large M the work is int8 tensor-core bound:
 128x256x128 tiles loaded by TMA (:mod:`kernels.w8a8_tma`; 256x128 tiles with pointer loads where a
-tensor descriptor cannot describe the operands), grouped tile order for L2 reuse, a deep pipeline. Small layers (N * K <= ``SMALL_LAYER``, e.g.
-MiniLM's 384 / 1536) take the largest tile that still gives every SM an output tile, without split-K.
+tensor descriptor cannot describe the operands), grouped tile order for L2 reuse, a deep pipeline.
+Small layers (N * K <= ``SMALL_LAYER``, e.g. MiniLM's 384 / 1536) take the largest tile that still
+gives every SM an output tile, without split-K.
 
 The op is registered as ``torch.ops.compress_kernels.w8a8_matmul`` with a fake implementation, so
 callers compile under ``torch.compile`` and capture in CUDA graphs; ``w8a8_matmul`` calls it.

@@ -441,12 +441,13 @@ def planes_variants(m, n, k):
     tiles = [base, base._replace(num_warps=2), base._replace(num_warps=1),
              base._replace(block_n=128, num_stages=4), base._replace(block_n=128, asm_unpack=False, magic_unpack=True),
              base._replace(block_n=128, num_warps=2), base._replace(block_n=128, num_warps=2, num_stages=4),
-             base._replace(block_n=128, num_warps=1), base._replace(block_n=256), base._replace(block_n=256, num_warps=2),
+             base._replace(block_n=128, num_warps=1), base._replace(block_n=256),
+             base._replace(block_n=256, num_warps=2),
              base._replace(block_n=512), base._replace(block_n=256, num_warps=2, num_stages=4)]
     if m > 16:
         tiles += [t._replace(block_m=bm) for bm in (32, 64) for t in (base, base._replace(block_n=128))]
     balanced = [t._replace(split_k=w4._balanced_split_k(m, n, k, t)) for t in tiles]
-    doubled = [balanced[5]._replace(split_k=2 * balanced[5].split_k), balanced[8]._replace(split_k=2 * balanced[8].split_k)]
+    doubled = [balanced[i]._replace(split_k=2 * balanced[i].split_k) for i in (5, 8)]
     return [("current", current)] + [("planes", t) for t in balanced + doubled]
 
 
