@@ -373,13 +373,14 @@ def w8_weights(k, n):
                  w_scale=torch.rand(n, device="cuda") * 0.01 + 0.001) for _ in range(r)]
 
 
-def sweep_fused(deadline, out_dir, meta):
-    """Time ``fused_variants`` and cuBLAS fp16 at ``FUSED_CELLS``; rewrite the result files after every cell."""
+def sweep_w8(cells, variants, name, deadline, out_dir, meta):
+    """Time the W8A8 ``variants(m, n, k)`` -> [(label, TileConfig)] and cuBLAS fp16 at ``cells`` with
+    rotating int8 weight sets; rewrite the ``name`` result files after every cell."""
     def time_cell(k, n, m, wsets, xs, fp16_us):
-        return time_variants("w8a8", w8.launch, fused_variants(m, n, k), w8_args(xs, wsets),
+        return time_variants("w8a8", w8.launch, variants(m, n, k), w8_args(xs, wsets),
                              dict(k=k, n=n, m=m, r=len(wsets), fp16_us=fp16_us))
 
-    return sweep_cells(FUSED_CELLS, deadline, w8_weights, time_cell, out_dir, "fused_sweep", meta)
+    return sweep_cells(cells, deadline, w8_weights, time_cell, out_dir, name, meta)
 
 
 DECODE_CELLS = [((4096, 4096), 1), ((11008, 4096), 1), ((4096, 12288), 1), ((4096, 22016), 1),
@@ -483,15 +484,6 @@ def tma_variants(m, n, k):
     return [("current", w8.pick_config(m, n, k))] + [("tma", t._replace(tma=True)) for t in tiles]
 
 
-def sweep_tma(deadline, out_dir, meta):
-    """Time ``tma_variants`` and cuBLAS fp16 at ``TMA_CELLS``; rewrite the result files after every cell."""
-    def time_cell(k, n, m, wsets, xs, fp16_us):
-        return time_variants("w8a8", w8.launch, tma_variants(m, n, k), w8_args(xs, wsets),
-                             dict(k=k, n=n, m=m, r=len(wsets), fp16_us=fp16_us))
-
-    return sweep_cells(TMA_CELLS, deadline, w8_weights, time_cell, out_dir, "tma_sweep", meta)
-
-
 QUANT_CELLS = [((4096, 4096), 2048), ((4096, 11008), 2048), ((11008, 4096), 2048), ((4096, 4096), 8192),
                ((11008, 4096), 8192), ((4096, 4096), 16), ((8192, 8192), 64), ((1536, 384), 2048)]
 
@@ -523,15 +515,6 @@ def split16_variants(m, n, k):
     tiles = [T8(16, bn, 256, sk, num_warps=4, num_stages=5) for bn, splits in ((64, (2, 4, 8)), (32, (2, 4)),
                                                                               (128, (2, 4))) for sk in splits]
     return [("current", w8.pick_config(m, n, k))] + [("split", t) for t in tiles]
-
-
-def sweep_split16(deadline, out_dir, meta):
-    """Time ``split16_variants`` and cuBLAS fp16 at ``SPLIT16_CELLS``; rewrite the files after every cell."""
-    def time_cell(k, n, m, wsets, xs, fp16_us):
-        return time_variants("w8a8", w8.launch, split16_variants(m, n, k), w8_args(xs, wsets),
-                             dict(k=k, n=n, m=m, r=len(wsets), fp16_us=fp16_us))
-
-    return sweep_cells(SPLIT16_CELLS, deadline, w8_weights, time_cell, out_dir, "split16_sweep", meta)
 
 
 SMALL_CELLS = [((384, 384), 64), ((384, 1536), 64), ((1536, 384), 64),
@@ -663,17 +646,17 @@ def main():
         if args.sweep == "chunk":
             rows = sweep_chunk(sweep_deadline, args.out, meta)
         elif args.sweep == "fused":
-            rows = sweep_fused(sweep_deadline, args.out, meta)
+            rows = sweep_w8(FUSED_CELLS, fused_variants, "fused_sweep", sweep_deadline, args.out, meta)
         elif args.sweep == "small":
             rows = sweep_small(sweep_deadline, args.out, meta)
         elif args.sweep == "decode":
             rows = sweep_decode(sweep_deadline, args.out, meta)
         elif args.sweep == "split16":
-            rows = sweep_split16(sweep_deadline, args.out, meta)
+            rows = sweep_w8(SPLIT16_CELLS, split16_variants, "split16_sweep", sweep_deadline, args.out, meta)
         elif args.sweep == "planes":
             rows = sweep_planes(sweep_deadline, args.out, meta)
         elif args.sweep == "tma":
-            rows = sweep_tma(sweep_deadline, args.out, meta)
+            rows = sweep_w8(TMA_CELLS, tma_variants, "tma_sweep", sweep_deadline, args.out, meta)
         elif args.sweep == "quant":
             rows = sweep_quant(sweep_deadline, args.out, meta)
         elif args.sweep == "skinny":
