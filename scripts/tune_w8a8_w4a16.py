@@ -601,6 +601,20 @@ def sweep_markdown(rows) -> str:
     return "\n".join(lines)
 
 
+def run_sweep(name, deadline, out_dir, meta):
+    """The rows of sweep ``name`` (``--sweep``); the named sweeps also write their own result files."""
+    w8_sweeps = {"fused": (FUSED_CELLS, fused_variants), "split16": (SPLIT16_CELLS, split16_variants),
+                 "tma": (TMA_CELLS, tma_variants)}
+    named = {"chunk": sweep_chunk, "small": sweep_small, "decode": sweep_decode, "planes": sweep_planes,
+             "quant": sweep_quant}
+    if name in w8_sweeps:
+        cells, variants = w8_sweeps[name]
+        return sweep_w8(cells, variants, f"{name}_sweep", deadline, out_dir, meta)
+    if name in named:
+        return named[name](deadline, out_dir, meta)
+    return sweep_skinny(deadline) if name == "skinny" else sweep(deadline)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
@@ -643,26 +657,7 @@ def main():
         sweep_deadline = deadline + args.sweep_budget_s
         if args.deadline_epoch is not None:
             sweep_deadline = args.deadline_epoch
-        if args.sweep == "chunk":
-            rows = sweep_chunk(sweep_deadline, args.out, meta)
-        elif args.sweep == "fused":
-            rows = sweep_w8(FUSED_CELLS, fused_variants, "fused_sweep", sweep_deadline, args.out, meta)
-        elif args.sweep == "small":
-            rows = sweep_small(sweep_deadline, args.out, meta)
-        elif args.sweep == "decode":
-            rows = sweep_decode(sweep_deadline, args.out, meta)
-        elif args.sweep == "split16":
-            rows = sweep_w8(SPLIT16_CELLS, split16_variants, "split16_sweep", sweep_deadline, args.out, meta)
-        elif args.sweep == "planes":
-            rows = sweep_planes(sweep_deadline, args.out, meta)
-        elif args.sweep == "tma":
-            rows = sweep_w8(TMA_CELLS, tma_variants, "tma_sweep", sweep_deadline, args.out, meta)
-        elif args.sweep == "quant":
-            rows = sweep_quant(sweep_deadline, args.out, meta)
-        elif args.sweep == "skinny":
-            rows = sweep_skinny(sweep_deadline)
-        else:
-            rows = sweep(sweep_deadline)
+        rows = run_sweep(args.sweep, sweep_deadline, args.out, meta)
         write_sweep(args.out, "sweep", meta, rows)
         print(sweep_markdown(rows))
     if results:

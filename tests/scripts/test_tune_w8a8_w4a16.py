@@ -102,3 +102,16 @@ def test_tma_variants_time_tma_tiles_next_to_the_current_pick():
     tiles = [cfg for label, cfg in variants if label == "tma"]
     assert len(tiles) >= 8 and all(cfg.tma and cfg.split_k == 1 for cfg in tiles)
     assert all(m >= 2048 for _, m in tune.TMA_CELLS)
+
+
+def test_run_sweep_dispatches_every_name(monkeypatch):
+    calls = []
+    monkeypatch.setattr(tune, "sweep_w8", lambda cells, variants, name, *rest: calls.append((name, variants)) or [])
+    for fn in ("sweep_chunk", "sweep_small", "sweep_decode", "sweep_planes", "sweep_quant", "sweep_skinny", "sweep"):
+        monkeypatch.setattr(tune, fn, lambda *args, fn=fn: calls.append((fn,)) or [])
+    for name in ("fused", "split16", "tma", "chunk", "small", "decode", "planes", "quant", "skinny", "all"):
+        tune.run_sweep(name, 0.0, ".", {})
+    assert calls[:3] == [("fused_sweep", tune.fused_variants), ("split16_sweep", tune.split16_variants),
+                         ("tma_sweep", tune.tma_variants)]
+    assert calls[3:] == [("sweep_chunk",), ("sweep_small",), ("sweep_decode",), ("sweep_planes",), ("sweep_quant",),
+                         ("sweep_skinny",), ("sweep",)]
