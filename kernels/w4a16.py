@@ -93,8 +93,7 @@ class TileConfig(NamedTuple):
     # so in the interpreter)
     prefetch_scale: bool = False  # skinny path: load the next K tile's scales one iteration ahead
     chunk: int = 1  # tiled path: K tiles per loop step (power of two); their scale rows come in one load
-    planes: int = 0  # tiled path: the K tile as 8 nibble planes (packed words straight into the dot operand);
-    # 1: x columns loaded with a stride of 8, 2: the contiguous x tile split in registers
+    planes: bool = False  # tiled path: the K tile as 8 nibble planes (packed words straight into the dot operand)
 
 
 @triton.jit
@@ -183,15 +182,15 @@ def _plane_dot(part, a, w, FP32_OPERANDS: tl.constexpr):
 
 
 @triton.jit
-def _plane_tile_product(acc, x_ptrs, packed, scale, offs_k, kt, k_last, stride_xk, PLANES: tl.constexpr,
-                        EVEN_K: tl.constexpr, MAGIC_UNPACK: tl.constexpr, ASM_UNPACK: tl.constexpr,
-                        FP32_OPERANDS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                        BLOCK_K: tl.constexpr):
+def _plane_tile_product(acc, x_ptrs, packed, scale, offs_k, kt, k_last, EVEN_K: tl.constexpr,
+                        MAGIC_UNPACK: tl.constexpr, ASM_UNPACK: tl.constexpr, FP32_OPERANDS: tl.constexpr,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """acc + one K tile as 8 nibble planes: plane j is the (BK/8, BN) tile of nibble j of every packed word
     (channels kt + 8r + j) times the x columns kt + 8r + j. Each plane is elementwise in the packed tile, so
     Triton loads the words straight into the dot-operand layout and unpacks them in registers; scale after.
-    PLANES == 1 loads each plane's x columns with a stride of 8, PLANES == 2 splits the contiguous tile.
-    ASM_UNPACK builds all 8 planes of a word in 13 PTX instructions (kernels.w4a16_gemv)."""
+    The x tile is loaded whole and split into its planes in registers (loading each plane's columns
+    with a stride of 8 measured 1.7-2x slower on an H100). ASM_UNPACK builds all 8 planes of a word in
+    13 PTX instructions (kernels.w4a16_gemv)."""
     part = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     x_dtype: tl.constexpr = tl.float32 if FP32_OPERANDS else x_ptrs.dtype.element_ty
     if ASM_UNPACK:
@@ -205,17 +204,7 @@ def _plane_tile_product(acc, x_ptrs, packed, scale, offs_k, kt, k_last, stride_x
         w5 = _nibble_values(packed, 20, x_dtype, MAGIC_UNPACK)
         w6 = _nibble_values(packed, 24, x_dtype, MAGIC_UNPACK)
         w7 = _nibble_values(packed, 28, x_dtype, MAGIC_UNPACK)
-    if PLANES == 2:
-        a0, a1, a2, a3, a4, a5, a6, a7 = _x_planes(x_ptrs, kt, k_last, offs_k, EVEN_K, BLOCK_M, BLOCK_K)
-    else:
-        a0 = _x_plane(x_ptrs, 0, kt, k_last, stride_xk, EVEN_K, BLOCK_K)
-        a1 = _x_plane(x_ptrs, 1, kt, k_last, stride_xk, EVEN_K, BLOCK_K)
-        a2 = _x_plane(x_ptrs, 2, kt, k_last, stride_xk, EVEN_K, BLOCK_K)
-        a3 = _x_plane(x_ptrs, 3, kt, k_last, stride_xk, EVEN_K, BLOCK_K)
-        a4 = _x_plane(x_ptrs, 4, kt, k_last, stride_xk, EVEN_K, BLOCK_K)
-        a5 = _x_plane(x_ptrs, 5, kt, k_last, stride_xk, EVEN_K, BLOCK_K)
-        a6 = _x_plane(x_ptrs, 6, kt, k_last, stride_xk, EVEN_K, BLOCK_K)
-        a7 = _x_plane(x_ptrs, 7, kt, k_last, stride_xk, EVEN_K, BLOCK_K)
+    a0, a1, a2, a3, a4, a5, a6, a7 = _x_planes(x_ptrs, kt, k_last, offs_k, EVEN_K, BLOCK_M, BLOCK_K)
     part = _plane_dot(part, a0, w0, FP32_OPERANDS)
     part = _plane_dot(part, a1, w1, FP32_OPERANDS)
     part = _plane_dot(part, a2, w2, FP32_OPERANDS)
@@ -225,15 +214,6 @@ def _plane_tile_product(acc, x_ptrs, packed, scale, offs_k, kt, k_last, stride_x
     part = _plane_dot(part, a6, w6, FP32_OPERANDS)
     part = _plane_dot(part, a7, w7, FP32_OPERANDS)
     return acc + part * scale[None, :]
-
-
-@triton.jit
-def _x_plane(x_ptrs, j: tl.constexpr, kt, k_last, stride_xk, EVEN_K: tl.constexpr, BLOCK_K: tl.constexpr):
-    """x columns kt + 8r + j (r < BK/8) of the tile: a load with a stride of 8 channels."""
-    if EVEN_K:
-        return tl.load(x_ptrs + j * stride_xk)
-    offs_r = tl.arange(0, BLOCK_K // 8)
-    return tl.load(x_ptrs + j * stride_xk, mask=(kt + 8 * offs_r + j)[None, :] < k_last, other=0.0)
 
 
 @triton.jit
@@ -258,10 +238,7 @@ def _w4a16_matmul_kernel(
     offs_kp = tl.arange(0, BLOCK_K // 8)
 
     k_first, k_last = split_k_range(pid_k, K, SPLIT_K, BLOCK_K)
-    if PLANES == 1:  # (BM, BK/8): the columns of nibble plane 0 (plane j adds j)
-        x_ptrs = x_ptr + rows[:, None] * stride_xm + (k_first + 8 * offs_kp)[None, :] * stride_xk
-    else:  # (BM, BK)
-        x_ptrs = x_ptr + rows[:, None] * stride_xm + (k_first + offs_k)[None, :] * stride_xk
+    x_ptrs = x_ptr + rows[:, None] * stride_xm + (k_first + offs_k)[None, :] * stride_xk  # (BM, BK)
     if EXPANDED_LOAD:  # (BK, BN): row k reads packed row k // 8 (8 rows share a word, served by L1)
         q_ptrs = qw_ptr + ((k_first + offs_k) // 8)[:, None] * stride_qk + cols[None, :] * stride_qn
     else:  # (BK/8, BN): each packed word read once
@@ -278,7 +255,7 @@ def _w4a16_matmul_kernel(
             scales = tl.load(s_ptrs[None, :] + (chunk_k // group_size)[:, None] * stride_sg).to(tl.float32)
         for t in tl.static_range(CHUNK):
             kt = k0 + t * BLOCK_K
-            if PLANES == 0:  # (planes load their own x columns in _plane_tile_product)
+            if not PLANES:  # (the planes split their x tile in _plane_tile_product)
                 if EVEN_K:
                     a = tl.load(x_ptrs)
                 else:  # masked against k_last (not K): with CHUNK > 1 a step may run past this split's range
@@ -295,8 +272,8 @@ def _w4a16_matmul_kernel(
             else:  # row t of the (CHUNK, BN) tile: a sum of one value and zeros, exact
                 scale = tl.sum(tl.where((offs_c == t)[:, None], scales, 0.0), axis=0)
             if PLANES:
-                acc = _plane_tile_product(acc, x_ptrs, packed, scale, offs_k, kt, k_last, stride_xk, PLANES, EVEN_K,
-                                          MAGIC_UNPACK, ASM_UNPACK, FP32_OPERANDS, BLOCK_M, BLOCK_N, BLOCK_K)
+                acc = _plane_tile_product(acc, x_ptrs, packed, scale, offs_k, kt, k_last, EVEN_K, MAGIC_UNPACK,
+                                          ASM_UNPACK, FP32_OPERANDS, BLOCK_M, BLOCK_N, BLOCK_K)
             else:
                 acc = _tile_product(acc, a, packed, scale, offs_k, SCALE_AFTER_DOT, MAGIC_UNPACK, EXPANDED_LOAD,
                                     FP32_OPERANDS, BLOCK_K, BLOCK_N)
@@ -364,7 +341,8 @@ def pick_config(m: int, n: int, k: int, group_size: int) -> TileConfig:
                           scale_after_dot=True)
     block_k = 128 if group_size == k else min(128, group_size)
     if m <= PLANES_MAX_M and block_k == 128:  # 64 columns per warp; H100 sweeps, session 9 (docs/kernels-notes.md)
-        cfg = TileConfig(16, 128 if n >= WIDE_N else 64, 128, num_warps=2, num_stages=3, scale_after_dot=True, planes=2)
+        cfg = TileConfig(16, 128 if n >= WIDE_N else 64, 128, num_warps=2, num_stages=3, scale_after_dot=True,
+                         planes=True)
         return cfg._replace(split_k=_balanced_split_k(m, n, k, cfg))
     if m <= 16:  # the skinny path (kernels.w4a16_gemv) measured slower on the H100: see docs/kernels-notes.md
         cfg = TileConfig(16, 64, 128, num_warps=4, num_stages=4, scale_after_dot=True)
@@ -482,8 +460,8 @@ def _launch_tiled(x2, qweight, scales, group_size, bias, y, cfg: TileConfig) -> 
         REDUCE_SPLIT=cfg.split_k if in_kernel else 1,
         EVEN_K=k % (cfg.block_k * cfg.chunk * cfg.split_k) == 0, EVEN_N=n % cfg.block_n == 0,
         SCALE_AFTER_DOT=cfg.scale_after_dot, MAGIC_UNPACK=cfg.magic_unpack, EXPANDED_LOAD=cfg.expanded_load,
-        FP32_OPERANDS=interpreting() and x2.dtype == torch.bfloat16, CHUNK=cfg.chunk, PLANES=cfg.planes,
-        ASM_UNPACK=cfg.asm_unpack and cfg.planes > 0 and not interpreting(),
+        FP32_OPERANDS=interpreting() and x2.dtype == torch.bfloat16, CHUNK=cfg.chunk, PLANES=bool(cfg.planes),
+        ASM_UNPACK=cfg.asm_unpack and cfg.planes and not interpreting(),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )

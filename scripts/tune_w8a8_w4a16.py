@@ -438,7 +438,7 @@ def planes_variants(m, n, k):
     (BLOCK_N / warps: the x tile's split into planes is paid once per warp and K tile), stages, the
     magic-number unpack instead of inline PTX, and (M > 16) taller row tiles."""
     current = w4.pick_config(m, n, k, GROUP)
-    base = w4.TileConfig(16, 64, 128, num_warps=4, num_stages=3, scale_after_dot=True, planes=2)
+    base = w4.TileConfig(16, 64, 128, num_warps=4, num_stages=3, scale_after_dot=True, planes=True)
     tiles = [base, base._replace(num_warps=2), base._replace(num_warps=1),
              base._replace(block_n=128, num_stages=4), base._replace(block_n=128, asm_unpack=False, magic_unpack=True),
              base._replace(block_n=128, num_warps=2), base._replace(block_n=128, num_warps=2, num_stages=4),
@@ -591,7 +591,7 @@ def sweep_markdown(rows) -> str:
         elif r["kernel"] == "w4a16":
             desc += f" sad{int(c['scale_after_dot'])} magic{int(c['magic_unpack'])} exp{int(c['expanded_load'])} {c['path']}"
             desc += f" chunk{c.get('chunk', 1)}" if c.get("chunk", 1) > 1 else ""
-            desc += f" planes{c['planes']} asm{int(c['asm_unpack'])}" if c.get("planes") else ""
+            desc += f" planes asm{int(c['asm_unpack'])}" if c.get("planes") else ""
         if r["kernel"] == "w4a16" and "label" in r:
             desc = f"{r['label']}: {desc}"
         us = f"{r['us']:.1f}" if isinstance(r["us"], float) else f"err {r['us']}"

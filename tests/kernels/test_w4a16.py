@@ -99,13 +99,13 @@ def check_config_against_reference(dtype, m, k, n, g, cfg):
 @pytest.mark.parametrize(
     "m,k,g,cfg",
     [
-        (1, 256, 128, TileConfig(16, 32, 128, split_k=2, scale_after_dot=True, planes=1)),
-        (5, 384, 128, TileConfig(16, 64, 128, split_k=1, scale_after_dot=True, planes=2)),  # N wraps
-        (16, 384, 128, TileConfig(16, 32, 128, split_k=2, scale_after_dot=True, planes=2, magic_unpack=True)),
-        (20, 512, 256, TileConfig(16, 32, 256, split_k=1, scale_after_dot=True, planes=1, magic_unpack=True)),
-        (3, 264, 264, TileConfig(16, 32, 128, split_k=2, scale_after_dot=True, planes=2)),  # G = K, masked tail
-        (2, 264, 264, TileConfig(16, 32, 128, split_k=1, scale_after_dot=True, planes=1)),
-        (40, 256, 128, TileConfig(64, 32, 128, split_k=2, scale_after_dot=True, planes=2)),
+        (1, 256, 128, TileConfig(16, 32, 128, split_k=2, scale_after_dot=True, planes=True)),
+        (5, 384, 128, TileConfig(16, 64, 128, split_k=1, scale_after_dot=True, planes=True)),  # N wraps
+        (16, 384, 128, TileConfig(16, 32, 128, split_k=2, scale_after_dot=True, planes=True, magic_unpack=True)),
+        (20, 512, 256, TileConfig(16, 32, 256, split_k=1, scale_after_dot=True, planes=True, magic_unpack=True)),
+        (3, 264, 264, TileConfig(16, 32, 128, split_k=2, scale_after_dot=True, planes=True)),  # G = K, masked tail
+        (2, 264, 264, TileConfig(16, 32, 128, split_k=1, scale_after_dot=True, planes=True)),
+        (40, 256, 128, TileConfig(64, 32, 128, split_k=2, scale_after_dot=True, planes=True)),
     ],
 )
 def test_nibble_planes_match_reference(dtype, m, k, g, cfg):
@@ -116,7 +116,7 @@ def test_nibble_planes_reject_tiles_shallower_than_one_dot():
     x = torch.randn(2, 256, device=DEVICE).half()
     qweight, _, scales = random_int4_weight(256, 32, 64, device=DEVICE)
     with pytest.raises(ValueError, match="block_k >= 128"):
-        launch(x, qweight, scales, 64, config=TileConfig(16, 32, 64, scale_after_dot=True, planes=1))
+        launch(x, qweight, scales, 64, config=TileConfig(16, 32, 64, scale_after_dot=True, planes=True))
 
 
 def test_skinny_split_balance():
@@ -183,12 +183,12 @@ def test_pick_config_buckets():
     assert skinny_config(64, 4096, 4096, 128).path == "skinny" and skinny_config(1, 4096, 4096, 32).block_k <= 32
     assert pick_config(4096, 4096, 4096, 128).path == "dequant"
     assert pick_config(1, 4096, 4096, 32).block_k <= 32  # a K tile never crosses a scale group
-    assert small.path == "fma" and pick_config(2, 4096, 4096, 128).planes == 2
+    assert small.path == "fma" and pick_config(2, 4096, 4096, 128).planes
     for m, n, k, g in ((1, 1024, 1024, 128), (2, 4096, 4096, 128), (16, 28672, 8192, 128), (16, 4096, 4096, 4096)):
         cfg = pick_config(m, n, k, g)  # 128-deep K tiles: the nibble planes
-        assert cfg.path == "tiled" and cfg.planes == 2 and cfg.block_k == 128
+        assert cfg.path == "tiled" and cfg.planes and cfg.block_k == 128
         assert cfg.block_n == (128 if n >= 8192 else 64)
-    assert pick_config(16, 4096, 4096, 64).planes == 0 and pick_config(17, 4096, 4096, 128).planes == 0
+    assert not pick_config(16, 4096, 4096, 64).planes and not pick_config(17, 4096, 4096, 128).planes
 
 
 @pytest.mark.parametrize("k,n,g", [(384, 384, 128), (384, 1536, 128), (384, 1536, 384), (256, 1024, 32)])
@@ -339,8 +339,8 @@ def test_gpu_fma_and_swap_full_size(dtype, m, cfg):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("m", [1, 4, 16, 33, 64])
-@pytest.mark.parametrize("planes,magic", [(1, False), (2, False), (2, True)])
-def test_gpu_nibble_planes_full_size(dtype, m, planes, magic):
+@pytest.mark.parametrize("asm,magic", [(True, False), (False, False), (False, True)])
+def test_gpu_nibble_planes_full_size(dtype, m, asm, magic):
     k, n, g = 4096, 4096 + 64, 128  # N a multiple of 64 only: the wrapped-column path for 128-wide tiles
     x = torch.randn(m, k, device="cuda").to(dtype)
     qweight, _, scales = random_int4_weight(k, n, g, device="cuda")
@@ -348,7 +348,7 @@ def test_gpu_nibble_planes_full_size(dtype, m, planes, magic):
     ref = reference.w4a16_matmul_ref(x, qweight, scales, g, bias)
     for block_n, split in ((64, 4), (128, 3)):  # 3 splits: a ragged last one
         cfg = TileConfig(16 if m <= 16 else 64, block_n, 128, split_k=split, num_stages=4, scale_after_dot=True,
-                         planes=planes, magic_unpack=magic)
+                         planes=True, asm_unpack=asm, magic_unpack=magic)
         assert rel_error(launch(x, qweight, scales, g, bias, config=cfg), ref) <= TOL[dtype]
 
 
