@@ -36,10 +36,12 @@ tiled kernel. The x tile is loaded whole (cp.async) and split into its planes in
 
 Small M is memory bound (the packed weight is a quarter of the fp16 bytes). At M = 1 on layers of
 >= 4 Mi weights the launcher runs :mod:`kernels.w4a16_fma` (CUDA-core FMAs: 2.2-3.0x cuBLAS on an
-H100). Otherwise, up to M = 127, this kernel (nibble planes to M = 16) with narrow N tiles plus
-split-K (fp32 partials summed in split order: by the last split of each 16-row tile to finish, in the
-kernel, else by :func:`kernels._splitk.splitk_reduce`) gives every SM a stream of weight tiles; from
-M = 128 on, a Triton dequantize pass and cuBLAS.
+H100). From M = 17 to 256 on large layers (``wgmma_serves``: more than 4 Mi weights, and above 32
+rows at least 32 Mi, with 128-deep K tiles inside a scale group) it runs :mod:`kernels.w4a16_wgmma`,
+the weight as the register operand of wgmma. Otherwise, up to M = 127, this kernel (nibble planes to
+M = 16) with narrow N tiles plus split-K (fp32 partials summed in split order: by the last split of
+each 16-row tile to finish, in the kernel, else by :func:`kernels._splitk.splitk_reduce`) gives every
+SM a stream of weight tiles; from M = 128 on, a Triton dequantize pass and cuBLAS.
 ``CHUNK`` > 1 makes one loop step cover CHUNK K tiles whose scale rows come in one (CHUNK, BN) load
 (same per-tile products and summation order as CHUNK = 1); measured slower on the H100, not a default.
 ``path="skinny"`` (:mod:`kernels.w4a16_gemv`, two nibbles per op) and ``path="swap"``
@@ -61,8 +63,10 @@ from kernels._splitk import last_split_reduces, reduces_in_kernel, split_buffers
 from kernels._tiles import (SMALL_LAYER, grouped_tile, prefetch_split_k, split8, split_k_for, split_k_range,
                             weight_columns)
 from kernels.w4a16_fma import launch_fma
-from kernels.w4a16_gemv import launch_skinny, nibble_planes_asm
+from kernels.w4a16_gemv import launch_skinny, nibble_planes, nibble_values
 from kernels.w4a16_swap import launch_swap
+from kernels.w4a16_wgmma import launch_wgmma
+from kernels.w4a16_wgmma import supports as wgmma_supports
 
 GROUP_SIZES = (32, 64, 128)
 FMA_MAX_M = 1  # up to here, the CUDA-core kernel of kernels.w4a16_fma (one program per token row and tile),
@@ -71,6 +75,9 @@ PLANES_MAX_M = 16  # up to here (and with 128-deep K tiles), the nibble-plane ti
 WIDE_N = 8192  # from here on the nibble-plane tiles are 128 wide (H100, M = 16: 8192x8192 23.0 vs 25.3 us)
 SHORT_K = 512  # with n * k <= SMALL_LAYER (MiniLM's 384-wide inputs): no split-K at M <= 64
 DEQUANT_MIN_M = 128  # from here on, dequantize once and let cuBLAS run the fp16 GEMM (see docs/kernels-notes.md)
+WGMMA_MAX_M = 256  # from PLANES_MAX_M to here, on layers of > SMALL_LAYER weights: the swapped nibble pairs
+WGMMA_MIN_WEIGHTS = 32 * 2**20  # ... and above 32 rows only on layers this large (H100, M = 64: 4096x4096
+# ran 17.6 us there against 16.1 for the 64-row tiled kernel; 4096x11008 29.7 against 43.7)
 
 
 class TileConfig(NamedTuple):
@@ -86,7 +93,8 @@ class TileConfig(NamedTuple):
     scale_after_dot: bool = False
     magic_unpack: bool = False
     expanded_load: bool = False
-    path: str = "tiled"  # "fma" (kernels.w4a16_fma, CUDA-core FMAs, M = 1), "swap" (kernels.w4a16_swap,
+    path: str = "tiled"  # "fma" (kernels.w4a16_fma, CUDA-core FMAs, M = 1), "wgmma" (kernels.w4a16_wgmma,
+    # swapped nibble planes, the weight as register operand), "swap" (kernels.w4a16_swap,
     # weight as left operand, M <= 64), "skinny" (kernels.w4a16_gemv, M <= 64), "tiled" (tl.dot),
     # "dequant" (dequantize, then cuBLAS)
     asm_unpack: bool = True  # skinny path and nibble planes: inline-PTX unpack (False: plain Triton ops; always
@@ -116,26 +124,9 @@ def _unpack_int4(packed, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr, DTYPE: tl
 
 
 @triton.jit
-def _nibble_values(packed, shift, DTYPE: tl.constexpr, MAGIC: tl.constexpr):
-    """The nibble at bit ``shift`` of each int32 of ``packed`` (``shift`` a constant or a tensor that
-    broadcasts) as exact signed values in DTYPE: elementwise, so any layout stays as it is."""
-    if MAGIC:
-        nib = ((packed >> shift) & 0xF) ^ 0x8  # q + 8 in 0..15
-        if DTYPE == tl.float16:
-            w = (nib | 0x6400).to(tl.int16).to(tl.float16, bitcast=True) - 1032.0
-        elif DTYPE == tl.bfloat16:
-            w = (nib | 0x4300).to(tl.int16).to(tl.bfloat16, bitcast=True) - 136.0
-        else:
-            w = (nib | 0x4300).to(tl.int16).to(tl.bfloat16, bitcast=True).to(tl.float32) - 136.0
-    else:
-        w = ((packed << (28 - shift)) >> 28).to(DTYPE)
-    return w
-
-
-@triton.jit
 def _unpack_int4_rows(packed, offs_k, DTYPE: tl.constexpr, MAGIC: tl.constexpr):
     """(BLOCK_K, BLOCK_N) int32, row k holding packed word k // 8 -> its nibble k % 8, in DTYPE, exactly."""
-    return _nibble_values(packed, ((offs_k % 8) * 4)[:, None], DTYPE, MAGIC)
+    return nibble_values(packed, ((offs_k % 8) * 4)[:, None], DTYPE, MAGIC)
 
 
 @triton.jit
@@ -193,17 +184,7 @@ def _plane_tile_product(acc, x_ptrs, packed, scale, offs_k, kt, k_last, EVEN_K: 
     13 PTX instructions (kernels.w4a16_gemv)."""
     part = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     x_dtype: tl.constexpr = tl.float32 if FP32_OPERANDS else x_ptrs.dtype.element_ty
-    if ASM_UNPACK:
-        w0, w1, w2, w3, w4, w5, w6, w7 = nibble_planes_asm(packed, x_dtype)
-    else:
-        w0 = _nibble_values(packed, 0, x_dtype, MAGIC_UNPACK)
-        w1 = _nibble_values(packed, 4, x_dtype, MAGIC_UNPACK)
-        w2 = _nibble_values(packed, 8, x_dtype, MAGIC_UNPACK)
-        w3 = _nibble_values(packed, 12, x_dtype, MAGIC_UNPACK)
-        w4 = _nibble_values(packed, 16, x_dtype, MAGIC_UNPACK)
-        w5 = _nibble_values(packed, 20, x_dtype, MAGIC_UNPACK)
-        w6 = _nibble_values(packed, 24, x_dtype, MAGIC_UNPACK)
-        w7 = _nibble_values(packed, 28, x_dtype, MAGIC_UNPACK)
+    w0, w1, w2, w3, w4, w5, w6, w7 = nibble_planes(packed, x_dtype, ASM_UNPACK, MAGIC_UNPACK)
     a0, a1, a2, a3, a4, a5, a6, a7 = _x_planes(x_ptrs, kt, k_last, offs_k, EVEN_K, BLOCK_M, BLOCK_K)
     part = _plane_dot(part, a0, w0, FP32_OPERANDS)
     part = _plane_dot(part, a1, w1, FP32_OPERANDS)
@@ -327,8 +308,17 @@ def dequantize(qweight, scales, group_size: int, dtype: torch.dtype) -> torch.Te
     return w_t
 
 
+def wgmma_serves(m: int, n: int, k: int, group_size: int) -> bool:
+    """Whether ``pick_config`` gives this call the swapped nibble pairs (:mod:`kernels.w4a16_wgmma`)."""
+    if not (PLANES_MAX_M < m <= WGMMA_MAX_M and n * k > SMALL_LAYER and wgmma_supports(k, group_size)):
+        return False
+    return m <= 32 or n * k >= WGMMA_MIN_WEIGHTS
+
+
 def pick_config(m: int, n: int, k: int, group_size: int) -> TileConfig:
     """Tile shape by M bucket; BLOCK_K never crosses a scale group."""
+    if wgmma_serves(m, n, k, group_size):
+        return _wgmma_config(m, n, k)
     if m >= DEQUANT_MIN_M:
         return TileConfig(0, 0, 0, path="dequant")
     if m <= FMA_MAX_M and n * k >= FMA_MIN_WEIGHTS:  # H100: 2.2-3.0x fp16 at M = 1 (docs/kernels-notes.md)
@@ -355,6 +345,19 @@ def pick_config(m: int, n: int, k: int, group_size: int) -> TileConfig:
     if m <= 16:  # H100 call 5: >= 2 programs per SM in near-full waves, 7-14% faster on 8192x28672, 11008x4096
         return cfg._replace(split_k=_balanced_split_k(m, n, k, cfg))
     return cfg._replace(split_k=split_k_for(m, n, k, cfg))
+
+
+def _wgmma_config(m: int, n: int, k: int) -> TileConfig:
+    """Swapped nibble pairs: 32, 64 or 128 token rows per tile (the wgmma's N side), 64 or 128 channels
+    (its M side), one warp group, 3 stages, the balanced split (H100 sweep, session 10: docs/kernels-notes.md).
+    At 33-64 rows, layers with few outputs and long rows (N <= 4096, K > 8192) take 256 channels and two
+    warp groups, which share each x tile (11008x4096 at M = 64: 36.2 -> 31.0 us)."""
+    block_m, block_n = (32, 64) if m <= 32 else ((64, 128) if m <= 64 else (128, 128))
+    warps = 4
+    if 32 < m <= 64 and n <= 4096 and k > 8192:
+        block_n, warps = 256, 8
+    cfg = TileConfig(block_m, block_n, 128, num_warps=warps, num_stages=3, path="wgmma")
+    return cfg._replace(split_k=_balanced_split_k(m, n, k, cfg))
 
 
 def skinny_config(m: int, n: int, k: int, group_size: int) -> TileConfig:
@@ -426,6 +429,9 @@ def launch(x2, qweight, scales, group_size: int, bias=None, config: TileConfig |
     if cfg.path == "tiled":  # writes y itself (its K splits summed in the kernel or by a second launch)
         _launch_tiled(x2, qweight, scales, group_size, bias, y, cfg)
         return y
+    if cfg.path == "wgmma":  # the same, after a pass that puts x in plane order
+        launch_wgmma(x2, qweight, scales, group_size, bias, y, cfg, interpreting())
+        return y
     out = y if cfg.split_k == 1 else torch.empty((cfg.split_k, m, n), dtype=torch.float32, device=x2.device)
     if cfg.path == "swap":
         launch_swap(x2, qweight, scales, group_size, bias, out, cfg, interpreting() and x2.dtype == torch.bfloat16)
@@ -433,7 +439,7 @@ def launch(x2, qweight, scales, group_size: int, bias=None, config: TileConfig |
         fp32_operands = interpreting() and x2.dtype == torch.bfloat16
         launch_skinny(x2, qweight, scales, group_size, bias, out, cfg, cfg.asm_unpack and not interpreting(), fp32_operands)
     else:
-        raise ValueError(f"config.path: expected fma, tiled, swap, skinny or dequant, got {cfg.path!r}")
+        raise ValueError(f"config.path: expected fma, tiled, wgmma, swap, skinny or dequant, got {cfg.path!r}")
     if cfg.split_k > 1:
         splitk_reduce(out, bias, y)
     return y

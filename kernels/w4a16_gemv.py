@@ -93,6 +93,35 @@ def nibble_planes_asm(packed, DTYPE: tl.constexpr):
 
 
 @triton.jit
+def nibble_values(packed, shift, DTYPE: tl.constexpr, MAGIC: tl.constexpr):
+    """The nibble at bit ``shift`` of each int32 of ``packed`` (``shift`` a constant or a tensor that
+    broadcasts) as exact signed values in DTYPE: elementwise, so any layout stays as it is."""
+    if MAGIC:
+        nib = ((packed >> shift) & 0xF) ^ 0x8  # q + 8 in 0..15
+        if DTYPE == tl.float16:
+            w = (nib | 0x6400).to(tl.int16).to(tl.float16, bitcast=True) - 1032.0
+        elif DTYPE == tl.bfloat16:
+            w = (nib | 0x4300).to(tl.int16).to(tl.bfloat16, bitcast=True) - 136.0
+        else:
+            w = (nib | 0x4300).to(tl.int16).to(tl.bfloat16, bitcast=True).to(tl.float32) - 136.0
+    else:
+        w = ((packed << (28 - shift)) >> 28).to(DTYPE)
+    return w
+
+
+@triton.jit
+def nibble_planes(packed, DTYPE: tl.constexpr, ASM: tl.constexpr, MAGIC: tl.constexpr = False):
+    """The 8 nibble planes of an int32 tile (plane j = nibble j of every word, same shape) as exact
+    values in DTYPE: through the inline PTX if ASM (fp16 / bf16 on a GPU), else plain Triton ops."""
+    if ASM:
+        return nibble_planes_asm(packed, DTYPE)
+    return (nibble_values(packed, 0, DTYPE, MAGIC), nibble_values(packed, 4, DTYPE, MAGIC),
+            nibble_values(packed, 8, DTYPE, MAGIC), nibble_values(packed, 12, DTYPE, MAGIC),
+            nibble_values(packed, 16, DTYPE, MAGIC), nibble_values(packed, 20, DTYPE, MAGIC),
+            nibble_values(packed, 24, DTYPE, MAGIC), nibble_values(packed, 28, DTYPE, MAGIC))
+
+
+@triton.jit
 def _unpack_asm(packed, DTYPE: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr):
     """(ROWS, BLOCK_N) int32 -> (8 ROWS, BLOCK_N) exact int4 values in fp16 / bf16, through inline PTX."""
     n0, n1, n2, n3, n4, n5, n6, n7 = nibble_planes_asm(packed, DTYPE)

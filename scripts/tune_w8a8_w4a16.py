@@ -30,6 +30,8 @@ against the current pick (pointer loads), quantize pass included, at M = 2048 an
 the two-pass version, alone and with the GEMM after it, at M = 16 to 8192.
 ``--sweep planes`` times the W4A16 tiled kernel with the K tile taken as 8 nibble planes (packed words
 loaded straight into the dot operand, no unpacked tile in shared memory) against the current pick.
+``--sweep wgmma`` times the swapped nibble planes (``kernels/w4a16_wgmma.py``: the weight as the register
+operand of wgmma, x permuted into plane order first) in several tiles against the current pick.
 """
 from __future__ import annotations
 
@@ -468,6 +470,38 @@ def sweep_planes(deadline, out_dir, meta):
                        out_dir, "planes_sweep", meta)
 
 
+def wgmma_variants(m, n, k):
+    """Swapped nibble-pair tiles (``kernels/w4a16_wgmma.py``: the weight as wgmma's register operand)
+    next to the current pick: token tile (the wgmma's N side), channel tile (64 per warp group) and
+    warps, pipeline stages, at the balanced split (and twice it for 128-channel tiles); the scale is
+    applied before the dot, and after it for the 3-stage tiles."""
+    current = w4.pick_config(m, n, k, GROUP)
+    top = min(max(16, triton.next_power_of_2(m)), 128)
+    token_tiles = sorted({top, max(16, top // 2)})
+    tiles = [w4.TileConfig(bm, bn, 128, num_warps=warps, num_stages=stages, path="wgmma")
+             for bm in token_tiles for bn, warps in ((64, 4), (128, 4), (256, 8)) for stages in (2, 3, 4)]
+    tiles += [t._replace(scale_after_dot=True) for t in tiles if t.num_stages == 3]
+    balanced = [t._replace(split_k=w4._balanced_split_k(m, n, k, t)) for t in tiles]
+    doubled = [t._replace(split_k=2 * t.split_k) for t in balanced if t.block_n == 128 and t.num_stages == 3]
+    return [("current", current)] + [("wgmma", t) for t in balanced + doubled]
+
+
+WGMMA_CELLS = [((8192, 28672), 64), ((4096, 11008), 64), ((11008, 4096), 64), ((8192, 8192), 64),
+               ((4096, 4096), 64), ((8192, 28672), 32), ((4096, 4096), 32), ((8192, 8192), 128),
+               ((4096, 4096), 128), ((8192, 28672), 256), ((8192, 8192), 256), ((1024, 1024), 64)]
+
+
+def sweep_wgmma(deadline, out_dir, meta):
+    """Time ``wgmma_variants`` with fp16 and tinygemm alongside; rewrite the result files after every cell."""
+    def time_cell(k, n, m, wsets, xs, fp16_us):
+        tiny = time_tinygemm(xs, wsets)
+        return time_variants("w4a16", w4.launch, wgmma_variants(m, n, k), w4_args(xs, wsets),
+                             dict(k=k, n=n, m=m, r=len(wsets), fp16_us=fp16_us, int4pk_us=tiny))
+
+    return sweep_cells(WGMMA_CELLS, deadline, lambda k, n: make_weights(k, n, rotations(k, n)), time_cell,
+                       out_dir, "wgmma_sweep", meta)
+
+
 TMA_CELLS = [((4096, 4096), 2048), ((4096, 11008), 2048), ((11008, 4096), 2048), ((8192, 8192), 2048),
              ((4096, 4096), 8192), ((8192, 28672), 2048), ((4096, 11008), 8192), ((11008, 4096), 8192),
              ((8192, 8192), 8192), ((8192, 28672), 8192)]
@@ -605,7 +639,7 @@ def run_sweep(name, deadline, out_dir, meta):
     """The rows of sweep ``name`` (``--sweep``); the named sweeps also write their own result files."""
     w8_sweeps = {"fused": (FUSED_CELLS, fused_variants), "split16": (SPLIT16_CELLS, split16_variants),
                  "tma": (TMA_CELLS, tma_variants)}
-    named = {"chunk": sweep_chunk, "small": sweep_small, "decode": sweep_decode, "planes": sweep_planes,
+    named = {"chunk": sweep_chunk, "small": sweep_small, "decode": sweep_decode, "planes": sweep_planes, "wgmma": sweep_wgmma,
              "quant": sweep_quant}
     if name in w8_sweeps:
         cells, variants = w8_sweeps[name]
@@ -618,7 +652,7 @@ def run_sweep(name, deadline, out_dir, meta):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
-    parser.add_argument("--sweep", nargs="?", const="all", choices=["all", "skinny", "chunk", "fused", "small", "decode", "split16", "planes", "tma", "quant"], default=None)
+    parser.add_argument("--sweep", nargs="?", const="all", choices=["all", "skinny", "chunk", "fused", "small", "decode", "split16", "planes", "wgmma", "tma", "quant"], default=None)
     parser.add_argument("--deadline-epoch", type=float, default=None, help="absolute stop time (overrides budgets)")
     parser.add_argument("--methods", default=",".join(METHODS), help="table columns to time, e.g. fp16,w4a16,int4pk")
     parser.add_argument("--no-table", action="store_true")

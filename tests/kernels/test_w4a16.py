@@ -160,7 +160,7 @@ def test_extreme_nibbles_and_zero_groups(m, cfg, first):
     scales[1] = 0.0  # an all-zero group contributes nothing, and nothing becomes NaN
     x = torch.arange(1, k + 1, device=DEVICE).half().expand(m, k)  # distinct x per channel: catches a swap
     y = launch(x, qweight, scales, 32, config=cfg)
-    expected = (x[:, :32].float() @ q[:32].float()).to(DEVICE)
+    expected = x[:, :32].float() @ q[:32].float().to(DEVICE)
     assert torch.isfinite(y).all()
     assert torch.equal(y.float(), expected)
 
@@ -189,6 +189,20 @@ def test_pick_config_buckets():
         assert cfg.path == "tiled" and cfg.planes and cfg.block_k == 128
         assert cfg.block_n == (128 if n >= 8192 else 64)
     assert not pick_config(16, 4096, 4096, 64).planes and not pick_config(17, 4096, 4096, 128).planes
+
+
+def test_pick_config_gives_large_layers_the_swapped_nibble_pairs_from_17_to_256_rows():
+    for m, n, k in ((17, 4096, 4096), (32, 4096, 4096), (33, 28672, 8192), (64, 11008, 4096), (256, 8192, 8192)):
+        cfg = pick_config(m, n, k, 128)
+        assert cfg.path == "wgmma" and cfg.block_k == 128 and cfg.split_k >= 1
+        assert cfg.block_m == (32 if m <= 32 else 64 if m <= 64 else 128)
+    assert pick_config(64, 4096, 11008, 128).block_n == 256 and pick_config(64, 4096, 11008, 128).num_warps == 8
+    assert pick_config(64, 4096, 4096, 128).path == "tiled"  # 16 Mi weights: the 64-row tiled kernel above 32 rows
+    assert pick_config(256, 4096, 4096, 128).path == "dequant"
+    assert pick_config(257, 8192, 8192, 128).path == "dequant"
+    assert pick_config(64, 8192, 8192, 64).path == "tiled"  # 64-channel groups: a 128-deep tile would cross them
+    assert pick_config(64, 8192, 8192, 8192).path == "wgmma"  # per channel
+    assert pick_config(32, 1024, 1024, 128).path == "tiled"  # small layers keep their own tiles
 
 
 @pytest.mark.parametrize("k,n,g", [(384, 384, 128), (384, 1536, 128), (384, 1536, 384), (256, 1024, 32)])
@@ -272,7 +286,7 @@ def test_cpu_tensor_without_interpreter_raises(monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("m", [1, 16, 64, 2048])
+@pytest.mark.parametrize("m", [1, 16, 32, 64, 2048])
 @pytest.mark.parametrize("group_size", [32, 128])
 def test_gpu_full_size(dtype, m, group_size):
     k = n = 4096
@@ -353,6 +367,37 @@ def test_gpu_nibble_planes_full_size(dtype, m, asm, magic):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m", [17, 32, 64, 200])
+@pytest.mark.parametrize("scale_after_dot", [False, True])
+def test_gpu_wgmma_pairs_full_size(dtype, m, scale_after_dot):
+    k, n, g = 4096, 4096 + 64, 128  # N a multiple of 64 only: the wrapped-column path for 128-wide tiles
+    x = torch.randn(m, k, device="cuda").to(dtype)
+    qweight, _, scales = random_int4_weight(k, n, g, device="cuda")
+    bias = torch.randn(n, device="cuda").to(dtype)
+    ref = reference.w4a16_matmul_ref(x, qweight, scales, g, bias)
+    for block_m, block_n, split in ((32, 64, 1), (64, 128, 3), (128, 128, 4)):  # 3 splits: a ragged last one
+        cfg = TileConfig(block_m, block_n, 128, split_k=split, scale_after_dot=scale_after_dot, path="wgmma")
+        assert rel_error(launch(x, qweight, scales, g, bias, config=cfg), ref) <= TOL[dtype]
+
+
+@pytest.mark.gpu
+def test_gpu_wgmma_default_path_in_a_cuda_graph():
+    k, n, m = 4096, 8192, 64
+    qweight, _, scales = random_int4_weight(k, n, 128, device="cuda")
+    assert pick_config(m, n, k, 128).path == "wgmma"
+    static_x = torch.randn(m, k, device="cuda").half()
+    w4a16_matmul(static_x, qweight, scales, 128)  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_y = w4a16_matmul(static_x, qweight, scales, 128)
+    static_x.copy_(torch.randn(m, k, device="cuda").half())
+    graph.replay()
+    torch.testing.assert_close(static_y, w4a16_matmul(static_x, qweight, scales, 128), rtol=0, atol=0)
+    assert rel_error(static_y, reference.w4a16_matmul_ref(static_x, qweight, scales, 128)) <= TOL[torch.float16]
+
+
+@pytest.mark.gpu
 def test_gpu_torch_compile_fullgraph():
     qweight, _, scales = random_int4_weight(512, 256, 128, device="cuda")
 
@@ -376,3 +421,52 @@ def test_gpu_cuda_graph_replay():
         static_x.copy_(torch.randn(4, 1024, device="cuda").half())
         graph.replay()
         torch.testing.assert_close(static_y, w4a16_matmul(static_x, qweight, scales, 128), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    "m,k,g,cfg",
+    [
+        (1, 256, 128, TileConfig(16, 32, 128, split_k=2, path="wgmma")),  # split summed in the kernel
+        (5, 384, 128, TileConfig(16, 64, 128, split_k=1, path="wgmma")),  # N wraps (80 outputs)
+        (20, 512, 128, TileConfig(16, 32, 128, split_k=3, path="wgmma")),  # two token tiles, uneven split
+        (40, 256, 256, TileConfig(32, 16, 128, split_k=1, path="wgmma")),  # per channel (G = K)
+        (64, 384, 128, TileConfig(64, 32, 128, split_k=2, path="wgmma")),  # split summed by a second launch
+        (7, 256, 128, TileConfig(16, 32, 128, split_k=2, scale_after_dot=True, path="wgmma")),  # scale after the dot
+        (33, 256, 256, TileConfig(32, 16, 128, split_k=1, scale_after_dot=True, path="wgmma")),
+    ],
+)
+def test_wgmma_planes_match_reference(dtype, m, k, g, cfg):
+    check_config_against_reference(dtype, m, k, 80, g, cfg)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n,sliced", [(80, False), (80, True), (81, False)])
+def test_wgmma_reads_16_bit_scales_in_pairs_or_converts_them(dtype, n, sliced):
+    """16-bit scales are read as int32 pairs when the layout allows (even N, even row stride and offset);
+    a slice starting at an odd element, or an odd N, takes the fp32 copy instead: same result."""
+    m, k, g = 5, 256, 128
+    x = torch.randn(m, k, device=DEVICE).to(dtype)
+    qweight, _, scales = random_int4_weight(k, n + sliced, g, scale_dtype=dtype, device=DEVICE)
+    qweight, scales = (qweight[:, 1:], scales[:, 1:]) if sliced else (qweight, scales)
+    bias = torch.randn(n, device=DEVICE).to(dtype)
+    y = launch(x, qweight, scales, g, bias, config=TileConfig(16, 32, 128, split_k=2, path="wgmma"))
+    assert rel_error(y, reference.w4a16_matmul_ref(x, qweight, scales, g, bias)) <= TOL[dtype]
+
+
+def test_permute_planes_puts_each_nibble_pair_side_by_side():
+    from kernels.w4a16_wgmma import permute_planes
+    x = torch.arange(3 * 256, dtype=torch.float32, device=DEVICE).reshape(3, 256).to(torch.float16)
+    xp = permute_planes(x)
+    for kt in (0, 128):
+        for p in range(4):  # pair p: columns 8r + 2p + e, r = 0..15, e = 0, 1, in (r, e) order
+            expected = torch.stack([x[:, kt + 2 * p: kt + 128: 8], x[:, kt + 2 * p + 1: kt + 128: 8]], dim=-1)
+            assert torch.equal(xp[:, kt + 32 * p: kt + 32 * p + 32], expected.reshape(3, 32))
+
+
+@pytest.mark.parametrize("k,g", [(264, 264), (256, 64)])
+def test_wgmma_path_refuses_tiles_across_scale_groups(k, g):
+    x = torch.randn(2, k, device=DEVICE).half()
+    qweight, _, scales = random_int4_weight(k, 32, g, device=DEVICE)
+    with pytest.raises(ValueError, match="wgmma path needs block_k = 128"):
+        launch(x, qweight, scales, g, config=TileConfig(16, 32, 128, path="wgmma"))

@@ -96,6 +96,16 @@ def test_planes_variants_time_nibble_planes_next_to_the_current_pick(m):
     assert {cfg.block_m for cfg in planes} == ({16} if m <= 16 else {16, 32, 64})
 
 
+@pytest.mark.parametrize("m", [4, 16, 64, 256])
+def test_wgmma_variants_time_swapped_planes_next_to_the_current_pick(m):
+    variants = tune.wgmma_variants(m, 8192, 8192)
+    assert variants[0] == ("current", tune.w4.pick_config(m, 8192, 8192, tune.GROUP))
+    tiles = [cfg for label, cfg in variants if label == "wgmma"]
+    assert len(tiles) >= 8 and all(cfg.path == "wgmma" and cfg.block_k == 128 and cfg.split_k >= 1 for cfg in tiles)
+    assert all(16 <= cfg.block_m <= 128 and cfg.block_n >= 16 * cfg.num_warps for cfg in tiles)
+    assert {cfg.scale_after_dot for cfg in tiles} == {True, False}
+
+
 def test_tma_variants_time_tma_tiles_next_to_the_current_pick():
     variants = tune.tma_variants(2048, 4096, 4096)
     assert variants[0] == ("current", tune.w8.pick_config(2048, 4096, 4096))
@@ -107,11 +117,12 @@ def test_tma_variants_time_tma_tiles_next_to_the_current_pick():
 def test_run_sweep_dispatches_every_name(monkeypatch):
     calls = []
     monkeypatch.setattr(tune, "sweep_w8", lambda cells, variants, name, *rest: calls.append((name, variants)) or [])
-    for fn in ("sweep_chunk", "sweep_small", "sweep_decode", "sweep_planes", "sweep_quant", "sweep_skinny", "sweep"):
+    for fn in ("sweep_chunk", "sweep_small", "sweep_decode", "sweep_planes", "sweep_wgmma", "sweep_quant", "sweep_skinny",
+               "sweep"):
         monkeypatch.setattr(tune, fn, lambda *args, fn=fn: calls.append((fn,)) or [])
-    for name in ("fused", "split16", "tma", "chunk", "small", "decode", "planes", "quant", "skinny", "all"):
+    for name in ("fused", "split16", "tma", "chunk", "small", "decode", "planes", "wgmma", "quant", "skinny", "all"):
         tune.run_sweep(name, 0.0, ".", {})
     assert calls[:3] == [("fused_sweep", tune.fused_variants), ("split16_sweep", tune.split16_variants),
                          ("tma_sweep", tune.tma_variants)]
-    assert calls[3:] == [("sweep_chunk",), ("sweep_small",), ("sweep_decode",), ("sweep_planes",), ("sweep_quant",),
-                         ("sweep_skinny",), ("sweep",)]
+    assert calls[3:] == [("sweep_chunk",), ("sweep_small",), ("sweep_decode",), ("sweep_planes",), ("sweep_wgmma",),
+                         ("sweep_quant",), ("sweep_skinny",), ("sweep",)]
