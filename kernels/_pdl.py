@@ -10,9 +10,10 @@ prologue; it gives no memory ordering (the next kernel still waits), so it can g
 Where it is on (``COMPRESS_KERNELS_PDL``, CUDA devices of compute capability >= 9.0 only; the
 interpreter and older GPUs never use it):
 
-* ``pair`` (default): only W8A8's quantize pass and the GEMM after it, the one place where two of
-  our kernels follow each other. The quantize pass lets the GEMM launch after its last store, and
-  the GEMM waits before reading ``xq``. On an H100 this took all-MiniLM-L6-v2's W8A8 forward at
+* ``pair`` (default): only the places where two of our kernels follow each other, one writing what
+  the other reads: W8A8's quantize pass and the GEMM after it, and W4A16's x permutation and the
+  swapped nibble-pair GEMM after it (:mod:`kernels.w4a16_wgmma`). The first kernel lets the second
+  launch after its last store, and the second waits before reading what the first wrote. On an H100 this took all-MiniLM-L6-v2's W8A8 forward at
   batch 1 (64 tokens, CUDA graph) from 0.313-0.316 ms to 0.292-0.293 ms (dense 0.290-0.295 ms);
   letting the GEMM launch at the start of the quantize pass instead made batch 8 slower
   (0.363 -> 0.467 ms; probably the early GEMM programs took SM slots while quantize programs
@@ -47,11 +48,11 @@ def pdl_mode() -> str:
     return mode
 
 
-def pdl_enabled(device: torch.device, w8a8_pair: bool = False) -> bool:
-    """Launch with PDL on ``device``: a kernel of W8A8's quantize + GEMM pair (``w8a8_pair``) in
-    mode ``pair`` or ``all``, any other PDL-capable kernel in mode ``all``; CUDA, sm_90 or later."""
+def pdl_enabled(device: torch.device, pair: bool = False) -> bool:
+    """Launch with PDL on ``device``: a kernel of one of the producer + consumer pairs above (``pair``)
+    in mode ``pair`` or ``all``, any other PDL-capable kernel in mode ``all``; CUDA, sm_90 or later."""
     mode = pdl_mode()
-    if mode == "0" or (mode == "pair" and not w8a8_pair) or interpreting() or device.type != "cuda":
+    if mode == "0" or (mode == "pair" and not pair) or interpreting() or device.type != "cuda":
         return False
     return torch.cuda.get_device_capability(device)[0] >= 9
 

@@ -72,6 +72,23 @@ def last_split_reduces(acc, ws_ptr, cnt_ptr, out_ptr, bias_ptr, offs_m, offs_n, 
         tl.atomic_xchg(cnt_ptr + tile_id, 0)  # leave the counter zeroed for the next launch
 
 
+@triton.jit
+def write_tile(acc, out_ptr, cnt_ptr, y_ptr, bias_ptr, cols, offs_m, offs_n, M, N, stride_os, stride_om, stride_ym,
+               tile_id, pid_k, REDUCE_SPLIT: tl.constexpr, ADD_BIAS: tl.constexpr):
+    """The epilogue of a split-K GEMM's (BM, BN) tile ``acc`` (fp32): with REDUCE_SPLIT > 1, through
+    :func:`last_split_reduces` (``out`` is the partials); otherwise store it (+ the bias at ``cols``) into
+    slice ``pid_k`` of ``out`` (the output itself when unsplit, else the partials of a second launch)."""
+    if REDUCE_SPLIT > 1:
+        last_split_reduces(acc, out_ptr, cnt_ptr, y_ptr, bias_ptr, offs_m, offs_n, M, N, stride_ym,
+                           tile_id, pid_k, REDUCE_SPLIT, ADD_BIAS)
+    else:
+        if ADD_BIAS:  # with a separate split-K reduce pass the bias is added there (ADD_BIAS is False)
+            acc += tl.load(bias_ptr + cols).to(tl.float32)[None, :]
+        out_ptrs = out_ptr + pid_k * stride_os + offs_m[:, None].to(tl.int64) * stride_om + offs_n[None, :]
+        mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+        tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
 def splitk_reduce(partial: torch.Tensor, bias: torch.Tensor | None, y: torch.Tensor) -> None:
     """Write ``partial.sum(0) (+ bias)`` into ``y`` (M, N); ``partial`` is contiguous (SPLIT_K, M, N) fp32."""
     split_k, m, n = partial.shape

@@ -153,7 +153,7 @@ def launch_quantized(xq, s_x, crow_indices, col_indices, values, w_scale, bias, 
     config = config or pick_config(m, n, xq.shape[1], col_indices.shape[0])
     if config.kernel != "gemm" or config.block_m < 16:
         raise ValueError(f"config: expected a 'gemm' BsrConfig with block_m >= 16, got {config}")
-    use_pdl = pdl_enabled(xq.device, w8a8_pair=True)
+    use_pdl = pdl_enabled(xq.device, pair=True)
     grid = (n // config.block_n, triton.cdiv(m, config.block_m), config.split)
     workspace, counters = last_split_buffers(y, config.split, m, n, grid[0] * grid[1])
     _bsr_w8a8_kernel[grid](

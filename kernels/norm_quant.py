@@ -120,7 +120,7 @@ def _outputs(x: torch.Tensor, m: int, k: int):
 
 def _launch_options(x: torch.Tensor, k: int) -> dict:
     block_k = triton.next_power_of_2(k)
-    use_pdl = pdl_enabled(x.device, w8a8_pair=True)
+    use_pdl = pdl_enabled(x.device, pair=True)
     num_warps = 4 if block_k <= 1024 else 8 if block_k <= 4096 else 16
     return {"BLOCK_K": block_k, "USE_PDL": use_pdl, "num_warps": num_warps, **launch_options(use_pdl)}
 

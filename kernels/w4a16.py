@@ -33,6 +33,8 @@ Triton loads the words from shared memory straight into the tensor-core operand 
 unpack (13 PTX instructions per word for all 8 planes, :func:`kernels.w4a16_gemv.nibble_planes_asm`)
 happens in registers: the unpacked tile never goes through shared memory, which bound the plain
 tiled kernel. The x tile is loaded whole (cp.async) and split into its planes in registers.
+``PREFETCH_SCALE`` loads the next K tile's scale row at the top of each iteration (Triton leaves
+that row out of its pipeline): on 64-wide plane tiles, and on all of them with 16-bit scales.
 
 Small M is memory bound (the packed weight is a quarter of the fp16 bytes). At M = 1 on layers of
 >= 4 Mi weights the launcher runs :mod:`kernels.w4a16_fma` (CUDA-core FMAs: 2.2-3.0x cuBLAS on an
@@ -59,7 +61,7 @@ import triton
 import triton.language as tl
 
 from kernels._checks import interpreting, check_activation, check_bias, check_same_device, check_shape, check_tensor
-from kernels._splitk import last_split_reduces, reduces_in_kernel, split_buffers, splitk_reduce
+from kernels._splitk import reduces_in_kernel, split_buffers, splitk_reduce, write_tile
 from kernels._tiles import (SMALL_LAYER, grouped_tile, prefetch_split_k, split8, split_k_for, split_k_range,
                             weight_columns)
 from kernels.w4a16_fma import launch_fma
@@ -99,7 +101,7 @@ class TileConfig(NamedTuple):
     # "dequant" (dequantize, then cuBLAS)
     asm_unpack: bool = True  # skinny path and nibble planes: inline-PTX unpack (False: plain Triton ops; always
     # so in the interpreter)
-    prefetch_scale: bool = False  # skinny path: load the next K tile's scales one iteration ahead
+    prefetch_scale: bool = False  # skinny and tiled paths: load the next K tile's scales one iteration ahead
     chunk: int = 1  # tiled path: K tiles per loop step (power of two); their scale rows come in one load
     planes: bool = False  # tiled path: the K tile as 8 nibble planes (packed words straight into the dot operand)
 
@@ -206,7 +208,7 @@ def _w4a16_matmul_kernel(
     SPLIT_K, ADD_BIAS: tl.constexpr, REDUCE_SPLIT: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
     SCALE_AFTER_DOT: tl.constexpr, MAGIC_UNPACK: tl.constexpr, EXPANDED_LOAD: tl.constexpr,
     FP32_OPERANDS: tl.constexpr, CHUNK: tl.constexpr, PLANES: tl.constexpr, ASM_UNPACK: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    PREFETCH_SCALE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
     pid_m, pid_n = grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     pid_k = tl.program_id(1)
@@ -228,6 +230,10 @@ def _w4a16_matmul_kernel(
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     offs_c = tl.arange(0, CHUNK)
+    if PREFETCH_SCALE:  # CHUNK = 1: one tile ahead (clamped, so an empty split reads in bounds)
+        scale_next = tl.load(s_ptrs + (min(k_first, K - 1) // group_size) * stride_sg).to(tl.float32)
+    else:
+        scale_next = tl.zeros((BLOCK_N,), dtype=tl.float32)
     for k0 in range(k_first, k_last, CHUNK * BLOCK_K):  # one step = CHUNK K tiles
         # the step's CHUNK scale rows in one load, issued before any tile waits on it (clamped: a tile
         # past k_last reads a valid row and contributes zero)
@@ -248,7 +254,10 @@ def _w4a16_matmul_kernel(
                     packed = tl.load(q_ptrs, mask=(kt + offs_k)[:, None] < k_last, other=0)
                 else:
                     packed = tl.load(q_ptrs, mask=(kt // 8 + offs_kp)[:, None] < k_last // 8, other=0)
-            if CHUNK == 1:  # the original order: tile loads, then its scale row
+            if PREFETCH_SCALE:  # the next tile's scale row is in flight while this tile computes
+                scale = scale_next
+                scale_next = tl.load(s_ptrs + (min(kt + BLOCK_K, k_last - 1) // group_size) * stride_sg).to(tl.float32)
+            elif CHUNK == 1:  # the original order: tile loads, then its scale row
                 scale = tl.load(s_ptrs + (k0 // group_size) * stride_sg).to(tl.float32)  # (BN,)
             else:  # row t of the (CHUNK, BN) tile: a sum of one value and zeros, exact
                 scale = tl.sum(tl.where((offs_c == t)[:, None], scales, 0.0), axis=0)
@@ -261,15 +270,8 @@ def _w4a16_matmul_kernel(
             x_ptrs += BLOCK_K * stride_xk
             q_ptrs += (BLOCK_K // 8) * stride_qk
 
-    if REDUCE_SPLIT > 1:  # out is the fp32 partials (SPLIT_K, M, N); the last split to finish sums them
-        last_split_reduces(acc, out_ptr, cnt_ptr, y_ptr, bias_ptr, offs_m, offs_n, M, N, stride_ym,
-                           tl.program_id(0), pid_k, REDUCE_SPLIT, ADD_BIAS)
-    else:
-        if ADD_BIAS:  # with a separate split-K reduce pass the bias is added there (ADD_BIAS is False)
-            acc += tl.load(bias_ptr + cols).to(tl.float32)[None, :]
-        out_ptrs = out_ptr + pid_k * stride_os + offs_m[:, None].to(tl.int64) * stride_om + offs_n[None, :]
-        mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-        tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+    write_tile(acc, out_ptr, cnt_ptr, y_ptr, bias_ptr, cols, offs_m, offs_n, M, N, stride_os, stride_om, stride_ym,
+               tl.program_id(0), pid_k, REDUCE_SPLIT, ADD_BIAS)
 
 
 @triton.jit
@@ -331,8 +333,9 @@ def pick_config(m: int, n: int, k: int, group_size: int) -> TileConfig:
                           scale_after_dot=True)
     block_k = 128 if group_size == k else min(128, group_size)
     if m <= PLANES_MAX_M and block_k == 128:  # 64 columns per warp; H100 sweeps, session 9 (docs/kernels-notes.md)
-        cfg = TileConfig(16, 128 if n >= WIDE_N else 64, 128, num_warps=2, num_stages=3, scale_after_dot=True,
-                         planes=True)
+        block_n = 128 if n >= WIDE_N else 64  # 64-wide tiles load the next scale row early (11008x4096: 21.3 -> 18.5 us)
+        cfg = TileConfig(16, block_n, 128, num_warps=2, num_stages=3, scale_after_dot=True, planes=True,
+                         prefetch_scale=block_n == 64)
         return cfg._replace(split_k=_balanced_split_k(m, n, k, cfg))
     if m <= 16:  # the skinny path (kernels.w4a16_gemv) measured slower on the H100: see docs/kernels-notes.md
         cfg = TileConfig(16, 64, 128, num_warps=4, num_stages=4, scale_after_dot=True)
@@ -417,6 +420,10 @@ def launch(x2, qweight, scales, group_size: int, bias=None, config: TileConfig |
     if m == 0:
         return y
     cfg = config or pick_config(m, n, k, group_size)
+    if config is None and cfg.planes and scales.element_size() == 2:
+        # 16-bit scale rows are loaded synchronously in the loop: always one K tile ahead (H100, M = 16,
+        # 8192x28672: 74.8 -> 69.2 us, the fp32-scale time; docs/kernels-notes.md, session 10)
+        cfg = cfg._replace(prefetch_scale=True)
     if cfg.path == "dequant":
         w_t = dequantize(qweight, scales, group_size, x2.dtype)  # (K, N)
         if bias is None:
@@ -450,6 +457,8 @@ def _launch_tiled(x2, qweight, scales, group_size, bias, y, cfg: TileConfig) -> 
     by a second launch (:func:`kernels._splitk.reduces_in_kernel`)."""
     m, k = x2.shape
     n = qweight.shape[1]
+    if cfg.prefetch_scale and cfg.chunk != 1:
+        raise ValueError(f"config: prefetch_scale needs chunk 1 (a chunk loads its scale rows together), got {cfg.chunk}")
     if cfg.planes and (cfg.block_k < 128 or cfg.expanded_load or cfg.chunk != 1):
         raise ValueError(f"config: nibble planes need block_k >= 128 (one 16-deep dot per plane), no expanded "
                          f"load and chunk 1, got block_k={cfg.block_k}, expanded_load={cfg.expanded_load}, "
@@ -467,7 +476,7 @@ def _launch_tiled(x2, qweight, scales, group_size, bias, y, cfg: TileConfig) -> 
         EVEN_K=k % (cfg.block_k * cfg.chunk * cfg.split_k) == 0, EVEN_N=n % cfg.block_n == 0,
         SCALE_AFTER_DOT=cfg.scale_after_dot, MAGIC_UNPACK=cfg.magic_unpack, EXPANDED_LOAD=cfg.expanded_load,
         FP32_OPERANDS=interpreting() and x2.dtype == torch.bfloat16, CHUNK=cfg.chunk, PLANES=bool(cfg.planes),
-        ASM_UNPACK=cfg.asm_unpack and cfg.planes and not interpreting(),
+        ASM_UNPACK=cfg.asm_unpack and cfg.planes and not interpreting(), PREFETCH_SCALE=cfg.prefetch_scale,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )

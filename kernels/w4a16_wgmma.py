@@ -24,8 +24,12 @@ them side by side, so a pass first writes x with each 128-column tile in pair or
 
     xp[m, kt + 32 p + 2 r + e] = x[m, kt + 8 r + 2 p + e]
 
-after which pair p's columns are the contiguous xp[:, kt + 32 p : kt + 32 p + 32].
+after which pair p's columns are the contiguous xp[:, kt + 32 p : kt + 32 p + 32]. The pass and the
+kernel are a PDL pair (:mod:`kernels._pdl`): the kernel may launch while the pass finishes and waits
+before its first read of xp.
 
+16-bit scales are read as int32 words, two channels each (``SCALE_HALVES``): a 2-byte load per
+thread cannot go through ``cp.async``, and Triton then loads the row synchronously in the loop.
 ``SCALE_FIRST`` multiplies the unpacked weights by their scale in x's dtype and sums every dot into
 one accumulator (the dequantize-then-multiply order of the large-M paths); otherwise each K tile's
 exact integer product is scaled in fp32. Token rows past M are wrapped copies of real rows whose
@@ -39,7 +43,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._splitk import last_split_reduces, reduces_in_kernel, split_buffers, splitk_reduce
+from kernels._pdl import launch_options, let_dependents_launch, pdl_enabled, wait_for_inputs
+from kernels._splitk import reduces_in_kernel, split_buffers, splitk_reduce, write_tile
 from kernels._tiles import split_k_range, weight_columns
 from kernels.w4a16_gemv import nibble_planes
 
@@ -47,7 +52,8 @@ PLANE_TILE = 128  # K tile: 16 packed words, 8 planes of 16 channels
 
 
 @triton.jit
-def _permute_planes_kernel(x_ptr, xp_ptr, M, stride_xm, stride_xk, stride_pm, BLOCK_M: tl.constexpr):
+def _permute_planes_kernel(x_ptr, xp_ptr, M, stride_xm, stride_xk, stride_pm, BLOCK_M: tl.constexpr,
+                           USE_PDL: tl.constexpr):
     """xp[m, kt + 32 p + 2 r + e] = x[m, kt + 8 r + 2 p + e] for one (BLOCK_M, 128) tile (loads stay in 256 bytes per row)."""
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     kt = tl.program_id(1) * 128
@@ -55,17 +61,20 @@ def _permute_planes_kernel(x_ptr, xp_ptr, M, stride_xm, stride_xk, stride_pm, BL
     source = kt + ((c % 32) // 2) * 8 + (c // 32) * 2 + c % 2  # column 32 p + 2 r + e <- 8 r + 2 p + e
     m_ok = (offs_m < M)[:, None]
     rows = offs_m.to(tl.int64)[:, None]
+    wait_for_inputs(USE_PDL)  # x comes from the kernel before
     tile = tl.load(x_ptr + rows * stride_xm + source[None, :] * stride_xk, mask=m_ok)
     tl.store(xp_ptr + rows * stride_pm + (kt + c)[None, :], tile, mask=m_ok)
+    let_dependents_launch(USE_PDL)  # the GEMM may start; it waits before reading xp
 
 
-def permute_planes(x2: torch.Tensor) -> torch.Tensor:
-    """x (M, K), K a multiple of 128, with each 128-column tile in plane order (see the module docstring)."""
+def permute_planes(x2: torch.Tensor, use_pdl: bool = False) -> torch.Tensor:
+    """x (M, K), K a multiple of 128, with each 128-column tile in pair order (see the module docstring)."""
     m, k = x2.shape
     xp = torch.empty((m, k), dtype=x2.dtype, device=x2.device)
     block_m = 16
-    _permute_planes_kernel[(triton.cdiv(m, block_m), k // PLANE_TILE)](x2, xp, m, x2.stride(0), x2.stride(1),
-                                                                       xp.stride(0), BLOCK_M=block_m, num_warps=4)
+    _permute_planes_kernel[(triton.cdiv(m, block_m), k // PLANE_TILE)](
+        x2, xp, m, x2.stride(0), x2.stride(1), xp.stride(0), BLOCK_M=block_m, USE_PDL=use_pdl, num_warps=4,
+        **launch_options(use_pdl))
     return xp
 
 
@@ -99,7 +108,7 @@ def _w4a16_wgmma_kernel(
     M, N, K, group_size,
     stride_xm, stride_qk, stride_qn, stride_sg, stride_sn, stride_os, stride_om, stride_ym,
     SPLIT_K, ADD_BIAS: tl.constexpr, REDUCE_SPLIT: tl.constexpr, EVEN_N: tl.constexpr,
-    SCALE_FIRST: tl.constexpr, SCALE_HALVES: tl.constexpr, S_DTYPE: tl.constexpr, ASM_UNPACK: tl.constexpr, FP32_OPERANDS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    SCALE_FIRST: tl.constexpr, SCALE_HALVES: tl.constexpr, S_DTYPE: tl.constexpr, USE_PDL: tl.constexpr, ASM_UNPACK: tl.constexpr, FP32_OPERANDS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     tiles_m = tl.cdiv(M, BLOCK_M)
     pid_m = tl.program_id(0) % tiles_m  # the token tiles of one weight tile run side by side (L2 reuse)
@@ -118,6 +127,7 @@ def _w4a16_wgmma_kernel(
 
     w_dtype: tl.constexpr = tl.float32 if FP32_OPERANDS else xp_ptr.dtype.element_ty
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    wait_for_inputs(USE_PDL)  # xp comes from the permutation pass before
     for kt in range(k_first, k_last, 128):
         packed = tl.load(q_ptrs)
         w0, w1, w2, w3, w4, w5, w6, w7 = nibble_planes(packed, w_dtype, ASM_UNPACK)
@@ -140,20 +150,24 @@ def _w4a16_wgmma_kernel(
         q_ptrs += 16 * stride_qk
         x_ptrs += 128
 
-    acc_t = tl.trans(acc)  # (BM, BN)
-    if REDUCE_SPLIT > 1:  # out is the fp32 partials (SPLIT_K, M, N); the last split to finish sums them
-        last_split_reduces(acc_t, out_ptr, cnt_ptr, y_ptr, bias_ptr, offs_m, offs_n, M, N, stride_ym,
-                           tl.program_id(0), pid_k, REDUCE_SPLIT, ADD_BIAS)
-    else:
-        if ADD_BIAS:  # with a separate split-K reduce pass the bias is added there (ADD_BIAS is False)
-            acc_t += tl.load(bias_ptr + cols).to(tl.float32)[None, :]
-        out_ptrs = out_ptr + pid_k * stride_os + offs_m[:, None].to(tl.int64) * stride_om + offs_n[None, :]
-        tl.store(out_ptrs, acc_t.to(out_ptr.dtype.element_ty), mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+    let_dependents_launch(USE_PDL)
+    write_tile(tl.trans(acc), out_ptr, cnt_ptr, y_ptr, bias_ptr, cols, offs_m, offs_n, M, N, stride_os, stride_om,
+               stride_ym, tl.program_id(0), pid_k, REDUCE_SPLIT, ADD_BIAS)
 
 
 def supports(k: int, group_size: int) -> bool:
     """Whether this kernel serves the layer: 128-deep K tiles inside one scale group."""
     return k % PLANE_TILE == 0 and group_size % PLANE_TILE == 0
+
+
+def _scale_operand(scales: torch.Tensor):
+    """(tensor the kernel reads, whether it holds 16-bit scales in int32 pairs, their Triton dtype)."""
+    n = scales.shape[1]
+    if scales.element_size() == 4:
+        return scales, False, tl.float32
+    if scales.stride(1) == 1 and scales.stride(0) % 2 == 0 and n % 2 == 0 and scales.storage_offset() % 2 == 0:
+        return scales.view(torch.int32), True, tl.float16 if scales.dtype == torch.float16 else tl.bfloat16
+    return scales.float(), False, tl.float32  # a layout the int32 view cannot read: one conversion pass
 
 
 def launch_wgmma(x2, qweight, scales, group_size, bias, y, cfg, interpreting: bool) -> None:
@@ -164,27 +178,23 @@ def launch_wgmma(x2, qweight, scales, group_size, bias, y, cfg, interpreting: bo
     if not supports(k, group_size) or cfg.block_k != PLANE_TILE:
         raise ValueError(f"config: the wgmma path needs block_k = {PLANE_TILE}, K and group_size multiples of "
                          f"{PLANE_TILE}, got block_k={cfg.block_k}, K={k}, group_size={group_size}")
-    xp = permute_planes(x2)
-    halves = (scales.element_size() == 2 and scales.stride(1) == 1 and scales.stride(0) % 2 == 0 and n % 2 == 0
-              and scales.storage_offset() % 2 == 0)
-    s_dtype = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}[scales.dtype]
-    if scales.element_size() == 2 and not halves:
-        scales = scales.float()  # a layout the int32 view cannot read: one conversion pass instead
-        s_dtype = tl.float32
-    s_view = scales.view(torch.int32) if halves else scales
+    use_pdl = pdl_enabled(x2.device, pair=True)
+    xp = permute_planes(x2, use_pdl)
+    s_view, halves, s_dtype = _scale_operand(scales)
     grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n), cfg.split_k)
     in_kernel = reduces_in_kernel(cfg.split_k, cfg.block_m)
     out, counters = split_buffers(y, cfg.split_k, m, n, grid[0], in_kernel)
     _w4a16_wgmma_kernel[grid](
-        xp, qweight, s_view, bias if bias is not None else scales, out, y, counters,
+        xp, qweight, s_view, bias if bias is not None else s_view, out, y, counters,
         m, n, k, group_size,
         xp.stride(0), qweight.stride(0), qweight.stride(1), s_view.stride(0), s_view.stride(1),
         m * n if cfg.split_k > 1 else 0, out.stride(-2), y.stride(0),
         cfg.split_k, ADD_BIAS=bias is not None and (cfg.split_k == 1 or in_kernel),
         REDUCE_SPLIT=cfg.split_k if in_kernel else 1, EVEN_N=n % cfg.block_n == 0, SCALE_FIRST=not cfg.scale_after_dot,
-        SCALE_HALVES=halves, S_DTYPE=s_dtype,
+        SCALE_HALVES=halves, S_DTYPE=s_dtype, USE_PDL=use_pdl,
         ASM_UNPACK=cfg.asm_unpack and not interpreting, FP32_OPERANDS=interpreting and x2.dtype == torch.bfloat16,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        **launch_options(use_pdl),
     )
     if cfg.split_k > 1 and not in_kernel:
         splitk_reduce(out, bias, y)

@@ -270,7 +270,7 @@ def quantize_rows(x2: torch.Tensor, x_scale: torch.Tensor | None = None, one_pas
     static = x_scale.reshape(-1).contiguous() if x_scale is not None else s_x
     one_pass = (k <= ONE_PASS_DEFAULT_K if one_pass is None else one_pass) and k <= ONE_PASS_MAX_K
     block_k = triton.next_power_of_2(k) if one_pass else min(triton.next_power_of_2(k), 2048)
-    use_pdl = pdl_enabled(x2.device, w8a8_pair=True)
+    use_pdl = pdl_enabled(x2.device, pair=True)
     _quantize_rows_kernel[(m,)](
         x2, xq, s_x, static, k, x2.stride(0), x2.stride(1),
         STATIC=x_scale is not None, STATIC_PER_ROW=x_scale is not None and x_scale.numel() > 1,
@@ -310,7 +310,7 @@ def launch_gemm(xq, s_x, w_q, w_scale, bias, cfg: TileConfig, y) -> torch.Tensor
         if cfg.split_k == 1 and tma_ready(xq, w_q):
             return launch_tma(xq, s_x, w_q, w_scale, bias, cfg, y)
         cfg = LARGE_M_TILE._replace(split_k=split_k_for(m, n, k, LARGE_M_TILE))  # the pointer kernel's tiles
-    use_pdl = pdl_enabled(xq.device, w8a8_pair=True)
+    use_pdl = pdl_enabled(xq.device, pair=True)
     grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n), cfg.split_k)
     in_kernel = reduces_in_kernel(cfg.split_k, cfg.block_m)  # else a second launch sums the K splits
     out, counters = split_buffers(y, cfg.split_k, m, n, grid[0], in_kernel)

@@ -71,7 +71,7 @@ def launch_tma(xq, s_x, w_q, w_scale, bias, cfg, y) -> torch.Tensor:
     n = w_q.shape[0]
     x_desc = TensorDescriptor.from_tensor(xq, [cfg.block_m, cfg.block_k])
     w_desc = TensorDescriptor.from_tensor(w_q, [cfg.block_n, cfg.block_k])
-    use_pdl = pdl_enabled(xq.device, w8a8_pair=True)
+    use_pdl = pdl_enabled(xq.device, pair=True)
     grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n),)
     _w8a8_tma_kernel[grid](
         x_desc, w_desc, s_x, w_scale, bias if bias is not None else w_scale, y,

@@ -32,6 +32,8 @@ the two-pass version, alone and with the GEMM after it, at M = 16 to 8192.
 loaded straight into the dot operand, no unpacked tile in shared memory) against the current pick.
 ``--sweep wgmma`` times the swapped nibble planes (``kernels/w4a16_wgmma.py``: the weight as the register
 operand of wgmma, x permuted into plane order first) in several tiles against the current pick.
+``--sweep scales`` times the current W4A16 pick with fp32 and fp16 scales, with and without the scale row
+loaded one K tile ahead.
 """
 from __future__ import annotations
 
@@ -459,15 +461,16 @@ PLANES_CELLS = [((8192, 28672), 16), ((4096, 4096), 16), ((11008, 4096), 16), ((
                 ((1024, 1024), 16), ((1024, 1024), 1), ((8192, 28672), 1), ((4096, 4096), 1)]
 
 
-def sweep_planes(deadline, out_dir, meta):
-    """Time ``planes_variants`` with fp16 and tinygemm alongside; rewrite the result files after every cell."""
+def sweep_w4(cells, variants, name, deadline, out_dir, meta):
+    """Time the W4A16 ``variants(m, n, k)`` -> [(label, TileConfig)] with cuBLAS fp16 and tinygemm
+    alongside at ``cells``; rewrite the ``name`` result files after every cell."""
     def time_cell(k, n, m, wsets, xs, fp16_us):
         tiny = time_tinygemm(xs, wsets)
-        return time_variants("w4a16", w4.launch, planes_variants(m, n, k), w4_args(xs, wsets),
+        return time_variants("w4a16", w4.launch, variants(m, n, k), w4_args(xs, wsets),
                              dict(k=k, n=n, m=m, r=len(wsets), fp16_us=fp16_us, int4pk_us=tiny))
 
-    return sweep_cells(PLANES_CELLS, deadline, lambda k, n: make_weights(k, n, rotations(k, n)), time_cell,
-                       out_dir, "planes_sweep", meta)
+    return sweep_cells(cells, deadline, lambda k, n: make_weights(k, n, rotations(k, n)), time_cell,
+                       out_dir, name, meta)
 
 
 def wgmma_variants(m, n, k):
@@ -491,15 +494,30 @@ WGMMA_CELLS = [((8192, 28672), 64), ((4096, 11008), 64), ((11008, 4096), 64), ((
                ((4096, 4096), 128), ((8192, 28672), 256), ((8192, 8192), 256), ((1024, 1024), 64)]
 
 
-def sweep_wgmma(deadline, out_dir, meta):
-    """Time ``wgmma_variants`` with fp16 and tinygemm alongside; rewrite the result files after every cell."""
-    def time_cell(k, n, m, wsets, xs, fp16_us):
-        tiny = time_tinygemm(xs, wsets)
-        return time_variants("w4a16", w4.launch, wgmma_variants(m, n, k), w4_args(xs, wsets),
-                             dict(k=k, n=n, m=m, r=len(wsets), fp16_us=fp16_us, int4pk_us=tiny))
+SCALE_CELLS = [((8192, 28672), 16), ((8192, 8192), 16), ((4096, 11008), 16), ((11008, 4096), 16), ((4096, 4096), 16),
+               ((8192, 28672), 4), ((4096, 4096), 4), ((8192, 28672), 64), ((4096, 11008), 64), ((8192, 8192), 64),
+               ((11008, 4096), 64)]
 
-    return sweep_cells(WGMMA_CELLS, deadline, lambda k, n: make_weights(k, n, rotations(k, n)), time_cell,
-                       out_dir, "wgmma_sweep", meta)
+
+def sweep_scales(deadline, out_dir, meta):
+    """The current W4A16 pick with fp32 and with fp16 scales (the kernel benchmark passes them in x's
+    dtype, the exported modules in fp32), each also with the scale row loaded one K tile ahead."""
+    def time_cell(k, n, m, wsets, xs, fp16_us):
+        current = w4.pick_config(m, n, k, GROUP)
+        rows = []
+        for scale_dtype in (torch.float32, torch.float16):
+            sets = [dict(w, scales=w["scales"].to(scale_dtype)) for w in wsets]
+            variants = [("current", current)]
+            if current.path == "tiled":
+                variants.append(("prefetch", current._replace(prefetch_scale=True)))
+            rows += time_variants("w4a16", w4.launch, variants, w4_args(xs, sets),
+                                  dict(k=k, n=n, m=m, r=len(wsets), fp16_us=fp16_us, scales=str(scale_dtype)))
+            for row in rows[-len(variants):]:
+                row["label"] += f" {str(scale_dtype)[6:]} scales"
+        return rows
+
+    return sweep_cells(SCALE_CELLS, deadline, lambda k, n: make_weights(k, n, rotations(k, n)), time_cell,
+                       out_dir, "scales_sweep", meta)
 
 
 TMA_CELLS = [((4096, 4096), 2048), ((4096, 11008), 2048), ((11008, 4096), 2048), ((8192, 8192), 2048),
@@ -639,11 +657,15 @@ def run_sweep(name, deadline, out_dir, meta):
     """The rows of sweep ``name`` (``--sweep``); the named sweeps also write their own result files."""
     w8_sweeps = {"fused": (FUSED_CELLS, fused_variants), "split16": (SPLIT16_CELLS, split16_variants),
                  "tma": (TMA_CELLS, tma_variants)}
-    named = {"chunk": sweep_chunk, "small": sweep_small, "decode": sweep_decode, "planes": sweep_planes, "wgmma": sweep_wgmma,
+    w4_sweeps = {"planes": (PLANES_CELLS, planes_variants), "wgmma": (WGMMA_CELLS, wgmma_variants)}
+    named = {"chunk": sweep_chunk, "small": sweep_small, "decode": sweep_decode, "scales": sweep_scales,
              "quant": sweep_quant}
     if name in w8_sweeps:
         cells, variants = w8_sweeps[name]
         return sweep_w8(cells, variants, f"{name}_sweep", deadline, out_dir, meta)
+    if name in w4_sweeps:
+        cells, variants = w4_sweeps[name]
+        return sweep_w4(cells, variants, f"{name}_sweep", deadline, out_dir, meta)
     if name in named:
         return named[name](deadline, out_dir, meta)
     return sweep_skinny(deadline) if name == "skinny" else sweep(deadline)
@@ -652,7 +674,7 @@ def run_sweep(name, deadline, out_dir, meta):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
-    parser.add_argument("--sweep", nargs="?", const="all", choices=["all", "skinny", "chunk", "fused", "small", "decode", "split16", "planes", "wgmma", "tma", "quant"], default=None)
+    parser.add_argument("--sweep", nargs="?", const="all", choices=["all", "skinny", "chunk", "fused", "small", "decode", "split16", "planes", "wgmma", "scales", "tma", "quant"], default=None)
     parser.add_argument("--deadline-epoch", type=float, default=None, help="absolute stop time (overrides budgets)")
     parser.add_argument("--methods", default=",".join(METHODS), help="table columns to time, e.g. fp16,w4a16,int4pk")
     parser.add_argument("--no-table", action="store_true")

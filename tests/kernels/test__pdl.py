@@ -20,9 +20,9 @@ def test_mode_defaults_to_the_w8a8_pair_and_rejects_unknown_values(monkeypatch):
 @pytest.mark.parametrize("mode", ["pair", "all", "0"])
 def test_never_on_cpu_or_under_the_interpreter(monkeypatch, mode):
     monkeypatch.setenv("COMPRESS_KERNELS_PDL", mode)
-    assert not _pdl.pdl_enabled(torch.device("cpu"), w8a8_pair=True)  # CUDA only
+    assert not _pdl.pdl_enabled(torch.device("cpu"), pair=True)  # CUDA only
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    assert not _pdl.pdl_enabled(torch.device("cuda", 0), w8a8_pair=True)
+    assert not _pdl.pdl_enabled(torch.device("cuda", 0), pair=True)
 
 
 @pytest.mark.gpu
@@ -32,7 +32,7 @@ def test_gpu_modes_pick_the_kernels(monkeypatch, mode, pair_on, others_on):
         pytest.skip("PDL needs sm_90 or later")
     monkeypatch.setenv("COMPRESS_KERNELS_PDL", mode)
     device = torch.device("cuda", torch.cuda.current_device())
-    assert _pdl.pdl_enabled(device, w8a8_pair=True) is pair_on
+    assert _pdl.pdl_enabled(device, pair=True) is pair_on
     assert _pdl.pdl_enabled(device) is others_on
 
 
@@ -50,7 +50,8 @@ def _chain(layers, x):
 
 def _decode_like_layers(k):
     """Every PDL path, with K = N so the layers chain: the W4A16 and W8A8 one-row kernels, the W8A8
-    quantize + GEMM pair, and the DDS gemv and gemm kernels (the latter split, so it reduces in-kernel)."""
+    quantize + GEMM pair, the DDS gemv and gemm kernels (the latter split, so it reduces in-kernel) and
+    W4A16's x permutation + nibble-pair GEMM (unsplit, and split with the sum in the kernel)."""
     qweight, _, scales = random_int4_weight(k, k, 128, device="cuda")
     w_q = torch.randint(-127, 128, (k, k), dtype=torch.int8, device="cuda")
     w_scale = torch.rand(k, device="cuda") * 1e-3 + 1e-4
@@ -61,6 +62,7 @@ def _decode_like_layers(k):
     parts = (sparse.crow_indices(), sparse.col_indices(), sparse.values())
     split_gemm = bsr.BsrConfig("gemm", block_m=16, block_n=32, group=4, num_warps=4, num_stages=3, split=4)
     gemv = bsr.BsrConfig("gemv", block_m=1, block_n=32, group=4, num_warps=4, num_stages=3)
+    pairs = w4a16.TileConfig(16, 64, 128, path="wgmma")
     return [
         lambda x: w4a16.w4a16_matmul(x, qweight, scales, 128) * 0.05,
         lambda x: w8a8.w8a8_matmul(x, w_q, w_scale),
@@ -68,6 +70,8 @@ def _decode_like_layers(k):
         lambda x: _bsr(x, parts, k, gemv),
         lambda x: _bsr(x, parts, k, split_gemm),
         lambda x: w4a16.w4a16_matmul(x, qweight, scales, 128) * 0.05,
+        lambda x: w4a16.launch(x, qweight, scales, 128, config=pairs) * 0.05,  # x permutation + pair GEMM
+        lambda x: w4a16.launch(x, qweight, scales, 128, config=pairs._replace(split_k=2)) * 0.05,
     ]
 
 
@@ -88,7 +92,7 @@ def test_gpu_pdl_chain_matches_plain_launches_eager_and_in_a_graph(monkeypatch, 
     monkeypatch.setenv("COMPRESS_KERNELS_PDL", "0")
     plain = _chain(layers, x)
     monkeypatch.setenv("COMPRESS_KERNELS_PDL", mode)
-    assert _pdl.pdl_enabled(x.device, w8a8_pair=True)
+    assert _pdl.pdl_enabled(x.device, pair=True)
     for _ in range(3):
         torch.testing.assert_close(_chain(layers, x), plain, rtol=0, atol=0)
     static_x = x.clone()

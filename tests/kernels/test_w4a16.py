@@ -106,6 +106,9 @@ def check_config_against_reference(dtype, m, k, n, g, cfg):
         (3, 264, 264, TileConfig(16, 32, 128, split_k=2, scale_after_dot=True, planes=True)),  # G = K, masked tail
         (2, 264, 264, TileConfig(16, 32, 128, split_k=1, scale_after_dot=True, planes=True)),
         (40, 256, 128, TileConfig(64, 32, 128, split_k=2, scale_after_dot=True, planes=True)),
+        (7, 640, 128, TileConfig(16, 32, 128, split_k=2, scale_after_dot=True, planes=True, prefetch_scale=True)),
+        (3, 264, 264, TileConfig(16, 32, 128, split_k=2, scale_after_dot=True, planes=True, prefetch_scale=True)),
+        (9, 192, 64, TileConfig(16, 32, 64, split_k=2, scale_after_dot=False, prefetch_scale=True)),  # plain tiles
     ],
 )
 def test_nibble_planes_match_reference(dtype, m, k, g, cfg):
@@ -187,8 +190,19 @@ def test_pick_config_buckets():
     for m, n, k, g in ((1, 1024, 1024, 128), (2, 4096, 4096, 128), (16, 28672, 8192, 128), (16, 4096, 4096, 4096)):
         cfg = pick_config(m, n, k, g)  # 128-deep K tiles: the nibble planes
         assert cfg.path == "tiled" and cfg.planes and cfg.block_k == 128
-        assert cfg.block_n == (128 if n >= 8192 else 64)
+        assert cfg.block_n == (128 if n >= 8192 else 64) and cfg.prefetch_scale == (cfg.block_n == 64)
     assert not pick_config(16, 4096, 4096, 64).planes and not pick_config(17, 4096, 4096, 128).planes
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_default_planes_with_16_bit_scales_match_reference(dtype):
+    """16-bit scales make the launcher load each scale row one K tile ahead (any tile width)."""
+    m, k, n, g = 6, 640, 8192, 128  # 8192 outputs: 128-wide tiles, which do not prefetch with fp32 scales
+    assert pick_config(m, n, k, g).planes and not pick_config(m, n, k, g).prefetch_scale
+    x = torch.randn(m, k, device=DEVICE).to(dtype)
+    qweight, _, scales = random_int4_weight(k, n, g, scale_dtype=dtype, device=DEVICE)
+    y = w4a16_matmul(x, qweight, scales, g)
+    assert rel_error(y, reference.w4a16_matmul_ref(x, qweight, scales, g)) <= TOL[dtype]
 
 
 def test_pick_config_gives_large_layers_the_swapped_nibble_pairs_from_17_to_256_rows():
@@ -306,7 +320,8 @@ def test_gpu_chunked_steps_match_reference_and_unchunked(dtype, m, chunk, stages
     x = torch.randn(m, k, device="cuda").to(dtype)
     qweight, _, scales = random_int4_weight(k, n, g, device="cuda")
     bias = torch.randn(n, device="cuda").to(dtype)
-    base = pick_config(m, n, k, g)._replace(planes=0, path="tiled", block_m=16 if m <= 16 else 64)  # chunks: plain tiles
+    base = pick_config(m, n, k, g)._replace(planes=0, path="tiled", block_m=16 if m <= 16 else 64,
+                                            prefetch_scale=False)  # chunks: plain tiles
     cfg = base._replace(chunk=chunk, num_stages=stages, split_k=3)  # 3 splits: a ragged last one
     y = launch(x, qweight, scales, g, bias, config=cfg)
     assert rel_error(y, reference.w4a16_matmul_ref(x, qweight, scales, g, bias)) <= TOL[dtype]

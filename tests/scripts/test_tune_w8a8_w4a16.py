@@ -117,12 +117,14 @@ def test_tma_variants_time_tma_tiles_next_to_the_current_pick():
 def test_run_sweep_dispatches_every_name(monkeypatch):
     calls = []
     monkeypatch.setattr(tune, "sweep_w8", lambda cells, variants, name, *rest: calls.append((name, variants)) or [])
-    for fn in ("sweep_chunk", "sweep_small", "sweep_decode", "sweep_planes", "sweep_wgmma", "sweep_quant", "sweep_skinny",
-               "sweep"):
+    monkeypatch.setattr(tune, "sweep_w4", lambda cells, variants, name, *rest: calls.append((name, variants)) or [])
+    for fn in ("sweep_chunk", "sweep_small", "sweep_decode", "sweep_scales", "sweep_quant", "sweep_skinny", "sweep"):
         monkeypatch.setattr(tune, fn, lambda *args, fn=fn: calls.append((fn,)) or [])
-    for name in ("fused", "split16", "tma", "chunk", "small", "decode", "planes", "wgmma", "quant", "skinny", "all"):
+    for name in ("fused", "split16", "tma", "planes", "wgmma", "chunk", "small", "decode", "scales", "quant", "skinny",
+                 "all"):
         tune.run_sweep(name, 0.0, ".", {})
-    assert calls[:3] == [("fused_sweep", tune.fused_variants), ("split16_sweep", tune.split16_variants),
-                         ("tma_sweep", tune.tma_variants)]
-    assert calls[3:] == [("sweep_chunk",), ("sweep_small",), ("sweep_decode",), ("sweep_planes",), ("sweep_wgmma",),
-                         ("sweep_quant",), ("sweep_skinny",), ("sweep",)]
+    assert calls[:5] == [("fused_sweep", tune.fused_variants), ("split16_sweep", tune.split16_variants),
+                         ("tma_sweep", tune.tma_variants), ("planes_sweep", tune.planes_variants),
+                         ("wgmma_sweep", tune.wgmma_variants)]
+    assert calls[5:] == [("sweep_chunk",), ("sweep_small",), ("sweep_decode",), ("sweep_scales",), ("sweep_quant",),
+                         ("sweep_skinny",), ("sweep",)]
