@@ -13,11 +13,13 @@ interpreter and older GPUs never use it):
 * ``pair`` (default): only the places where two of our kernels follow each other, one writing what
   the other reads: W8A8's quantize pass and the GEMM after it, and W4A16's x permutation and the
   swapped nibble-pair GEMM after it (:mod:`kernels.w4a16_wgmma`). The first kernel lets the second
-  launch after its last store, and the second waits before reading what the first wrote. On an H100 this took all-MiniLM-L6-v2's W8A8 forward at
-  batch 1 (64 tokens, CUDA graph) from 0.313-0.316 ms to 0.292-0.293 ms (dense 0.290-0.295 ms);
+  launch after its last store, and the second waits before reading what the first wrote. On an
+  H100 the W8A8 pair took all-MiniLM-L6-v2's W8A8 forward at batch 1 (64 tokens, CUDA graph) from
+  0.313-0.316 ms to 0.292-0.293 ms (dense 0.290-0.295 ms);
   letting the GEMM launch at the start of the quantize pass instead made batch 8 slower
   (0.363 -> 0.467 ms; probably the early GEMM programs took SM slots while quantize programs
-  still ran: not profiled).
+  still ran: not profiled). The W4A16 pair: 8192x28672 at M = 64 went 121.3 -> 116.8 us between two
+  full kernel benchmark runs without and with it; the other pair cells moved by at most 1.4 us.
 * ``all``: also the one-row W4A16 and W8A8 kernels and both DDS kernels, which load their weights
   before the wait. Slower on the H100 decode benchmark (Llama-2-7B shapes, batch 1, CUDA graphs:
   W4A16 2.707 -> 2.781 ms per step, W8A8 3.886 -> 3.972, DDS 90% 1.764 -> 1.828), so not the
