@@ -46,8 +46,7 @@ each 16-row tile to finish, in the kernel, else by :func:`kernels._splitk.splitk
 SM a stream of weight tiles; from M = 128 on, a Triton dequantize pass and cuBLAS.
 ``CHUNK`` > 1 makes one loop step cover CHUNK K tiles whose scale rows come in one (CHUNK, BN) load
 (same per-tile products and summation order as CHUNK = 1); measured slower on the H100, not a default.
-``path="skinny"`` (:mod:`kernels.w4a16_gemv`, two nibbles per op) and ``path="swap"``
-(:mod:`kernels.w4a16_swap`, the weight as the left dot operand) are selectable variants that measured
+``path="skinny"`` (:mod:`kernels.w4a16_gemv`, two nibbles per op) is a selectable variant that measured
 no faster. Tiles come from the heuristic ``pick_config`` on (M bucket, N, K, G); there is no
 autotuning, so the first call can be captured in a CUDA graph. Registered as
 ``torch.ops.compress_kernels.w4a16_matmul``.
@@ -66,7 +65,6 @@ from kernels._tiles import (SMALL_LAYER, grouped_tile, prefetch_split_k, split8,
                             weight_columns)
 from kernels.w4a16_fma import launch_fma
 from kernels.w4a16_gemv import launch_skinny, nibble_planes, nibble_values
-from kernels.w4a16_swap import launch_swap
 from kernels.w4a16_wgmma import launch_wgmma
 from kernels.w4a16_wgmma import supports as wgmma_supports
 
@@ -96,9 +94,8 @@ class TileConfig(NamedTuple):
     magic_unpack: bool = False
     expanded_load: bool = False
     path: str = "tiled"  # "fma" (kernels.w4a16_fma, CUDA-core FMAs, M = 1), "wgmma" (kernels.w4a16_wgmma,
-    # swapped nibble planes, the weight as register operand), "swap" (kernels.w4a16_swap,
-    # weight as left operand, M <= 64), "skinny" (kernels.w4a16_gemv, M <= 64), "tiled" (tl.dot),
-    # "dequant" (dequantize, then cuBLAS)
+    # swapped nibble pairs, the weight as register operand), "skinny" (kernels.w4a16_gemv, M <= 64),
+    # "tiled" (tl.dot), "dequant" (dequantize, then cuBLAS)
     asm_unpack: bool = True  # skinny path and nibble planes: inline-PTX unpack (False: plain Triton ops; always
     # so in the interpreter)
     prefetch_scale: bool = False  # skinny and tiled paths: load the next K tile's scales one iteration ahead
@@ -440,13 +437,10 @@ def launch(x2, qweight, scales, group_size: int, bias=None, config: TileConfig |
         launch_wgmma(x2, qweight, scales, group_size, bias, y, cfg, interpreting())
         return y
     out = y if cfg.split_k == 1 else torch.empty((cfg.split_k, m, n), dtype=torch.float32, device=x2.device)
-    if cfg.path == "swap":
-        launch_swap(x2, qweight, scales, group_size, bias, out, cfg, interpreting() and x2.dtype == torch.bfloat16)
-    elif cfg.path == "skinny":
-        fp32_operands = interpreting() and x2.dtype == torch.bfloat16
-        launch_skinny(x2, qweight, scales, group_size, bias, out, cfg, cfg.asm_unpack and not interpreting(), fp32_operands)
-    else:
-        raise ValueError(f"config.path: expected fma, tiled, wgmma, swap, skinny or dequant, got {cfg.path!r}")
+    if cfg.path != "skinny":
+        raise ValueError(f"config.path: expected fma, tiled, wgmma, skinny or dequant, got {cfg.path!r}")
+    fp32_operands = interpreting() and x2.dtype == torch.bfloat16
+    launch_skinny(x2, qweight, scales, group_size, bias, out, cfg, cfg.asm_unpack and not interpreting(), fp32_operands)
     if cfg.split_k > 1:
         splitk_reduce(out, bias, y)
     return y

@@ -6,7 +6,6 @@ rotating weight sets replayed under ``do_bench``):
   * ``tiled``   the default W4A16 config (``kernels.w4a16.pick_config``),
   * ``fma ...`` the CUDA-core kernel for M = 1 (``kernels/w4a16_fma.py``) in several tile configs,
   * ``tiled ...`` (``--tiled``) the tensor-core kernel in 16/32/64-wide N tiles and K splits 1-8,
-  * ``swap ...`` the swapped-operand kernel (``kernels/w4a16_swap.py``),
   * ``stream``  a kernel that only loads the packed weight in the tiled kernel's tiles and folds them
     with XOR: the bandwidth this access pattern reaches in Triton with no math at all.
 
@@ -77,19 +76,6 @@ def tiled_configs(m, n, k):
         for split in (1, 2, 4, 8):
             if (k // 128) // split >= 1:
                 out.append(w4.TileConfig(16, bn, 128, split_k=split, num_warps=nw, num_stages=3, scale_after_dot=True))
-    return out
-
-
-def swap_configs(m, n, k):
-    block_m = 16 if m <= 16 else 64
-    base = w4.TileConfig(block_m, 64, 128, num_warps=4, num_stages=4, path="swap")
-    out = []
-    for cfg in (base, base._replace(num_stages=3), base._replace(num_stages=6), base._replace(block_n=128),
-                base._replace(block_n=128, num_warps=8), base._replace(block_n=32, num_warps=2)):
-        bal = w4._balanced_split_k(m, n, k, cfg)
-        out.append(cfg._replace(split_k=bal))
-        if bal > 1:
-            out.append(cfg._replace(split_k=bal // 2))
     return out
 
 

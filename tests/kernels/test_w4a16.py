@@ -70,11 +70,6 @@ def test_every_kernel_variant(dtype, cfg):
         (40, 48, 64, TileConfig(64, 32, 64, split_k=1, path="skinny")),
         (3, 80, 32, TileConfig(16, 64, 32, split_k=4, path="skinny", prefetch_scale=True)),  # an empty split too
         (17, 64, 64, TileConfig(32, 32, 64, split_k=2, path="skinny", prefetch_scale=True)),
-        (1, 64, 32, TileConfig(16, 32, 32, split_k=3, path="swap")),  # 3 splits over 6 K tiles
-        (5, 80, 64, TileConfig(16, 64, 64, split_k=1, path="swap")),  # N not a BLOCK_N multiple
-        (16, 96, 64, TileConfig(16, 32, 64, split_k=2, num_warps=2, path="swap")),
-        (20, 64, 32, TileConfig(16, 32, 32, split_k=4, path="swap")),  # two token tiles; one empty split
-        (40, 48, 64, TileConfig(64, 32, 64, split_k=1, path="swap")),
         (1, 64, 32, TileConfig(1, 32, 32, split_k=3, path="fma")),  # 3 splits over 6 K tiles
         (1, 80, 64, TileConfig(1, 64, 64, split_k=1, path="fma")),  # N not a BLOCK_N multiple
         (3, 96, 64, TileConfig(1, 32, 64, split_k=4, num_warps=2, path="fma")),  # one empty split
@@ -137,13 +132,19 @@ def test_skinny_split_balance():
         assert (k // (128 * 4)) // _balanced_split_k(1, n, k, chunked) >= 2
 
 
+def test_unknown_path_is_refused_with_the_known_ones():
+    qweight, _, scales = random_int4_weight(64, 32, 32, device=DEVICE)
+    with pytest.raises(ValueError, match="expected fma, tiled, wgmma, skinny or dequant, got 'swap'"):
+        launch(torch.randn(2, 64, device=DEVICE).half(), qweight, scales, 32, config=TileConfig(16, 32, 32, path="swap"))
+
+
 def test_per_channel_group_with_k_not_a_tile_multiple():
     m, k, n = 3, 200, 24  # G = K = 200: BLOCK_K does not divide K, tails are masked
     x = torch.randn(m, k, device=DEVICE).half()
     qweight, _, scales = random_int4_weight(k, n, k, device=DEVICE)
     for cfg in (None, TileConfig(16, 32, 64, split_k=2, scale_after_dot=True),
                 TileConfig(0, 0, 0, path="dequant"), TileConfig(16, 32, 64, split_k=2, path="skinny"),
-                TileConfig(16, 32, 64, split_k=2, path="swap"), TileConfig(1, 32, 64, split_k=2, path="fma"),
+                TileConfig(1, 32, 64, split_k=2, path="fma"),
                 TileConfig(16, 32, 64, split_k=2, magic_unpack=True, expanded_load=True),
                 TileConfig(16, 32, 64, split_k=2, scale_after_dot=True, chunk=2)):
         y = launch(x, qweight, scales, k, config=cfg)
@@ -351,10 +352,9 @@ def test_gpu_skinny_inline_ptx_matches_plain_unpack(dtype, m):
     "m,cfg",
     [(1, TileConfig(1, 64, 128, split_k=2, num_stages=3, path="fma")),
      (1, TileConfig(1, 256, 128, split_k=4, num_warps=8, path="fma")),
-     (3, TileConfig(1, 128, 64, split_k=1, path="fma")),
-     (5, TileConfig(16, 64, 128, split_k=2, path="swap")), (64, TileConfig(64, 64, 128, split_k=1, path="swap"))],
+     (3, TileConfig(1, 128, 64, split_k=1, path="fma"))],
 )
-def test_gpu_fma_and_swap_full_size(dtype, m, cfg):
+def test_gpu_fma_full_size(dtype, m, cfg):
     k, n, g = 4096, 4096 + 64, 128  # N a multiple of 64 only: the wrapped-column path for wider tiles
     x = torch.randn(m, k, device="cuda").to(dtype)
     qweight, _, scales = random_int4_weight(k, n, g, device="cuda")
