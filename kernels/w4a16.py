@@ -205,7 +205,8 @@ def _w4a16_matmul_kernel(
     SPLIT_K, ADD_BIAS: tl.constexpr, REDUCE_SPLIT: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
     SCALE_AFTER_DOT: tl.constexpr, MAGIC_UNPACK: tl.constexpr, EXPANDED_LOAD: tl.constexpr,
     FP32_OPERANDS: tl.constexpr, CHUNK: tl.constexpr, PLANES: tl.constexpr, ASM_UNPACK: tl.constexpr,
-    PREFETCH_SCALE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    PREFETCH_SCALE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
     pid_m, pid_n = grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     pid_k = tl.program_id(1)
@@ -253,7 +254,8 @@ def _w4a16_matmul_kernel(
                     packed = tl.load(q_ptrs, mask=(kt // 8 + offs_kp)[:, None] < k_last // 8, other=0)
             if PREFETCH_SCALE:  # the next tile's scale row is in flight while this tile computes
                 scale = scale_next
-                scale_next = tl.load(s_ptrs + (min(kt + BLOCK_K, k_last - 1) // group_size) * stride_sg).to(tl.float32)
+                next_row = min(kt + BLOCK_K, k_last - 1) // group_size
+                scale_next = tl.load(s_ptrs + next_row * stride_sg).to(tl.float32)
             elif CHUNK == 1:  # the original order: tile loads, then its scale row
                 scale = tl.load(s_ptrs + (k0 // group_size) * stride_sg).to(tl.float32)  # (BN,)
             else:  # row t of the (CHUNK, BN) tile: a sum of one value and zeros, exact
@@ -330,7 +332,8 @@ def pick_config(m: int, n: int, k: int, group_size: int) -> TileConfig:
                           scale_after_dot=True)
     block_k = 128 if group_size == k else min(128, group_size)
     if m <= PLANES_MAX_M and block_k == 128:  # 64 columns per warp; H100 sweeps, session 9 (docs/kernels-notes.md)
-        block_n = 128 if n >= WIDE_N else 64  # 64-wide tiles load the next scale row early (11008x4096: 21.3 -> 18.5 us)
+        # 64-wide tiles load the next scale row early (H100, 11008x4096: 21.3 -> 18.5 us)
+        block_n = 128 if n >= WIDE_N else 64
         cfg = TileConfig(16, block_n, 128, num_warps=2, num_stages=3, scale_after_dot=True, planes=True,
                          prefetch_scale=block_n == 64)
         return cfg._replace(split_k=_balanced_split_k(m, n, k, cfg))
@@ -433,7 +436,7 @@ def launch(x2, qweight, scales, group_size: int, bias=None, config: TileConfig |
     if cfg.path == "tiled":  # writes y itself (its K splits summed in the kernel or by a second launch)
         _launch_tiled(x2, qweight, scales, group_size, bias, y, cfg)
         return y
-    if cfg.path == "wgmma":  # the same, after a pass that puts x in plane order
+    if cfg.path == "wgmma":  # the same, after a pass that puts x in pair order
         launch_wgmma(x2, qweight, scales, group_size, bias, y, cfg, interpreting())
         return y
     out = y if cfg.split_k == 1 else torch.empty((cfg.split_k, m, n), dtype=torch.float32, device=x2.device)
@@ -452,7 +455,8 @@ def _launch_tiled(x2, qweight, scales, group_size, bias, y, cfg: TileConfig) -> 
     m, k = x2.shape
     n = qweight.shape[1]
     if cfg.prefetch_scale and cfg.chunk != 1:
-        raise ValueError(f"config: prefetch_scale needs chunk 1 (a chunk loads its scale rows together), got {cfg.chunk}")
+        raise ValueError(f"config: prefetch_scale needs chunk 1 (a chunk loads its scale rows together), "
+                         f"got {cfg.chunk}")
     if cfg.planes and (cfg.block_k < 128 or cfg.expanded_load or cfg.chunk != 1):
         raise ValueError(f"config: nibble planes need block_k >= 128 (one 16-deep dot per plane), no expanded "
                          f"load and chunk 1, got block_k={cfg.block_k}, expanded_load={cfg.expanded_load}, "

@@ -20,7 +20,7 @@ apart in K, a 2-way shared-memory bank conflict on every load.)
 
 The x columns of pair p (kt + 8r + 2p + e) come in runs of 2, 8 apart. A 32-deep B operand needs
 them side by side, so a pass first writes x with each 128-column tile in pair order
-(:func:`permute_planes`)::
+(:func:`permute_pairs`)::
 
     xp[m, kt + 32 p + 2 r + e] = x[m, kt + 8 r + 2 p + e]
 
@@ -48,13 +48,14 @@ from kernels._splitk import reduces_in_kernel, split_buffers, splitk_reduce, wri
 from kernels._tiles import split_k_range, weight_columns
 from kernels.w4a16_gemv import nibble_planes
 
-PLANE_TILE = 128  # K tile: 16 packed words, 8 planes of 16 channels
+PLANE_TILE = 128  # K tile: 16 packed words, 4 nibble pairs of 32 channels
 
 
 @triton.jit
-def _permute_planes_kernel(x_ptr, xp_ptr, M, stride_xm, stride_xk, stride_pm, BLOCK_M: tl.constexpr,
+def _permute_pairs_kernel(x_ptr, xp_ptr, M, stride_xm, stride_xk, stride_pm, BLOCK_M: tl.constexpr,
                            USE_PDL: tl.constexpr):
-    """xp[m, kt + 32 p + 2 r + e] = x[m, kt + 8 r + 2 p + e] for one (BLOCK_M, 128) tile (loads stay in 256 bytes per row)."""
+    """xp[m, kt + 32 p + 2 r + e] = x[m, kt + 8 r + 2 p + e] for one (BLOCK_M, 128) tile (a row's loads
+    stay within 256 bytes)."""
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     kt = tl.program_id(1) * 128
     c = tl.arange(0, 128)
@@ -67,12 +68,12 @@ def _permute_planes_kernel(x_ptr, xp_ptr, M, stride_xm, stride_xk, stride_pm, BL
     let_dependents_launch(USE_PDL)  # the GEMM may start; it waits before reading xp
 
 
-def permute_planes(x2: torch.Tensor, use_pdl: bool = False) -> torch.Tensor:
+def permute_pairs(x2: torch.Tensor, use_pdl: bool = False) -> torch.Tensor:
     """x (M, K), K a multiple of 128, with each 128-column tile in pair order (see the module docstring)."""
     m, k = x2.shape
     xp = torch.empty((m, k), dtype=x2.dtype, device=x2.device)
     block_m = 16
-    _permute_planes_kernel[(triton.cdiv(m, block_m), k // PLANE_TILE)](
+    _permute_pairs_kernel[(triton.cdiv(m, block_m), k // PLANE_TILE)](
         x2, xp, m, x2.stride(0), x2.stride(1), xp.stride(0), BLOCK_M=block_m, USE_PDL=use_pdl, num_warps=4,
         **launch_options(use_pdl))
     return xp
@@ -81,7 +82,7 @@ def permute_planes(x2: torch.Tensor, use_pdl: bool = False) -> torch.Tensor:
 @triton.jit
 def _pair_dot(acc, lo, hi, x_ptrs, p: tl.constexpr, FP32_OPERANDS: tl.constexpr):
     """acc + nibble pair p of the weight tile, (BN, 32) with column 2r + e = nibble 2p + e of word r,
-    times the transposed x columns 32 p .. 32 p + 31 of the tile (in plane order)."""
+    times the transposed x columns 32 p .. 32 p + 31 of the tile (in pair order)."""
     w = tl.reshape(tl.join(lo, hi), (lo.shape[0], 32))
     xp = tl.load(x_ptrs + 32 * p)  # (BM, 32)
     if FP32_OPERANDS:
@@ -103,12 +104,13 @@ def _scale_row(s_ptrs, HALVES: tl.constexpr, S_DTYPE: tl.constexpr, cols):
 
 @triton.jit
 def _w4a16_wgmma_kernel(
-    xp_ptr, qw_ptr, s_ptr, bias_ptr, out_ptr,  # xp (M, K) plane order, qweight (K/8, N), scales, bias (N,), out
+    xp_ptr, qw_ptr, s_ptr, bias_ptr, out_ptr,  # xp (M, K) in pair order, qweight (K/8, N), scales, bias, out
     y_ptr, cnt_ptr,  # REDUCE_SPLIT > 1: the output (M, N) and one ticket counter per output tile
     M, N, K, group_size,
     stride_xm, stride_qk, stride_qn, stride_sg, stride_sn, stride_os, stride_om, stride_ym,
     SPLIT_K, ADD_BIAS: tl.constexpr, REDUCE_SPLIT: tl.constexpr, EVEN_N: tl.constexpr,
-    SCALE_FIRST: tl.constexpr, SCALE_HALVES: tl.constexpr, S_DTYPE: tl.constexpr, USE_PDL: tl.constexpr, ASM_UNPACK: tl.constexpr, FP32_OPERANDS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    SCALE_FIRST: tl.constexpr, SCALE_HALVES: tl.constexpr, S_DTYPE: tl.constexpr, USE_PDL: tl.constexpr,
+    ASM_UNPACK: tl.constexpr, FP32_OPERANDS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     tiles_m = tl.cdiv(M, BLOCK_M)
     pid_m = tl.program_id(0) % tiles_m  # the token tiles of one weight tile run side by side (L2 reuse)
@@ -171,7 +173,7 @@ def _scale_operand(scales: torch.Tensor):
 
 
 def launch_wgmma(x2, qweight, scales, group_size, bias, y, cfg, interpreting: bool) -> None:
-    """Permute x into plane order, then run the kernel into ``y`` (M, N). ``cfg`` is a
+    """Permute x into pair order, then run the kernel into ``y`` (M, N). ``cfg`` is a
     :class:`kernels.w4a16.TileConfig` (block_m tokens, block_n channels, split_k, warps, stages)."""
     m, k = x2.shape
     n = qweight.shape[1]
@@ -179,7 +181,7 @@ def launch_wgmma(x2, qweight, scales, group_size, bias, y, cfg, interpreting: bo
         raise ValueError(f"config: the wgmma path needs block_k = {PLANE_TILE}, K and group_size multiples of "
                          f"{PLANE_TILE}, got block_k={cfg.block_k}, K={k}, group_size={group_size}")
     use_pdl = pdl_enabled(x2.device, pair=True)
-    xp = permute_planes(x2, use_pdl)
+    xp = permute_pairs(x2, use_pdl)
     s_view, halves, s_dtype = _scale_operand(scales)
     grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n), cfg.split_k)
     in_kernel = reduces_in_kernel(cfg.split_k, cfg.block_m)

@@ -469,10 +469,10 @@ def test_wgmma_reads_16_bit_scales_in_pairs_or_converts_them(dtype, n, sliced):
     assert rel_error(y, reference.w4a16_matmul_ref(x, qweight, scales, g, bias)) <= TOL[dtype]
 
 
-def test_permute_planes_puts_each_nibble_pair_side_by_side():
-    from kernels.w4a16_wgmma import permute_planes
+def test_permute_pairs_puts_each_nibble_pair_side_by_side():
+    from kernels.w4a16_wgmma import permute_pairs
     x = torch.arange(3 * 256, dtype=torch.float32, device=DEVICE).reshape(3, 256).to(torch.float16)
-    xp = permute_planes(x)
+    xp = permute_pairs(x)
     for kt in (0, 128):
         for p in range(4):  # pair p: columns 8r + 2p + e, r = 0..15, e = 0, 1, in (r, e) order
             expected = torch.stack([x[:, kt + 2 * p: kt + 128: 8], x[:, kt + 2 * p + 1: kt + 128: 8]], dim=-1)
