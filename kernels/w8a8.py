@@ -51,6 +51,7 @@ import triton.language as tl
 from kernels._checks import (ACTIVATION_DTYPES, check_activation, check_bias, check_same_device, check_shape,
                              check_tensor, interpreting)
 from kernels._pdl import launch_options, let_dependents_launch, pdl_enabled, wait_for_inputs
+from kernels._prefetch import prefetch_allowed, prefetch_rows
 from kernels._splitk import last_split_reduces, reduces_in_kernel, split_buffers, splitk_reduce
 from kernels._tiles import SMALL_LAYER, grouped_tile, resident_split_k, split_k_for, split_k_range
 from kernels.w8a8_fused import launch_fused, quantize_int8
@@ -75,6 +76,8 @@ class TileConfig(NamedTuple):
     fused: bool = False
     gemv: bool = False
     tma: bool = False  # pre-pass path without split-K: tiles loaded through TMA descriptors (kernels.w8a8_tma)
+    prefetch: int = 0  # pre-pass path: bytes of each weight row prefetched into L2 at the start (kernels._prefetch)
+    early_launch: bool = False  # with PDL: the quantize pass lets the GEMM launch at its start, not its end
 
 
 @triton.jit
@@ -82,8 +85,10 @@ def _quantize_rows_kernel(
     x_ptr, xq_ptr, sx_ptr, static_ptr,  # x (M, K), xq (M, K) int8 contiguous, s_x (M,) fp32, static scale
     K, stride_xm, stride_xk,
     STATIC: tl.constexpr, STATIC_PER_ROW: tl.constexpr, BLOCK_K: tl.constexpr, ONE_PASS: tl.constexpr,
-    USE_PDL: tl.constexpr,
+    USE_PDL: tl.constexpr, EARLY_LAUNCH: tl.constexpr,
 ):
+    if EARLY_LAUNCH:  # few rows: every program of this pass is resident, the GEMM takes free SMs only
+        let_dependents_launch(USE_PDL)
     wait_for_inputs(USE_PDL)  # x comes from the kernel before
     row = tl.program_id(0)
     x_row = x_ptr + row.to(tl.int64) * stride_xm
@@ -117,7 +122,8 @@ def _quantize_rows_kernel(
             tl.store(xq_row + k0 + offs, quantize_int8(v, scale), mask=mask)
     # the GEMM may launch now (it waits for this kernel before reading xq); at the kernel's start this
     # made batch 8 of a MiniLM-size model slower (kernels/_pdl.py)
-    let_dependents_launch(USE_PDL)
+    if not EARLY_LAUNCH:
+        let_dependents_launch(USE_PDL)
 
 
 @triton.jit
@@ -128,9 +134,8 @@ def _w8a8_matmul_kernel(
     stride_xm, stride_xk, stride_wn, stride_wk, stride_os, stride_om, stride_ym,  # stride_os: between split-K slices
     SPLIT_K, ADD_BIAS: tl.constexpr, EVEN_K: tl.constexpr, REDUCE_SPLIT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    USE_PDL: tl.constexpr,
+    USE_PDL: tl.constexpr, PREFETCH_BYTES: tl.constexpr,
 ):
-    wait_for_inputs(USE_PDL)  # xq and s_x come from the quantize kernel before
     # grouped tile order: GROUP_M row-tiles share each weight column-tile while it sits in L2
     pid_m, pid_n = grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     pid_k = tl.program_id(1)
@@ -142,6 +147,9 @@ def _w8a8_matmul_kernel(
     offs_k = tl.arange(0, BLOCK_K)
 
     k_first, k_last = split_k_range(pid_k, K, SPLIT_K, BLOCK_K)
+    if PREFETCH_BYTES > 0:  # the weights are fixed: start their reads before waiting for xq (int8: 1 byte each)
+        prefetch_rows(w_ptr + cols * stride_wn + k_first, K - k_first, PREFETCH_BYTES)
+    wait_for_inputs(USE_PDL)  # xq and s_x come from the quantize kernel before
     x_ptrs = xq_ptr + rows[:, None] * stride_xm + (k_first + offs_k)[None, :] * stride_xk  # (BM, BK)
     w_ptrs = w_ptr + cols[None, :] * stride_wn + (k_first + offs_k)[:, None] * stride_wk  # (BK, BN)
 
@@ -172,7 +180,18 @@ def _w8a8_matmul_kernel(
         tl.store(out_ptrs, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-SMALL_M_TILE = TileConfig(16, 64, 256, split_k=1, num_warps=4, num_stages=5)  # 2 <= M <= 16
+SMALL_M_TILE = TileConfig(16, 64, 256, split_k=1, num_warps=4, num_stages=5)  # 2 <= M <= 16, layers > 64 Mi
+NARROW_MAX_WEIGHTS = 64 * 2**20  # 2 <= M <= 16 up to this many weights: 32 outputs per program
+
+
+def small_m_tile(n: int, k: int) -> TileConfig:
+    """The 16-row tile at 2 <= M <= 16 (no split-K): 32 outputs per program on layers of at most
+    ``NARROW_MAX_WEIGHTS`` weights, else 64. On an H100 the 32-wide tile (twice the programs) was 2-5%
+    faster from 4096x4096 to 11008x4096 and level on 8192x8192 at M = 4, 8 and 16, and 1% slower
+    on 8192x28672 (docs/kernels-notes.md, "W8A8 and DDS at small M: L2 prefetch")."""
+    if n * k <= NARROW_MAX_WEIGHTS:
+        return SMALL_M_TILE._replace(block_n=32)
+    return SMALL_M_TILE
 LARGE_M_TMA_TILE = TileConfig(128, 256, 128, num_warps=8, num_stages=4, tma=True)  # M > 256 (192 KB of shared memory)
 LARGE_M_TILE = TileConfig(256, 128, 128, num_warps=8, num_stages=3)  # M > 256 where TMA cannot run
 TARGET_TILES = 132  # one program per SM of an H100 / H200
@@ -208,7 +227,7 @@ def pick_config(m: int, n: int, k: int) -> TileConfig:
     if m == 1 and n * k > SMALL_LAYER and n <= GEMV_MAX_N:  # one token row: no quantize launch
         return gemv_config(m, n, k, block_n=32, block_k=128, num_warps=2)
     if m <= 16:  # no split-K: slower at every shape measured, even summed in the kernel (docs/kernels-notes.md)
-        return SMALL_M_TILE
+        return small_m_tile(n, k)
     if m <= 64:
         cfg = TileConfig(32, 64, 256, num_warps=4, num_stages=4)
     elif m <= 256:
@@ -256,7 +275,8 @@ ONE_PASS_DEFAULT_K = 4096  # rows up to this long are read once by default (H100
 # pass 47.8 -> 35.7 us; at K = 11008, padded to 16384, one pass was slower: 40.2 -> 56.1 us at M = 2048)
 
 
-def quantize_rows(x2: torch.Tensor, x_scale: torch.Tensor | None = None, one_pass: bool | None = None):
+def quantize_rows(x2: torch.Tensor, x_scale: torch.Tensor | None = None, one_pass: bool | None = None,
+                  early_launch: bool = False):
     """Triton per-token quantization of ``x2`` (M, K): ``(xq int8 (M, K), s_x fp32 (M,))``.
 
     ``one_pass`` (default: K <= ``ONE_PASS_DEFAULT_K``; never above ``ONE_PASS_MAX_K``): one program
@@ -274,7 +294,7 @@ def quantize_rows(x2: torch.Tensor, x_scale: torch.Tensor | None = None, one_pas
     _quantize_rows_kernel[(m,)](
         x2, xq, s_x, static, k, x2.stride(0), x2.stride(1),
         STATIC=x_scale is not None, STATIC_PER_ROW=x_scale is not None and x_scale.numel() > 1,
-        BLOCK_K=block_k, ONE_PASS=one_pass, USE_PDL=use_pdl,
+        BLOCK_K=block_k, ONE_PASS=one_pass, USE_PDL=use_pdl, EARLY_LAUNCH=early_launch and use_pdl,
         num_warps=4 if block_k <= 1024 else (8 if block_k <= 4096 else 16), **launch_options(use_pdl),
     )
     return xq, s_x
@@ -298,7 +318,7 @@ def launch(x2, w_q, w_scale, bias=None, x_scale=None, config: TileConfig | None 
         return launch_fused(x2, w_q, w_scale, bias, x_scale, cfg, y)
     if cfg.gemv:
         return launch_gemv(x2, w_q, w_scale, bias, x_scale, cfg, y)
-    xq, s_x = quantize_rows(x2, x_scale)
+    xq, s_x = quantize_rows(x2, x_scale, early_launch=cfg.early_launch)
     return launch_gemm(xq, s_x, w_q, w_scale, bias, cfg, y)
 
 
@@ -322,8 +342,8 @@ def launch_gemm(xq, s_x, w_q, w_scale, bias, cfg: TileConfig, y) -> torch.Tensor
         cfg.split_k, ADD_BIAS=bias is not None and (cfg.split_k == 1 or in_kernel),
         EVEN_K=k % (cfg.block_k * cfg.split_k) == 0, REDUCE_SPLIT=cfg.split_k if in_kernel else 1,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        GROUP_M=cfg.group_m, USE_PDL=use_pdl, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        **launch_options(use_pdl),
+        GROUP_M=cfg.group_m, USE_PDL=use_pdl, PREFETCH_BYTES=cfg.prefetch if prefetch_allowed(w_q) else 0,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_options(use_pdl),
     )
     if cfg.split_k > 1 and not in_kernel:
         splitk_reduce(out, bias, y)
@@ -364,7 +384,7 @@ def quantized_config(m: int, n: int, k: int) -> TileConfig:
     """``pick_config``'s tiles for a GEMM whose input is already quantized: the pre-pass path's
     (the one-row and fused kernels quantize x themselves, so M = 1 takes the 16-row tile)."""
     cfg = pick_config(m, n, k)
-    return SMALL_M_TILE if cfg.gemv or cfg.fused else cfg
+    return small_m_tile(n, k) if cfg.gemv or cfg.fused else cfg
 
 
 def w8a8_matmul_quantized(xq, s_x, w_q, w_scale, bias=None, out_dtype=torch.float16) -> torch.Tensor:

@@ -12,6 +12,7 @@ themselves: at M >= 2048 the launchers densify layers that keep >= 40% of their 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -27,6 +28,9 @@ import bench_kernels as bk  # noqa: E402
 from kernels import bsr_w8a8  # noqa: E402
 from kernels.bsr import BsrConfig, choose_config, launch_bsr  # noqa: E402
 from kernels.reference import bsr_w8a8_matmul_ref  # noqa: E402
+
+
+PREFETCH_SIZES = (8192, 32768, 131072, 2**20)  # bytes per program (--prefetch)
 
 
 def candidates(m: int) -> list[BsrConfig]:
@@ -106,6 +110,8 @@ def tune_case(k, n, m, pct, args):
     else:
         current = choose_config(m, n, k, first["col"].shape[0])
         cands = candidates(m)
+    if args.prefetch:  # the current pick with its programs' stored blocks prefetched into L2 at the start
+        cands = [dataclasses.replace(current, prefetch=size) for size in PREFETCH_SIZES]
     for cfg in dict.fromkeys([current] + cands):
         try:
             y = torch.empty(xs[0][:64].shape[0], n, device="cuda", dtype=torch.float16)
@@ -134,6 +140,7 @@ def main(argv=None):
     p.add_argument("--time-budget-s", type=float, default=200.0)
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--int8", action="store_true", help="tune the sparse W8A8 kernel (kernels/bsr_w8a8.py) instead")
+    p.add_argument("--prefetch", action="store_true", help="time the current pick with L2 prefetch sizes only")
     args = p.parse_args(argv)
     started = time.monotonic()
     results = []
