@@ -8,9 +8,10 @@ Use: the DDS one-row kernel (:mod:`kernels.bsr`, M <= 4) reads the stored blocks
 a contiguous range of ``values``, through a chain of dependent steps (block index, then the x
 columns it names). One prefetch of the first ``PREFETCH_BYTES`` of that range, issued by thread 0 of
 one program per block row before its loop, starts those DRAM reads at once. On an H100 8 KB took
-1-5% off 9 of 10 layer / sparsity cells at M = 1; larger prefetches, and 64 rows of 1-16 KB each
-ahead of the W8A8 16-row GEMM, were slower (docs/kernels-notes.md, "W8A8 and DDS at small M: L2
-prefetch").
+1-5% off 9 of 10 layer / sparsity cells at M = 1 and was 3% slower on the tenth (8192x28672 at 50%,
+so layers above 128 Mi weights do without); larger prefetches were slower, and so were 64 rows of
+1-16 KB each ahead of the W8A8 16-row GEMM (measured in the commit that added this module, then
+removed; docs/kernels-notes.md, "W8A8 and DDS at small M: L2 prefetch").
 
 :func:`prefetch_range` clamps the size to the bytes left in the range (rounded down to 16), so a
 prefetch never reaches past the tensor. The launcher decides whether a prefetch is legal
@@ -24,7 +25,6 @@ import triton.language as tl
 
 from kernels._checks import interpreting
 
-PREFETCH_ASM = tl.constexpr("cp.async.bulk.prefetch.L2.global [$1], $2;\n\tmov.u32 $0, 0;")
 # from thread 0 of the program only: every thread would otherwise ask for the same range
 PREFETCH_ONCE_ASM = tl.constexpr(
     "{\n\t.reg .pred first;\n\t.reg .u32 tid;\n\tmov.u32 tid, %tid.x;\n\tsetp.eq.u32 first, tid, 0;\n\t"
@@ -48,12 +48,3 @@ def prefetch_range(ptr, bytes_left, PREFETCH_BYTES: tl.constexpr):
     size = (tl.minimum(bytes_left, PREFETCH_BYTES) // 16 * 16).to(tl.int32)
     if size > 0:
         tl.inline_asm_elementwise(PREFETCH_ONCE_ASM, "=r,l,r", [ptr, size], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def prefetch_rows(row_ptrs, row_bytes_left, PREFETCH_BYTES: tl.constexpr):
-    """Experiment (W8A8 16-row GEMM): prefetch ``min(PREFETCH_BYTES, row_bytes_left)`` bytes at each
-    pointer of the 1-D ``row_ptrs`` (every thread holding one asks)."""
-    size = tl.minimum(row_bytes_left, PREFETCH_BYTES) // 16 * 16
-    size = tl.zeros(row_ptrs.shape, dtype=tl.int32) + size.to(tl.int32)
-    tl.inline_asm_elementwise(PREFETCH_ASM, "=r,l,r", [row_ptrs, size], dtype=tl.int32, is_pure=False, pack=1)

@@ -51,7 +51,6 @@ import triton.language as tl
 from kernels._checks import (ACTIVATION_DTYPES, check_activation, check_bias, check_same_device, check_shape,
                              check_tensor, interpreting)
 from kernels._pdl import launch_options, let_dependents_launch, pdl_enabled, wait_for_inputs
-from kernels._prefetch import prefetch_allowed, prefetch_rows
 from kernels._splitk import last_split_reduces, reduces_in_kernel, split_buffers, splitk_reduce
 from kernels._tiles import SMALL_LAYER, grouped_tile, resident_split_k, split_k_for, split_k_range
 from kernels.w8a8_fused import launch_fused, quantize_int8
@@ -76,8 +75,6 @@ class TileConfig(NamedTuple):
     fused: bool = False
     gemv: bool = False
     tma: bool = False  # pre-pass path without split-K: tiles loaded through TMA descriptors (kernels.w8a8_tma)
-    prefetch: int = 0  # pre-pass path: bytes of each weight row prefetched into L2 at the start (kernels._prefetch)
-    early_launch: bool = False  # with PDL: the quantize pass lets the GEMM launch at its start, not its end
 
 
 @triton.jit
@@ -85,10 +82,8 @@ def _quantize_rows_kernel(
     x_ptr, xq_ptr, sx_ptr, static_ptr,  # x (M, K), xq (M, K) int8 contiguous, s_x (M,) fp32, static scale
     K, stride_xm, stride_xk,
     STATIC: tl.constexpr, STATIC_PER_ROW: tl.constexpr, BLOCK_K: tl.constexpr, ONE_PASS: tl.constexpr,
-    USE_PDL: tl.constexpr, EARLY_LAUNCH: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
-    if EARLY_LAUNCH:  # few rows: every program of this pass is resident, the GEMM takes free SMs only
-        let_dependents_launch(USE_PDL)
     wait_for_inputs(USE_PDL)  # x comes from the kernel before
     row = tl.program_id(0)
     x_row = x_ptr + row.to(tl.int64) * stride_xm
@@ -122,8 +117,7 @@ def _quantize_rows_kernel(
             tl.store(xq_row + k0 + offs, quantize_int8(v, scale), mask=mask)
     # the GEMM may launch now (it waits for this kernel before reading xq); at the kernel's start this
     # made batch 8 of a MiniLM-size model slower (kernels/_pdl.py)
-    if not EARLY_LAUNCH:
-        let_dependents_launch(USE_PDL)
+    let_dependents_launch(USE_PDL)
 
 
 @triton.jit
@@ -134,8 +128,9 @@ def _w8a8_matmul_kernel(
     stride_xm, stride_xk, stride_wn, stride_wk, stride_os, stride_om, stride_ym,  # stride_os: between split-K slices
     SPLIT_K, ADD_BIAS: tl.constexpr, EVEN_K: tl.constexpr, REDUCE_SPLIT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    USE_PDL: tl.constexpr, PREFETCH_BYTES: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    wait_for_inputs(USE_PDL)  # xq and s_x come from the quantize kernel before
     # grouped tile order: GROUP_M row-tiles share each weight column-tile while it sits in L2
     pid_m, pid_n = grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     pid_k = tl.program_id(1)
@@ -147,9 +142,6 @@ def _w8a8_matmul_kernel(
     offs_k = tl.arange(0, BLOCK_K)
 
     k_first, k_last = split_k_range(pid_k, K, SPLIT_K, BLOCK_K)
-    if PREFETCH_BYTES > 0:  # the weights are fixed: start their reads before waiting for xq (int8: 1 byte each)
-        prefetch_rows(w_ptr + cols * stride_wn + k_first, K - k_first, PREFETCH_BYTES)
-    wait_for_inputs(USE_PDL)  # xq and s_x come from the quantize kernel before
     x_ptrs = xq_ptr + rows[:, None] * stride_xm + (k_first + offs_k)[None, :] * stride_xk  # (BM, BK)
     w_ptrs = w_ptr + cols[None, :] * stride_wn + (k_first + offs_k)[:, None] * stride_wk  # (BK, BN)
 
@@ -275,8 +267,7 @@ ONE_PASS_DEFAULT_K = 4096  # rows up to this long are read once by default (H100
 # pass 47.8 -> 35.7 us; at K = 11008, padded to 16384, one pass was slower: 40.2 -> 56.1 us at M = 2048)
 
 
-def quantize_rows(x2: torch.Tensor, x_scale: torch.Tensor | None = None, one_pass: bool | None = None,
-                  early_launch: bool = False):
+def quantize_rows(x2: torch.Tensor, x_scale: torch.Tensor | None = None, one_pass: bool | None = None):
     """Triton per-token quantization of ``x2`` (M, K): ``(xq int8 (M, K), s_x fp32 (M,))``.
 
     ``one_pass`` (default: K <= ``ONE_PASS_DEFAULT_K``; never above ``ONE_PASS_MAX_K``): one program
@@ -294,7 +285,7 @@ def quantize_rows(x2: torch.Tensor, x_scale: torch.Tensor | None = None, one_pas
     _quantize_rows_kernel[(m,)](
         x2, xq, s_x, static, k, x2.stride(0), x2.stride(1),
         STATIC=x_scale is not None, STATIC_PER_ROW=x_scale is not None and x_scale.numel() > 1,
-        BLOCK_K=block_k, ONE_PASS=one_pass, USE_PDL=use_pdl, EARLY_LAUNCH=early_launch and use_pdl,
+        BLOCK_K=block_k, ONE_PASS=one_pass, USE_PDL=use_pdl,
         num_warps=4 if block_k <= 1024 else (8 if block_k <= 4096 else 16), **launch_options(use_pdl),
     )
     return xq, s_x
@@ -318,7 +309,7 @@ def launch(x2, w_q, w_scale, bias=None, x_scale=None, config: TileConfig | None 
         return launch_fused(x2, w_q, w_scale, bias, x_scale, cfg, y)
     if cfg.gemv:
         return launch_gemv(x2, w_q, w_scale, bias, x_scale, cfg, y)
-    xq, s_x = quantize_rows(x2, x_scale, early_launch=cfg.early_launch)
+    xq, s_x = quantize_rows(x2, x_scale)
     return launch_gemm(xq, s_x, w_q, w_scale, bias, cfg, y)
 
 
@@ -342,8 +333,8 @@ def launch_gemm(xq, s_x, w_q, w_scale, bias, cfg: TileConfig, y) -> torch.Tensor
         cfg.split_k, ADD_BIAS=bias is not None and (cfg.split_k == 1 or in_kernel),
         EVEN_K=k % (cfg.block_k * cfg.split_k) == 0, REDUCE_SPLIT=cfg.split_k if in_kernel else 1,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        GROUP_M=cfg.group_m, USE_PDL=use_pdl, PREFETCH_BYTES=cfg.prefetch if prefetch_allowed(w_q) else 0,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_options(use_pdl),
+        GROUP_M=cfg.group_m, USE_PDL=use_pdl, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        **launch_options(use_pdl),
     )
     if cfg.split_k > 1 and not in_kernel:
         splitk_reduce(out, bias, y)

@@ -525,22 +525,6 @@ TMA_CELLS = [((4096, 4096), 2048), ((4096, 11008), 2048), ((11008, 4096), 2048),
              ((8192, 8192), 8192), ((8192, 28672), 8192)]
 
 
-PREFETCH_CELLS = [(shape, m) for shape in SHAPES if shape[0] * shape[1] > 2**20 for m in (16, 4)]
-
-
-def prefetch_variants(m, n, k):
-    """W8A8 16-row tiles whose programs prefetch the first bytes of their weight rows into L2 before
-    waiting for the quantize pass (``TileConfig.prefetch``), with the quantize pass letting the GEMM
-    launch at its start or its end (``early_launch``), next to the current pick and 32-wide tiles."""
-    T8 = w8.TileConfig
-    t64, t32 = T8(16, 64, 256, num_warps=4, num_stages=5), T8(16, 32, 256, num_warps=4, num_stages=5)
-    tiles = [t32, t64._replace(prefetch=1024), t64._replace(prefetch=4096), t64._replace(prefetch=16384),
-             t64._replace(prefetch=4096, early_launch=True), t64._replace(prefetch=16384, early_launch=True),
-             t64._replace(early_launch=True), t32._replace(prefetch=16384, early_launch=True),
-             t32._replace(prefetch=4096, early_launch=True)]
-    return [("current", w8.pick_config(m, n, k)._replace(gemv=False))] + [("prefetch", t) for t in tiles]
-
-
 def tma_variants(m, n, k):
     """W8A8 large-M tiles with TMA loads (tiles x warps x stages), next to the current pick."""
     T8 = w8.TileConfig
@@ -672,8 +656,7 @@ def sweep_markdown(rows) -> str:
 def run_sweep(name, deadline, out_dir, meta):
     """The rows of sweep ``name`` (``--sweep``); the named sweeps also write their own result files."""
     w8_sweeps = {"fused": (FUSED_CELLS, fused_variants), "split16": (SPLIT16_CELLS, split16_variants),
-                 "tma": (TMA_CELLS, tma_variants),
-                 "prefetch": (PREFETCH_CELLS, prefetch_variants)}
+                 "tma": (TMA_CELLS, tma_variants)}
     w4_sweeps = {"planes": (PLANES_CELLS, planes_variants), "wgmma": (WGMMA_CELLS, wgmma_variants)}
     named = {"chunk": sweep_chunk, "small": sweep_small, "decode": sweep_decode, "scales": sweep_scales,
              "quant": sweep_quant}
@@ -691,7 +674,7 @@ def run_sweep(name, deadline, out_dir, meta):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
-    parser.add_argument("--sweep", nargs="?", const="all", choices=["all", "skinny", "chunk", "fused", "small", "decode", "split16", "planes", "wgmma", "scales", "tma", "quant", "prefetch"], default=None)
+    parser.add_argument("--sweep", nargs="?", const="all", choices=["all", "skinny", "chunk", "fused", "small", "decode", "split16", "planes", "wgmma", "scales", "tma", "quant"], default=None)
     parser.add_argument("--deadline-epoch", type=float, default=None, help="absolute stop time (overrides budgets)")
     parser.add_argument("--methods", default=",".join(METHODS), help="table columns to time, e.g. fp16,w4a16,int4pk")
     parser.add_argument("--no-table", action="store_true")

@@ -162,6 +162,15 @@ def test_pick_config_paths():
     assert pick_config(64, 384, 1536).split_k > 1  # M <= 64 with K >= 1024: split-K measured faster
 
 
+def test_sixteen_row_tiles_are_narrow_up_to_64_mi_weights():
+    for m in (2, 8, 16):
+        assert pick_config(m, 4096, 4096).block_n == 32 and pick_config(m, 4096, 11008).block_n == 32
+        assert pick_config(m, 8192, 8192).block_n == 32  # 64 Mi weights: still narrow
+        assert pick_config(m, 28672, 8192).block_n == 64  # 8192x28672: the 64-wide tile (1% faster there)
+        assert pick_config(m, 28672, 8192).split_k == 1 and pick_config(m, 4096, 4096).split_k == 1
+    assert quantized_config(1, 4096, 4096) == pick_config(16, 4096, 4096)  # quantized input: no one-row kernel
+
+
 # ------------------------------------------------ fused path: one launch, same integers, same bits
 
 FUSED_TILES = [TileConfig(16, 32, 32, fused=True), TileConfig(16, 32, 32, split_k=2, fused=True)]
