@@ -176,6 +176,14 @@ def runs_of_block(offsets, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def prefetch_blocks(val_ptr, start, end, BLOCK: tl.constexpr, PREFETCH_BYTES: tl.constexpr):
+    """Ask for the first PREFETCH_BYTES of the stored blocks ``start <= b < end`` (contiguous in values)
+    to be brought into L2 (kernels._prefetch)."""
+    block_bytes = BLOCK * BLOCK * (val_ptr.dtype.element_ty.primitive_bitwidth // 8)
+    prefetch_range(val_ptr + start * (BLOCK * BLOCK), (end - start) * block_bytes, PREFETCH_BYTES)
+
+
+@triton.jit
 def _bsr_gemv_kernel(
     x_ptr, crow_ptr, col_ptr, val_ptr, bias_ptr, y_ptr,  # x (M, K), crow, col, values (nnz,32,32), bias (N,), y (M, N)
     stride_xm, stride_ym,
@@ -190,8 +198,7 @@ def _bsr_gemv_kernel(
     end = tl.load(crow_ptr + block_row + 1).to(tl.int32)
     if PREFETCH_BYTES > 0:  # the block row's stored blocks, asked for once (first sub-row, first x row)
         if (pid_n * BLOCK_N) % BLOCK == 0 and row == 0:
-            block_bytes = BLOCK * BLOCK * (val_ptr.dtype.element_ty.primitive_bitwidth // 8)
-            prefetch_range(val_ptr + start * (BLOCK * BLOCK), (end - start) * block_bytes, PREFETCH_BYTES)
+            prefetch_blocks(val_ptr, start, end, BLOCK, PREFETCH_BYTES)
 
     offs_k = tl.arange(0, GROUP * BLOCK)  # gathered K positions
     k_block = offs_k // BLOCK  # which of the GROUP blocks, (32 GROUP,)
@@ -240,8 +247,7 @@ def _bsr_gemm_kernel(
         end = row_end
     if PREFETCH_BYTES > 0:  # this share's stored blocks, one contiguous range of values
         if pid_m == 0:
-            block_bytes = BLOCK * BLOCK * (val_ptr.dtype.element_ty.primitive_bitwidth // 8)
-            prefetch_range(val_ptr + start * (BLOCK * BLOCK), (end - start) * block_bytes, PREFETCH_BYTES)
+            prefetch_blocks(val_ptr, start, end, BLOCK, PREFETCH_BYTES)
 
     first_row = pid_m * BLOCK_M
     x_ptr += first_row.to(tl.int64) * stride_xm
@@ -291,7 +297,7 @@ def launch_bsr(x2, crow_indices, col_indices, values, bias, y, config: BsrConfig
     bias_arg = bias if bias is not None else y  # never read when HAS_BIAS is False
     use_pdl = pdl_enabled(x2.device)
     common = dict(HAS_BIAS=bias is not None, BLOCK_N=config.block_n, GROUP=config.group, BLOCK=BSR_BLOCK,
-                  USE_PDL=use_pdl, PREFETCH_BYTES=config.prefetch if prefetch_allowed(values) else 0,
+                  USE_PDL=use_pdl, PREFETCH_BYTES=config.prefetch if config.prefetch and prefetch_allowed(values) else 0,
                   num_warps=config.num_warps, num_stages=config.num_stages, **launch_options(use_pdl))
     if config.kernel == "gemv":
         grid = (n // config.block_n, m)

@@ -174,16 +174,6 @@ def _w8a8_matmul_kernel(
 
 SMALL_M_TILE = TileConfig(16, 64, 256, split_k=1, num_warps=4, num_stages=5)  # 2 <= M <= 16, layers > 64 Mi
 NARROW_MAX_WEIGHTS = 64 * 2**20  # 2 <= M <= 16 up to this many weights: 32 outputs per program
-
-
-def small_m_tile(n: int, k: int) -> TileConfig:
-    """The 16-row tile at 2 <= M <= 16 (no split-K): 32 outputs per program on layers of at most
-    ``NARROW_MAX_WEIGHTS`` weights, else 64. On an H100 the 32-wide tile (twice the programs) was 2-5%
-    faster from 4096x4096 to 11008x4096 and level on 8192x8192 at M = 4, 8 and 16, and 1% slower
-    on 8192x28672 (docs/kernels-notes.md, "W8A8 and DDS at small M: L2 prefetch")."""
-    if n * k <= NARROW_MAX_WEIGHTS:
-        return SMALL_M_TILE._replace(block_n=32)
-    return SMALL_M_TILE
 LARGE_M_TMA_TILE = TileConfig(128, 256, 128, num_warps=8, num_stages=4, tma=True)  # M > 256 (192 KB of shared memory)
 LARGE_M_TILE = TileConfig(256, 128, 128, num_warps=8, num_stages=3)  # M > 256 where TMA cannot run
 TARGET_TILES = 132  # one program per SM of an H100 / H200
@@ -201,6 +191,16 @@ def small_layer_config(m: int, n: int) -> TileConfig:
         if triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n) >= TARGET_TILES:
             return cfg
     return SMALL_LAYER_TILES[-1]
+
+
+def small_m_tile(n: int, k: int) -> TileConfig:
+    """The 16-row tile at 2 <= M <= 16 (no split-K): 32 outputs per program on layers of at most
+    ``NARROW_MAX_WEIGHTS`` weights, else 64. On an H100 the 32-wide tile (twice the programs) was 2-5%
+    faster from 4096x4096 to 11008x4096 and level on 8192x8192 at M = 4, 8 and 16, and 1% slower
+    on 8192x28672 (docs/kernels-notes.md, "W8A8 and DDS at small M: L2 prefetch")."""
+    if n * k <= NARROW_MAX_WEIGHTS:
+        return SMALL_M_TILE._replace(block_n=32)
+    return SMALL_M_TILE
 
 
 def pick_config(m: int, n: int, k: int) -> TileConfig:
