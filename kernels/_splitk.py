@@ -163,6 +163,16 @@ def split_buffers(out: torch.Tensor, split_k: int, m: int, n: int, tiles: int, i
     return torch.empty((split_k, m, n), dtype=torch.float32, device=out.device), out
 
 
+def tiled_split_launch(out: torch.Tensor, m: int, n: int, block_m: int, block_n: int, split_k: int):
+    """``(grid, in_kernel, partials, counters)`` of a tiled split-K GEMM writing ``out`` (M, N): the grid
+    (M tiles * N tiles, split_k), whether the splits are summed in the kernel (:func:`reduces_in_kernel`;
+    else by :func:`splitk_reduce`) and the buffers of :func:`split_buffers`."""
+    grid = (triton.cdiv(m, block_m) * triton.cdiv(n, block_n), split_k)
+    in_kernel = reduces_in_kernel(split_k, block_m)
+    partials, counters = split_buffers(out, split_k, m, n, grid[0], in_kernel)
+    return grid, in_kernel, partials, counters
+
+
 def last_split_buffers(out: torch.Tensor, split_k: int, m: int, n: int, tiles: int):
     """``(workspace, counters)`` for a one-launch split-K kernel writing ``out`` (M, N): fp32 partials
     (SPLIT_K, M, N) and ``tiles`` zeroed ticket counters; ``(out, out)`` (unused) when not split."""

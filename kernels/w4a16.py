@@ -60,7 +60,7 @@ import triton
 import triton.language as tl
 
 from kernels._checks import interpreting, check_activation, check_bias, check_same_device, check_shape, check_tensor
-from kernels._splitk import reduces_in_kernel, split_buffers, splitk_reduce, write_tile
+from kernels._splitk import splitk_reduce, tiled_split_launch, write_tile
 from kernels._tiles import (SMALL_LAYER, grouped_tile, prefetch_split_k, split8, split_k_for, split_k_range,
                             weight_columns)
 from kernels.w4a16_fma import launch_fma
@@ -461,9 +461,7 @@ def _launch_tiled(x2, qweight, scales, group_size, bias, y, cfg: TileConfig) -> 
         raise ValueError(f"config: nibble planes need block_k >= 128 (one 16-deep dot per plane), no expanded "
                          f"load and chunk 1, got block_k={cfg.block_k}, expanded_load={cfg.expanded_load}, "
                          f"chunk={cfg.chunk}")
-    grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n), cfg.split_k)
-    in_kernel = reduces_in_kernel(cfg.split_k, cfg.block_m)
-    out, counters = split_buffers(y, cfg.split_k, m, n, grid[0], in_kernel)
+    grid, in_kernel, out, counters = tiled_split_launch(y, m, n, cfg.block_m, cfg.block_n, cfg.split_k)
     _w4a16_matmul_kernel[grid](
         x2, qweight, scales, bias if bias is not None else scales, out, y, counters,
         m, n, k, group_size,

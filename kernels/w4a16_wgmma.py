@@ -44,7 +44,7 @@ import triton
 import triton.language as tl
 
 from kernels._pdl import launch_options, let_dependents_launch, pdl_enabled, wait_for_inputs
-from kernels._splitk import reduces_in_kernel, split_buffers, splitk_reduce, write_tile
+from kernels._splitk import splitk_reduce, tiled_split_launch, write_tile
 from kernels._tiles import split_k_range, weight_columns
 from kernels.w4a16_gemv import nibble_planes
 
@@ -183,9 +183,7 @@ def launch_wgmma(x2, qweight, scales, group_size, bias, y, cfg, interpreting: bo
     use_pdl = pdl_enabled(x2.device, pair=True)
     xp = permute_pairs(x2, use_pdl)
     s_view, halves, s_dtype = _scale_operand(scales)
-    grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n), cfg.split_k)
-    in_kernel = reduces_in_kernel(cfg.split_k, cfg.block_m)
-    out, counters = split_buffers(y, cfg.split_k, m, n, grid[0], in_kernel)
+    grid, in_kernel, out, counters = tiled_split_launch(y, m, n, cfg.block_m, cfg.block_n, cfg.split_k)
     _w4a16_wgmma_kernel[grid](
         xp, qweight, s_view, bias if bias is not None else s_view, out, y, counters,
         m, n, k, group_size,

@@ -51,7 +51,7 @@ import triton.language as tl
 from kernels._checks import (ACTIVATION_DTYPES, check_activation, check_bias, check_same_device, check_shape,
                              check_tensor, interpreting)
 from kernels._pdl import launch_options, let_dependents_launch, pdl_enabled, wait_for_inputs
-from kernels._splitk import last_split_reduces, reduces_in_kernel, split_buffers, splitk_reduce
+from kernels._splitk import last_split_reduces, splitk_reduce, tiled_split_launch
 from kernels._tiles import SMALL_LAYER, grouped_tile, resident_split_k, split_k_for, split_k_range
 from kernels.w8a8_fused import launch_fused, quantize_int8
 from kernels.w8a8_gemv import launch_gemv
@@ -322,9 +322,7 @@ def launch_gemm(xq, s_x, w_q, w_scale, bias, cfg: TileConfig, y) -> torch.Tensor
             return launch_tma(xq, s_x, w_q, w_scale, bias, cfg, y)
         cfg = LARGE_M_TILE._replace(split_k=split_k_for(m, n, k, LARGE_M_TILE))  # the pointer kernel's tiles
     use_pdl = pdl_enabled(xq.device, pair=True)
-    grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n), cfg.split_k)
-    in_kernel = reduces_in_kernel(cfg.split_k, cfg.block_m)  # else a second launch sums the K splits
-    out, counters = split_buffers(y, cfg.split_k, m, n, grid[0], in_kernel)
+    grid, in_kernel, out, counters = tiled_split_launch(y, m, n, cfg.block_m, cfg.block_n, cfg.split_k)
     _w8a8_matmul_kernel[grid](
         xq, w_q, s_x, w_scale, bias if bias is not None else w_scale, out, y, counters,
         m, n, k,

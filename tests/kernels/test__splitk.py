@@ -84,6 +84,17 @@ def test_reduces_in_kernel_only_for_short_tiles():
     assert not _splitk.reduces_in_kernel(1, 16)  # nothing to reduce
 
 
+def test_tiled_split_launch_grid_and_buffers():
+    y = torch.empty(40, 200)
+    grid, in_kernel, partials, counters = _splitk.tiled_split_launch(y, 40, 200, 16, 64, 1)
+    assert grid == (3 * 4, 1) and not in_kernel and partials is y and counters is y  # not split: write y
+    grid, in_kernel, partials, counters = _splitk.tiled_split_launch(y, 40, 200, 16, 64, 4)
+    assert grid == (12, 4) and in_kernel and partials.shape == (4, 40, 200) and partials.dtype == torch.float32
+    assert counters.dtype == torch.int32 and counters.numel() >= 12 and not counters[:12].any()
+    grid, in_kernel, partials, counters = _splitk.tiled_split_launch(y, 40, 200, 64, 64, 2)
+    assert grid == (4, 2) and not in_kernel and partials.shape == (2, 40, 200) and counters is y  # second launch
+
+
 @pytest.mark.parametrize("kind", ["w4a16", "w8a8"])
 def test_in_kernel_and_second_launch_reduce_give_the_same_bits(kind, monkeypatch):
     """The last split's in-kernel sum and the separate reduce pass add the same partials in the same
