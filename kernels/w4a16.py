@@ -36,9 +36,11 @@ tiled kernel. The x tile is loaded whole (cp.async) and split into its planes in
 ``PREFETCH_SCALE`` loads the next K tile's scale row at the top of each iteration (Triton leaves
 that row out of its pipeline): on 64-wide plane tiles, and on all of them with 16-bit scales.
 
-Small M is memory bound (the packed weight is a quarter of the fp16 bytes). At M = 1 on layers of
->= 4 Mi weights the launcher runs :mod:`kernels.w4a16_fma` (CUDA-core FMAs: 2.2-3.0x cuBLAS on an
-H100). From M = 17 to 256 on large layers (``wgmma_serves``: more than 4 Mi weights, and above 32
+Small M is memory bound (the packed weight is a quarter of the fp16 bytes). At M <= 2 on layers with
+K <= 4096 and at most 16 Mi weights, and up to M = 16 on small layers (<= 4 Mi weights), the launcher
+runs :mod:`kernels.w4a16_wholek` (each program loads its whole K strip at once: one DRAM trip, no
+split). Otherwise at M = 1 it runs :mod:`kernels.w4a16_fma` (CUDA-core FMAs over K splits: 2.2-3.0x
+cuBLAS on an H100). From M = 17 to 256 on large layers (``wgmma_serves``: more than 4 Mi weights, and above 32
 rows at least 32 Mi, with 128-deep K tiles inside a scale group) it runs :mod:`kernels.w4a16_wgmma`,
 the weight as the register operand of wgmma. Otherwise, up to M = 127, this kernel (nibble planes to
 M = 16) with narrow N tiles plus split-K (fp32 partials summed in split order: by the last split of
@@ -64,6 +66,7 @@ from kernels._splitk import splitk_reduce, tiled_split_launch, write_tile
 from kernels._tiles import (SMALL_LAYER, grouped_tile, prefetch_split_k, split8, split_k_for, split_k_range,
                             weight_columns)
 from kernels.w4a16_fma import launch_fma
+from kernels.w4a16_wholek import launch_wholek, wholek_block_k
 from kernels.w4a16_gemv import launch_skinny, nibble_planes, nibble_values
 from kernels.w4a16_wgmma import launch_wgmma
 from kernels.w4a16_wgmma import supports as wgmma_supports
@@ -71,6 +74,10 @@ from kernels.w4a16_wgmma import supports as wgmma_supports
 GROUP_SIZES = (32, 64, 128)
 FMA_MAX_M = 1  # up to here, the CUDA-core kernel of kernels.w4a16_fma (one program per token row and tile),
 FMA_MIN_WEIGHTS = 4 * 2**20  # for layers this large (at 1024x1024 the tiled kernel measured faster)
+WHOLEK_MAX_M = 2  # up to here, layers with K <= WHOLEK_MAX_PICK_K and at most WHOLEK_MAX_WEIGHTS weights take
+WHOLEK_MAX_PICK_K = 4096  # kernels.w4a16_wholek (whole K strip per program; H100, M = 1: 1024x1024 5.3 -> 3.0 us,
+WHOLEK_MAX_WEIGHTS = 16 * 2**20  # 4096x4096 8.6 -> 7.6 us; 4096x11008 stays with the fma kernel, 15.2 vs 16.9);
+# small layers (<= SMALL_LAYER weights) up to M = 16 (1024x1024 M = 8: 6.0 -> 4.0 us; 4096x4096 M = 4 lost: 15.7 vs 10.4)
 PLANES_MAX_M = 16  # up to here (and with 128-deep K tiles), the nibble-plane tiles (H100: 1.3-1.6x the tiled kernel)
 WIDE_N = 8192  # from here on the nibble-plane tiles are 128 wide (H100, M = 16: 8192x8192 23.0 vs 25.3 us)
 SHORT_K = 512  # with n * k <= SMALL_LAYER (MiniLM's 384-wide inputs): no split-K at M <= 64
@@ -93,7 +100,8 @@ class TileConfig(NamedTuple):
     scale_after_dot: bool = False
     magic_unpack: bool = False
     expanded_load: bool = False
-    path: str = "tiled"  # "fma" (kernels.w4a16_fma, CUDA-core FMAs, M = 1), "wgmma" (kernels.w4a16_wgmma,
+    path: str = "tiled"  # "fma" (kernels.w4a16_fma, CUDA-core FMAs, M = 1), "wholek" (kernels.w4a16_wholek, the
+    # same FMAs on the whole K strip at once, small layers at M = 1), "wgmma" (kernels.w4a16_wgmma,
     # swapped nibble pairs, the weight as register operand), "skinny" (kernels.w4a16_gemv, M <= 64),
     # "tiled" (tl.dot), "dequant" (dequantize, then cuBLAS)
     asm_unpack: bool = True  # skinny path and nibble planes: inline-PTX unpack (False: plain Triton ops; always
@@ -320,6 +328,8 @@ def pick_config(m: int, n: int, k: int, group_size: int) -> TileConfig:
     """Tile shape by M bucket; BLOCK_K never crosses a scale group."""
     if wgmma_serves(m, n, k, group_size):
         return _wgmma_config(m, n, k)
+    if wholek_serves(m, n, k):
+        return wholek_config(m, k)
     if m >= DEQUANT_MIN_M:
         return TileConfig(0, 0, 0, path="dequant")
     if m <= FMA_MAX_M and n * k >= FMA_MIN_WEIGHTS:  # H100: 2.2-3.0x fp16 at M = 1 (docs/kernels-notes.md)
@@ -348,6 +358,26 @@ def pick_config(m: int, n: int, k: int, group_size: int) -> TileConfig:
     if m <= 16:  # H100 call 5: >= 2 programs per SM in near-full waves, 7-14% faster on 8192x28672, 11008x4096
         return cfg._replace(split_k=_balanced_split_k(m, n, k, cfg))
     return cfg._replace(split_k=split_k_for(m, n, k, cfg))
+
+
+def wholek_serves(m: int, n: int, k: int) -> bool:
+    """Whether ``pick_config`` gives this call the whole-K-strip kernel (:mod:`kernels.w4a16_wholek`)."""
+    if k > WHOLEK_MAX_PICK_K:
+        return False
+    return (m <= WHOLEK_MAX_M and n * k <= WHOLEK_MAX_WEIGHTS) or (m <= PLANES_MAX_M and n * k <= SMALL_LAYER)
+
+
+def wholek_config(m: int, k: int) -> TileConfig:
+    """The whole-K-strip kernel's tile (H100 sweeps, docs/kernels-notes.md). M <= 2: 16 columns and
+    8 warps up to 2048-deep strips, 8 columns and 4 warps beyond (wider tiles or fewer warps at
+    K = 4096 spill registers: 2-20x slower). More rows (small layers only): 32 columns and 4 warps up
+    to 1024-deep strips, 16 beyond."""
+    block_k = wholek_block_k(k)
+    if m <= WHOLEK_MAX_M:
+        block_n, warps = (16, 8) if block_k <= 2048 else (8, 4)
+    else:
+        block_n, warps = (32, 4) if block_k <= 1024 else (16, 4)
+    return TileConfig(1, block_n, block_k, num_warps=warps, num_stages=1, path="wholek")
 
 
 def _wgmma_config(m: int, n: int, k: int) -> TileConfig:
@@ -433,6 +463,9 @@ def launch(x2, qweight, scales, group_size: int, bias=None, config: TileConfig |
     if cfg.path == "fma":  # one launch: the kernel reduces its own K splits
         launch_fma(x2, qweight, scales, group_size, bias, y, cfg)
         return y
+    if cfg.path == "wholek":  # one launch, one load of the whole K strip per program
+        launch_wholek(x2, qweight, scales, group_size, bias, y, cfg)
+        return y
     if cfg.path == "tiled":  # writes y itself (its K splits summed in the kernel or by a second launch)
         _launch_tiled(x2, qweight, scales, group_size, bias, y, cfg)
         return y
@@ -441,7 +474,7 @@ def launch(x2, qweight, scales, group_size: int, bias=None, config: TileConfig |
         return y
     out = y if cfg.split_k == 1 else torch.empty((cfg.split_k, m, n), dtype=torch.float32, device=x2.device)
     if cfg.path != "skinny":
-        raise ValueError(f"config.path: expected fma, tiled, wgmma, skinny or dequant, got {cfg.path!r}")
+        raise ValueError(f"config.path: expected fma, wholek, tiled, wgmma, skinny or dequant, got {cfg.path!r}")
     fp32_operands = interpreting() and x2.dtype == torch.bfloat16
     launch_skinny(x2, qweight, scales, group_size, bias, out, cfg, cfg.asm_unpack and not interpreting(), fp32_operands)
     if cfg.split_k > 1:

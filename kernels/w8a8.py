@@ -18,9 +18,10 @@ Two paths, the same integers and the same output bits:
   program computes its rows' scales and quantizes its x tiles in registers. It saves a launch, but
   every N tile redoes the quantization, and on an H200 that cost more than the launch at every shape
   and M measured (docs/kernels-notes.md), so ``pick_config`` never chooses it.
-* gemv (``TileConfig(gemv=True)`` / :func:`gemv_config`, :mod:`kernels.w8a8_gemv`): one launch,
-  one token row per program on CUDA cores, the row quantized in the kernel; ``pick_config`` takes
-  it at M = 1 on layers larger than ``SMALL_LAYER`` with N <= ``GEMV_MAX_N`` (faster there on an H100).
+* gemv (``TileConfig(gemv=True)``, :mod:`kernels.w8a8_gemv`): one launch, one token row per
+  program on CUDA cores, the row quantized in the kernel; ``pick_config`` takes it at every M = 1
+  call and up to M = 4 on small layers, unsplit (:func:`row_gemv_config`: 8 outputs per program walking all of K in 1024-deep
+  steps; on an H100 4-33% faster than the split one-row tiles and the tensor-core tile before it).
 
 Quantization uses IEEE division (``div_rn``; the fused kernel an exactly equivalent float64
 multiply), clamps to [-128, 127], then rounds with the float trick ``(v + 1.5 * 2**23) - 1.5 * 2**23``,
@@ -58,7 +59,9 @@ from kernels.w8a8_gemv import launch_gemv
 from kernels.w8a8_tma import launch_tma, tma_ready
 
 
-GEMV_MAX_N = 264 * 64  # the one-row kernel at M = 1 while the 16x64 tile would give <= 264 programs
+ROW_GEMV_SMALL_MAX_M = 4  # small layers take the one-row kernel up to here (H100: 1024x1024 M = 4 5.5 -> 4.5 us;
+# from M = 2 on larger layers it lost: 4096x4096 M = 2 14.0 vs 12.0 us)
+GEMV_MAX_N = 264 * 64  # wider layers walk K in 512-deep steps in the one-row kernel (row_gemv_config)
 
 
 class TileConfig(NamedTuple):
@@ -206,18 +209,17 @@ def small_m_tile(n: int, k: int) -> TileConfig:
 def pick_config(m: int, n: int, k: int) -> TileConfig:
     """Tiles by M bucket and layer size, from the shape alone (CUDA-graph safe: no autotuning).
 
-    M = 1 on layers above ``SMALL_LAYER`` with N <= ``GEMV_MAX_N``: the one-row kernel
-    (``gemv_config``, 32 outputs, 2 warps). On an H100 it was 3-16% faster than the tensor-core tile
-    up to N = 12288, even at N = 22016 and 9% slower at N = 28672, where the tile already has 448
-    programs (docs/kernels-notes.md, "Decode kernels"). Otherwise the pre-pass path: the fused one
+    M = 1, any layer, and M <= 4 on small layers: the one-row kernel without a K split
+    (``row_gemv_config``). Otherwise the
+    pre-pass path: the fused one
     (``TileConfig(fused=True)``) measured slower at every shape and M tried. Small layers
     (N * K <= ``SMALL_LAYER``) at 16 < M take ``small_layer_config``, except M <= 64 with K >= 1024,
     where split-K measured faster (1536x384 M=64: 9.3 vs 11.3 us on an H200).
     """
     if n * k <= SMALL_LAYER and m > 16 and not (m <= 64 and k >= 1024):
         return small_layer_config(m, n)
-    if m == 1 and n * k > SMALL_LAYER and n <= GEMV_MAX_N:  # one token row: no quantize launch
-        return gemv_config(m, n, k, block_n=32, block_k=128, num_warps=2)
+    if m == 1 or (m <= ROW_GEMV_SMALL_MAX_M and n * k <= SMALL_LAYER):  # no quantize launch, no K split
+        return row_gemv_config(n, k)
     if m <= 16:  # no split-K: slower at every shape measured, even summed in the kernel (docs/kernels-notes.md)
         return small_m_tile(n, k)
     if m <= 64:
@@ -227,6 +229,18 @@ def pick_config(m: int, n: int, k: int) -> TileConfig:
     else:  # H100, M = 2048 / 8192: 1.2-1.5x faster than LARGE_M_TILE with pointer loads (docs/kernels-notes.md)
         cfg = LARGE_M_TMA_TILE
     return cfg._replace(split_k=split_k_for(m, n, k, cfg))
+
+
+def row_gemv_config(n: int, k: int) -> TileConfig:
+    """The one-row kernel without a K split: 8 outputs per program (N / 8 programs), K walked in
+    1024-deep steps (512 on layers wider than ``GEMV_MAX_N``; one step of K rounded up to a power of
+    two when K is shorter). H100, M = 1 (docs/kernels-notes.md, session 12), us before -> after:
+    4096x4096 11.7 -> 10.0, 11008x4096 25.8 -> 22.9, 8192x8192 33.4 -> 30.9, 4096x22016 42.4 -> 39.4,
+    8192x28672 101.6 -> 97.2, 1024x1024 5.6 -> 3.9, 384x1152 4.8 -> 3.3. The split one-row tiles
+    (:func:`gemv_config`) and the tensor-core tile with its quantize launch were slower at every
+    shape measured. Unsplit, the output has the two-launch path's bits."""
+    deep = 512 if n > GEMV_MAX_N else 1024
+    return TileConfig(1, 8, min(deep, max(32, triton.next_power_of_2(k))), num_warps=4, num_stages=3, gemv=True)
 
 
 def gemv_config(m: int, n: int, k: int, block_n: int = 64, block_k: int = 128, num_warps: int = 4) -> TileConfig:

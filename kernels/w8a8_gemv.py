@@ -26,9 +26,11 @@ tensor-core tile and needs a separate quantize launch; at M = 1 a layer with N =
    (:mod:`kernels._splitk`, "the last split reduces": one launch, deterministic), as the tiled
    kernel's split-K reduce does.
 
-It hides DRAM latency with many resident programs (the launcher's split:
-:func:`kernels._tiles.resident_split_k`). ``pick_config`` takes it at M = 1 on layers larger than
-``SMALL_LAYER`` whose N gives the tensor-core tile few programs (``kernels.w8a8.GEMV_MAX_N``).
+``pick_config`` takes it unsplit (:func:`kernels.w8a8.row_gemv_config`: 8 outputs per program, so
+N / 8 programs, each walking all of K in 1024- or 512-deep steps) at M = 1 on every layer and at
+M <= 4 on small ones; on an H100 that beat the split tiles (:func:`kernels.w8a8.gemv_config`, which
+relied on many resident programs: :func:`kernels._tiles.resident_split_k`) at every shape measured
+(docs/kernels-notes.md, "Whole K per program at small M").
 """
 from __future__ import annotations
 

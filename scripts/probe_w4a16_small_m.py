@@ -6,6 +6,8 @@ rotating weight sets replayed under ``do_bench``):
   * ``tiled``   the default W4A16 config (``kernels.w4a16.pick_config``),
   * ``fma ...`` the CUDA-core kernel for M = 1 (``kernels/w4a16_fma.py``) in several tile configs,
   * ``tiled ...`` (``--tiled``) the tensor-core kernel in 16/32/64-wide N tiles and K splits 1-8,
+  * ``wholek ...`` (``--wholek``) the whole-K-strip kernel (``kernels/w4a16_wholek.py``) in 8/16/32-wide
+    N tiles and 2/4/8 warps, at K <= its cap,
   * ``stream``  a kernel that only loads the packed weight in the tiled kernel's tiles and folds them
     with XOR: the bandwidth this access pattern reaches in Triton with no math at all.
 
@@ -24,11 +26,13 @@ import triton
 import triton.language as tl
 
 from kernels import w4a16 as w4
+from kernels.w4a16_wholek import WHOLEK_MAX_K, wholek_block_k
 from kernels._splitk import splitk_reduce  # noqa: F401  (imported so a broken import fails early)
 from scripts.tune_w8a8_w4a16 import GROUP, make_weights, rotations, time_graph
 
 STREAM = False  # the pure-load ceiling rows (measured once; see docs/kernels-notes.md)
 TILED = False  # --tiled: also the tensor-core kernel in narrower N tiles and every K split
+WHOLEK = False  # --wholek: also the whole-K-strip kernel
 CELLS = [((8192, 28672), 1), ((4096, 4096), 1), ((11008, 4096), 1), ((4096, 11008), 1), ((8192, 8192), 1),
          ((1024, 1024), 1), ((4096, 4096), 2), ((8192, 28672), 2)]
 
@@ -79,6 +83,14 @@ def tiled_configs(m, n, k):
     return out
 
 
+def wholek_configs(m, n, k):
+    """The whole-K-strip kernel: every tile width and warp count that keeps a warp's rows filled."""
+    if k > WHOLEK_MAX_K:
+        return []
+    return [w4.TileConfig(1, bn, wholek_block_k(k), num_warps=nw, path="wholek")
+            for bn in (8, 16, 32) for nw in (2, 4, 8) if wholek_block_k(k) // 8 >= 8 * nw]
+
+
 def label(cfg):
     step = f" step{cfg.chunk}" if cfg.chunk > 1 else ""
     return f"{cfg.path} {cfg.block_m}x{cfg.block_n}x{cfg.block_k} sk{cfg.split_k} w{cfg.num_warps} s{cfg.num_stages}{step}"
@@ -101,7 +113,8 @@ def run_cell(k, n, m):
     default = w4.pick_config(m, n, k, GROUP)
     timed("tiled " + label(default), w4.launch, [(x, w["qweight"], w["scales"], GROUP, None, default)
                                                  for x, w in zip(xs, wsets)])
-    for cfg in (fma_configs(m, n, k) if m <= 2 else []) + (tiled_configs(m, n, k) if TILED else []):
+    extra = (tiled_configs(m, n, k) if TILED else []) + (wholek_configs(m, n, k) if WHOLEK else [])
+    for cfg in (fma_configs(m, n, k) if m <= 2 else []) + extra:
         if cfg != default:
             timed(label(cfg), w4.launch, [(x, w["qweight"], w["scales"], GROUP, None, cfg) for x, w in zip(xs, wsets)])
     if m == 1 and STREAM:
@@ -144,9 +157,10 @@ def main():
     parser.add_argument("--ncu", default=None, help="KxN: two launches of the default M = 1 kernel, nothing timed")
     parser.add_argument("--cells", default=None, help="KxN:M list, e.g. 1024x1024:1,4096x4096:1 (default: CELLS)")
     parser.add_argument("--tiled", action="store_true", help="also time tiled_configs (narrow N tiles, K splits)")
+    parser.add_argument("--wholek", action="store_true", help="also time wholek_configs (the whole K strip per program)")
     args = parser.parse_args()
-    global TILED
-    TILED = args.tiled
+    global TILED, WHOLEK
+    TILED, WHOLEK = args.tiled, args.wholek
     cells = CELLS if args.cells is None else [
         (tuple(int(v) for v in shape.split("x")), int(m)) for shape, m in (c.split(":") for c in args.cells.split(","))]
     if args.ncu:

@@ -134,7 +134,7 @@ def test_skinny_split_balance():
 
 def test_unknown_path_is_refused_with_the_known_ones():
     qweight, _, scales = random_int4_weight(64, 32, 32, device=DEVICE)
-    with pytest.raises(ValueError, match="expected fma, tiled, wgmma, skinny or dequant, got 'swap'"):
+    with pytest.raises(ValueError, match="expected fma, wholek, tiled, wgmma, skinny or dequant, got 'swap'"):
         launch(torch.randn(2, 64, device=DEVICE).half(), qweight, scales, 32, config=TileConfig(16, 32, 32, path="swap"))
 
 
@@ -180,19 +180,33 @@ def test_empty_and_batched_inputs():
 
 
 def test_pick_config_buckets():
-    small = pick_config(1, 4096, 4096, 128)
+    small = pick_config(1, 11008, 4096, 128)
     mid = pick_config(256, 4096, 4096, 128)  # from M = 128 on: dequantize + cuBLAS
     assert small.block_m <= 16 and small.split_k >= 1 and small.block_k <= 128
     assert mid.path == "dequant" and pick_config(64, 4096, 4096, 128).path == "tiled"
     assert skinny_config(64, 4096, 4096, 128).path == "skinny" and skinny_config(1, 4096, 4096, 32).block_k <= 32
     assert pick_config(4096, 4096, 4096, 128).path == "dequant"
-    assert pick_config(1, 4096, 4096, 32).block_k <= 32  # a K tile never crosses a scale group
-    assert small.path == "fma" and pick_config(2, 4096, 4096, 128).planes
-    for m, n, k, g in ((1, 1024, 1024, 128), (2, 4096, 4096, 128), (16, 28672, 8192, 128), (16, 4096, 4096, 4096)):
+    assert pick_config(1, 11008, 4096, 32).block_k <= 32  # a K tile never crosses a scale group
+    assert small.path == "fma" and pick_config(2, 8192, 8192, 128).planes
+    for m, n, k, g in ((3, 2048, 4096, 128), (3, 4096, 4096, 128), (16, 28672, 8192, 128), (16, 4096, 4096, 4096)):
         cfg = pick_config(m, n, k, g)  # 128-deep K tiles: the nibble planes
         assert cfg.path == "tiled" and cfg.planes and cfg.block_k == 128
         assert cfg.block_n == (128 if n >= 8192 else 64) and cfg.prefetch_scale == (cfg.block_n == 64)
     assert not pick_config(16, 4096, 4096, 64).planes and not pick_config(17, 4096, 4096, 128).planes
+
+
+def test_pick_config_gives_few_rows_the_whole_k_strip():
+    for m, n, k, g in ((1, 1024, 1024, 128), (2, 4096, 4096, 32), (1, 1152, 384, 384), (2, 384, 1536, 64)):
+        cfg = pick_config(m, n, k, g)
+        assert cfg.path == "wholek" and cfg.split_k == 1 and k <= cfg.block_k <= 2 * k
+        assert (cfg.block_n, cfg.num_warps) == ((16, 8) if cfg.block_k <= 2048 else (8, 4))
+    for m, n, k in ((3, 1024, 1024), (16, 1536, 384), (8, 384, 1536)):  # small layers up to 16 rows
+        cfg = pick_config(m, n, k, 128)
+        assert cfg.path == "wholek" and cfg.num_warps == 4 and cfg.block_n == (32 if cfg.block_k <= 1024 else 16)
+    assert pick_config(3, 4096, 4096, 128).path == "tiled"  # a third row of a larger layer: the tensor-core tiles
+    assert pick_config(17, 1024, 1024, 128).path == "tiled"
+    assert pick_config(1, 11008, 4096, 128).path == "fma"  # more than 16 Mi weights
+    assert pick_config(1, 8192, 8192, 128).path == "fma"  # K past 4096
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -222,7 +236,9 @@ def test_pick_config_gives_large_layers_the_swapped_nibble_pairs_from_17_to_256_
 
 @pytest.mark.parametrize("k,n,g", [(384, 384, 128), (384, 1536, 128), (384, 1536, 384), (256, 1024, 32)])
 def test_small_layers_take_no_split_k(k, n, g):
-    for m in (1, 16, 64):
+    for m in (1, 16):
+        assert pick_config(m, n, k, g).path == "wholek" and pick_config(m, n, k, g).split_k == 1
+    for m in (17, 64):
         cfg = pick_config(m, n, k, g)
         assert cfg.path == "tiled" and cfg.split_k == 1 and cfg.block_k <= min(g, 128) and k % cfg.block_k == 0
     assert pick_config(64, 384, 1536, 128).split_k > 1  # K = 1536: many K steps, split-K still pays
@@ -321,8 +337,7 @@ def test_gpu_chunked_steps_match_reference_and_unchunked(dtype, m, chunk, stages
     x = torch.randn(m, k, device="cuda").to(dtype)
     qweight, _, scales = random_int4_weight(k, n, g, device="cuda")
     bias = torch.randn(n, device="cuda").to(dtype)
-    base = pick_config(m, n, k, g)._replace(planes=0, path="tiled", block_m=16 if m <= 16 else 64,
-                                            prefetch_scale=False)  # chunks: plain tiles
+    base = TileConfig(16 if m <= 16 else 64, 64, 128, num_warps=4, scale_after_dot=True)  # chunks: plain tiles
     cfg = base._replace(chunk=chunk, num_stages=stages, split_k=3)  # 3 splits: a ragged last one
     y = launch(x, qweight, scales, g, bias, config=cfg)
     assert rel_error(y, reference.w4a16_matmul_ref(x, qweight, scales, g, bias)) <= TOL[dtype]

@@ -299,15 +299,27 @@ def test_gemv_zero_row_and_strided_x():
     assert torch.equal(gemv, launch(x, w_q, w_scale, config=TileConfig(16, 32, 32)))
 
 
-def test_gemv_is_picked_for_one_row_and_splits_for_resident_programs():
+def test_gemv_is_picked_unsplit_for_one_row():
     from kernels.w8a8 import gemv_config
 
-    assert pick_config(1, 4096, 4096).gemv and pick_config(1, 4096, 4096).block_n == 32
+    for n, k, block_k in ((4096, 4096, 1024), (4096, 11008, 1024), (384, 384, 512), (1152, 384, 512), (1024, 100, 128),
+                          (28672, 8192, 512), (22016, 4096, 512)):  # wider than GEMV_MAX_N: 512-deep steps
+        cfg = pick_config(1, n, k)
+        assert cfg.gemv and cfg.split_k == 1 and cfg.block_n == 8 and cfg.block_k == block_k
     assert not any(pick_config(m, 4096, 4096).gemv for m in (2, 16))
-    assert not pick_config(1, 1024, 1024).gemv  # small layers keep the tensor-core tile (not measured)
-    assert pick_config(1, 12288, 4096).gemv and not pick_config(1, 28672, 8192).gemv  # wide N: many tiles already
-    cfg = gemv_config(1, 4096, 4096)
+    assert all(pick_config(m, 1024, 1024).gemv for m in (2, 4)) and not pick_config(5, 1024, 1024).gemv  # small layers
+    cfg = gemv_config(1, 4096, 4096)  # the split one-row tiles (sweeps and tests)
     assert cfg.gemv and (4096 // cfg.block_n) * cfg.split_k >= 640
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("k,n", [(192, 40), (100, 16)])  # K shorter than one step, N not a multiple of 8
+def test_picked_one_row_kernel_has_the_two_launch_bits(dtype, k, n):
+    x = torch.randn(1, k, device=DEVICE).to(dtype) * 3
+    w_q, w_scale = random_int8_weight(n, k, DEVICE)
+    bias = torch.randn(n, device=DEVICE).to(dtype)
+    assert pick_config(1, n, k).gemv
+    assert torch.equal(w8a8_matmul(x, w_q, w_scale, bias), launch(x, w_q, w_scale, bias, config=TileConfig(16, 32, 32)))
 
 
 def test_op_is_registered_with_fake():
@@ -424,13 +436,15 @@ def test_gpu_fused_equals_prepass(dtype, m, k, n):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("m,k,n", [(1, 4096, 4096), (2, 11008, 4096), (1, 4096, 22016), (1, 1000, 384)])
 def test_gpu_gemv(dtype, m, k, n):
-    from kernels.w8a8 import gemv_config
+    from kernels.w8a8 import gemv_config, row_gemv_config
 
     x = torch.randn(m, k, device="cuda").to(dtype) * 3
     w_q, w_scale = random_int8_weight(n, k, "cuda")
     bias = torch.randn(n, device="cuda").to(dtype)
     unsplit = launch(x, w_q, w_scale, bias, config=gemv_config(m, n, k)._replace(split_k=1))
     assert torch.equal(unsplit, launch(x, w_q, w_scale, bias, config=TileConfig(16, 64, 256)))
+    picked = launch(x, w_q, w_scale, bias, config=row_gemv_config(n, k))  # 8 outputs, 512/1024-deep steps
+    assert torch.equal(picked, unsplit)
     split = launch(x, w_q, w_scale, bias, config=gemv_config(m, n, k))
     tol = {torch.float16: 1e-3, torch.bfloat16: 4e-3}[dtype]
     assert rel_error(split, reference.w8a8_matmul_ref(x, w_q, w_scale, bias)) <= tol

@@ -55,3 +55,13 @@ def test_tiled_sweep_configs_give_the_reference_result(probe):
     assert {c.block_n for c in configs} == {16, 32, 64} and max(c.split_k for c in configs) == 4
     for cfg in configs:
         assert rel_error(w4.launch(x, qweight, scales, 128, None, cfg), ref) <= 1e-3, cfg
+
+
+def test_wholek_sweep_configs_hold_k_and_fill_their_warps(probe):
+    from kernels.w4a16_wholek import WHOLEK_MAX_K
+
+    configs = probe.wholek_configs(1, 1024, 384)
+    assert configs and all(c.path == "wholek" and c.split_k == 1 and c.block_k == 512 for c in configs)
+    assert all(c.block_k // 8 >= 8 * c.num_warps for c in configs)  # every warp gets packed rows
+    assert {c.block_n for c in configs} == {8, 16, 32}
+    assert probe.wholek_configs(1, 1024, WHOLEK_MAX_K + 8) == []

@@ -1,0 +1,100 @@
+"""Tests for kernels/w4a16_wholek.py (the whole K strip per program) against kernels.reference.
+
+CPU: Triton interpreter; GPU: marked ``gpu``. Tolerances as in test_w4a16.py (fp16 <= 2e-3, bf16 <= 1e-2:
+the output is cast to x's dtype); the integer-valued case below is exact.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels import reference
+from kernels.w4a16 import TileConfig, launch
+from kernels.w4a16_wholek import WHOLEK_MAX_K, wholek_block_k
+from tests.kernels.helpers import pack_int4, random_int4_weight, rel_error
+
+TOL = {torch.float16: 2e-3, torch.bfloat16: 1e-2}
+DTYPES = (torch.float16, torch.bfloat16)
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def wholek(k: int, block_n: int, num_warps: int = 4) -> TileConfig:
+    return TileConfig(1, block_n, wholek_block_k(k), num_warps=num_warps, path="wholek")
+
+
+def check_against_reference(dtype, m, k, n, g, cfg, device=DEVICE):
+    x = torch.randn(m, k, device=device).to(dtype)
+    qweight, _, scales = random_int4_weight(k, n, g, device=device)
+    bias = torch.randn(n, device=device).to(dtype) if m % 2 else None  # odd M with bias, even without
+    y = launch(x, qweight, scales, g, bias, config=cfg)
+    assert y.shape == (m, n) and y.dtype == dtype
+    assert rel_error(y, reference.w4a16_matmul_ref(x, qweight, scales, g, bias)) <= TOL[dtype]
+    return y
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    "m,k,n,g,block_n",
+    [
+        (1, 256, 64, 32, 16),
+        (1, 192, 48, 64, 32),  # K not a power of two: the packed rows past K are masked
+        (2, 128, 40, 128, 16),  # N not a BLOCK_N multiple: wrapped columns, masked stores
+        (3, 384, 32, 128, 8),
+        (1, 320, 24, 320, 8),  # one scale group per channel (G = K)
+    ],
+)
+def test_matches_reference(dtype, m, k, n, g, block_n):
+    check_against_reference(dtype, m, k, n, g, wholek(k, block_n))
+
+
+@pytest.mark.parametrize("first", [0, 1])  # -8 in the even or the odd nibble positions: both ends everywhere
+def test_extreme_nibbles_and_zero_groups_exact(first):
+    k, n = 96, 16
+    q = torch.full((k, n), 7, dtype=torch.int8)
+    q[first::2] = -8
+    scales = torch.ones(3, n, device=DEVICE)
+    scales[1] = 0.0  # an all-zero group contributes nothing, and nothing becomes NaN
+    x = torch.arange(1, k + 1, device=DEVICE).half()[None]  # distinct x per channel: catches a swap
+    y = launch(x, pack_int4(q).to(DEVICE), scales, 32, config=wholek(k, 8))
+    keep = torch.ones(k, dtype=torch.bool)
+    keep[32:64] = False
+    expected = x[:, keep].float() @ q[keep].float().to(DEVICE)
+    assert torch.isfinite(y).all()
+    assert torch.equal(y.float(), expected)
+
+
+def test_strided_x_matches_contiguous():
+    k, n, g = 128, 32, 64
+    qweight, _, scales = random_int4_weight(k, n, g, device=DEVICE)
+    wide = torch.randn(2, 2 * k, device=DEVICE).half()
+    x = wide[:, ::2]  # row stride 2K, channel stride 2
+    cfg = wholek(k, 16)
+    assert torch.equal(launch(x, qweight, scales, g, config=cfg), launch(x.contiguous(), qweight, scales, g, config=cfg))
+
+
+@pytest.mark.parametrize(
+    "cfg,words",
+    [
+        (TileConfig(1, 16, 64, path="wholek"), "block_k a power of two >= K = 128"),
+        (TileConfig(1, 16, 192, path="wholek"), "got 192"),
+        (TileConfig(1, 16, 128, split_k=2, path="wholek"), "split_k 1"),
+    ],
+)
+def test_bad_configs_raise(cfg, words):
+    qweight, _, scales = random_int4_weight(128, 16, 32, device=DEVICE)
+    with pytest.raises(ValueError, match=words):
+        launch(torch.randn(1, 128, device=DEVICE).half(), qweight, scales, 32, config=cfg)
+
+
+def test_block_k_holds_k():
+    assert [wholek_block_k(k) for k in (8, 64, 384, 1024, 1032)] == [64, 64, 512, 1024, 2048]
+    assert wholek_block_k(WHOLEK_MAX_K) == WHOLEK_MAX_K
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("k,n,g,block_n,warps", [(4096, 4096 + 8, 128, 16, 4), (1024, 1024, 32, 8, 2),
+                                                 (4096, 11008, 4096, 32, 8), (384, 1152, 128, 16, 4)])
+@pytest.mark.parametrize("m", [1, 2])
+def test_gpu_full_size(dtype, k, n, g, block_n, warps, m):
+    check_against_reference(dtype, m, k, n, g, wholek(k, block_n, warps), device="cuda")
