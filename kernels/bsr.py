@@ -89,6 +89,7 @@ class BsrConfig:
     num_stages: int
     split: int = 1  # gemm: programs sharing one block row's stored blocks (the last one to finish reduces)
     prefetch: int = 0  # bytes of the program's stored blocks prefetched into L2 at its start (kernels._prefetch)
+    values_ahead: bool = False  # gemv: load each step's values one step early (in flight with the col load)
 
 
 SPLIT_MIN_BLOCKS_PER_ROW = 24  # M <= 64: share longer block rows among programs (4 shares)
@@ -176,6 +177,14 @@ def runs_of_block(offsets, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def _gathered_values(val_ptr, first, end, k_block, k_in, sub, BLOCK: tl.constexpr):
+    """(BLOCK_N, 32 GROUP) values: rows ``sub`` of the stored blocks ``first + k_block`` (zeros from ``end``)."""
+    blk = first + k_block
+    w_k = runs_of_block(blk * (BLOCK * BLOCK) + k_in, BLOCK)  # first row of each gathered block
+    return tl.load(val_ptr + w_k[None, :] + sub[:, None] * BLOCK, mask=(blk < end)[None, :], other=0.0)
+
+
+@triton.jit
 def prefetch_blocks(val_ptr, start, end, BLOCK: tl.constexpr, PREFETCH_BYTES: tl.constexpr):
     """Ask for the first PREFETCH_BYTES of the stored blocks ``start <= b < end`` (contiguous in values)
     to be brought into L2 (kernels._prefetch)."""
@@ -188,7 +197,7 @@ def _bsr_gemv_kernel(
     x_ptr, crow_ptr, col_ptr, val_ptr, bias_ptr, y_ptr,  # x (M, K), crow, col, values (nnz,32,32), bias (N,), y (M, N)
     stride_xm, stride_ym,
     HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, GROUP: tl.constexpr, BLOCK: tl.constexpr, USE_PDL: tl.constexpr,
-    PREFETCH_BYTES: tl.constexpr,
+    PREFETCH_BYTES: tl.constexpr, VALUES_AHEAD: tl.constexpr,
 ):
     pid_n = tl.program_id(0)  # which BLOCK_N outputs
     row = tl.program_id(1).to(tl.int64)  # which row of x
@@ -206,15 +215,21 @@ def _bsr_gemv_kernel(
     x_row = x_ptr + row * stride_xm
     acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
     wait_for_inputs(USE_PDL)  # with PDL: x may still be being written until here (crow is not)
+    if VALUES_AHEAD:  # the first step's values, asked for before the loop (they do not depend on col)
+        w = _gathered_values(val_ptr, start, end, k_block, k_in, sub, BLOCK)
     for p in range(start, end, GROUP):
         blk = p + k_block
         valid = blk < end
         col = tl.load(col_ptr + blk, mask=valid, other=0).to(tl.int32)
         x_k = runs_of_block(col * BLOCK + k_in, BLOCK)  # x columns of the gathered blocks
-        w_k = runs_of_block(blk * (BLOCK * BLOCK) + k_in, BLOCK)  # first row of each gathered block
         xv = tl.load(x_row + x_k, mask=valid, other=0.0)  # (32 GROUP,)
-        w = tl.load(val_ptr + w_k[None, :] + sub[:, None] * BLOCK, mask=valid[None, :], other=0.0)  # (BLOCK_N, 32 GROUP)
+        if VALUES_AHEAD:  # this step's values came with the previous step; ask for the next step's
+            w_next = _gathered_values(val_ptr, p + GROUP, end, k_block, k_in, sub, BLOCK)
+        else:
+            w = _gathered_values(val_ptr, p, end, k_block, k_in, sub, BLOCK)
         acc += tl.sum(w.to(tl.float32) * xv.to(tl.float32)[None, :], axis=1)
+        if VALUES_AHEAD:
+            w = w_next
     let_dependents_launch(USE_PDL)
 
     offs_n = block_row * BLOCK + sub
@@ -302,7 +317,7 @@ def launch_bsr(x2, crow_indices, col_indices, values, bias, y, config: BsrConfig
     if config.kernel == "gemv":
         grid = (n // config.block_n, m)
         _bsr_gemv_kernel[grid](x2, crow_indices, col_indices, values, bias_arg, y,
-                               x2.stride(0), y.stride(0), **common)
+                               x2.stride(0), y.stride(0), VALUES_AHEAD=config.values_ahead, **common)
     elif config.kernel == "gemm":
         grid = (n // config.block_n, triton.cdiv(m, config.block_m), config.split)
         if config.split > 1:

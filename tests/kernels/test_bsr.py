@@ -125,6 +125,7 @@ def test_sparse_bsr_interop(m):
 @pytest.mark.parametrize(
     "config",
     [BsrConfig("gemv", 1, bn, g, 4, 2) for bn in (8, 16, 32) for g in (1, 2, 4)]
+    + [BsrConfig("gemv", 1, bn, g, 4, 2, values_ahead=True) for bn in (8, 32) for g in (1, 2, 4)]
     + [BsrConfig("gemm", bm, bn, g, 4, 2) for bm in (16, 32, 64) for bn in (16, 32) for g in (1, 2, 4)]
     + [BsrConfig("gemm", bm, 32, g, 4, 2, split=sp) for bm in (16, 64) for g in (1, 2) for sp in (2, 3)],
     ids=str,
