@@ -4,8 +4,8 @@
 bring ``size`` contiguous bytes at ``addr`` into L2 and returns at once: no registers, no shared
 memory, no completion to wait for. Both ``addr`` and ``size`` must be multiples of 16.
 
-Use: the DDS one-row kernel (:mod:`kernels.bsr`, M <= 4) reads the stored blocks of one block row,
-a contiguous range of ``values``, through a chain of dependent steps (block index, then the x
+Use: the DDS one-row kernel (:mod:`kernels.bsr`) reads the stored blocks of one block row, a
+contiguous range of ``values``, through a chain of dependent steps (block index, then the x
 columns it names). One prefetch of the first ``PREFETCH_BYTES`` of that range, issued by thread 0 of
 one program per block row before its loop, starts those DRAM reads at once. On an H100 8 KB took
 1-5% off 9 of 10 layer / sparsity cells at M = 1 and was 3% slower on the tenth (8192x28672 at 50%,

@@ -17,17 +17,18 @@ Two kernels, picked by the launcher from the shape (see ``choose_config``); from
 keeping >= 40% of their blocks, neither: the weight is written out dense for cuBLAS
 (:mod:`kernels.bsr_densify`).
 
-* ``_bsr_gemv_kernel`` (M <= 4, memory bound): one program per (output row m, BLOCK_N outputs of
+* ``_bsr_gemv_kernel`` (M = 1, and M <= 4 while the stored blocks stay in L2: :func:`gemv_serves`;
+  memory bound): one program per (output row m, BLOCK_N outputs of
   one block row), with BLOCK_N in {8, 16, 32}. Splitting a block row's 32 outputs over several
   programs keeps every SM streaming weights even when N/32 is small, without atomics (the sub-rows
   ``i`` of a block are contiguous in ``values``). Each step gathers GROUP stored blocks: a
   (BLOCK_N, 32 GROUP) weight tile and the matching 32 GROUP entries of ``x``, multiplied on the
-  CUDA cores and reduced along K. With ``BsrConfig.prefetch`` > 0 (the pick at M <= 4 on layers of
+  CUDA cores and reduced along K. With ``BsrConfig.prefetch`` > 0 (the one-row pick on layers of
   at most 128 Mi weights), the first program of each block row asks for the first ``prefetch`` bytes
   of the row's stored blocks (contiguous in ``values``) to be brought into L2 before its loop
   (:mod:`kernels._prefetch`); the gemm kernel takes the same option for its share of a block row
   (measured, not picked).
-* ``_bsr_gemm_kernel`` (M > 4, tensor cores): one program per (BLOCK_M rows of x, BLOCK_N
+* ``_bsr_gemm_kernel`` (the other calls, tensor cores): one program per (BLOCK_M rows of x, BLOCK_N
   outputs of one block row). Each step gathers GROUP stored blocks into one K-tile of width
   32 GROUP: ``x[m_tile, gathered columns]`` (BLOCK_M, 32 GROUP) times the transposed blocks
   (32 GROUP, BLOCK_N), one ``tl.dot`` with fp32 accumulation. Programs with the same M tile are
@@ -89,16 +90,30 @@ class BsrConfig:
     num_stages: int
     split: int = 1  # gemm: programs sharing one block row's stored blocks (the last one to finish reduces)
     prefetch: int = 0  # bytes of the program's stored blocks prefetched into L2 at its start (kernels._prefetch)
-    values_ahead: bool = False  # gemv: load each step's values one step early (in flight with the col load)
 
 
 SPLIT_MIN_BLOCKS_PER_ROW = 24  # M <= 64: share longer block rows among programs (4 shares)
 SPLIT_MAX_BLOCK_ROWS_M64 = 128  # 16 < M <= 64: ... when there are at most this many block rows
 FEW_PROGRAMS = 2 * 132  # about two programs per SM of an H100 / H200
-GEMV_PREFETCH_BYTES = 8192  # M <= 4: bytes of each block row's stored blocks prefetched into L2 (kernels._prefetch)
+GEMV_TWO_ROWS_MAX_BYTES = 16 * 2**20  # M = 2: the one-row kernel while the stored blocks take at most this
+GEMV_FOUR_ROWS_MAX_BYTES = 4 * 2**20  # M = 3-4: ... at most this (gemv_serves)
+GEMV_PREFETCH_BYTES = 8192  # one-row kernel: bytes of each block row's stored blocks prefetched into L2 (kernels._prefetch)
 PREFETCH_MAX_WEIGHTS = 128 * 2**20  # ... on layers of at most this many weights (N * K)
 SMALL_LAYER = 2**20  # N * K at most this (1024x1024, BERT-small / MiniLM layers): the small-layer rules
 SMALL_SPLIT_MIN_BLOCKS_PER_ROW = 20  # small layers, 16 < M <= 64: share block rows this long (4 shares)
+
+
+def gemv_serves(m: int, stored_bytes: int) -> bool:
+    """Whether the one-row kernel serves ``m`` rows of a layer whose stored blocks take ``stored_bytes``.
+
+    Each row's programs read the stored blocks again, from L2 only while they fit there with room to
+    spare. On an H100 (docs/kernels-notes.md, session 12) the one-row kernel was the faster at M = 2
+    up to 16 MiB of blocks and at M = 3-4 up to 4 MiB; beyond, the 16-row tiles were, by up to 3.3x
+    (8192x28672 at 50%, M = 4: 327.7 vs 99.5 us)."""
+    if m <= 1:
+        return True
+    limit = GEMV_TWO_ROWS_MAX_BYTES if m <= 2 else (GEMV_FOUR_ROWS_MAX_BYTES if m <= 4 else -1)
+    return stored_bytes <= limit
 
 
 def choose_config(m: int, n: int, k: int, nnz: int | None = None) -> BsrConfig:
@@ -111,8 +126,9 @@ def choose_config(m: int, n: int, k: int, nnz: int | None = None) -> BsrConfig:
     weights have their own rules (:func:`small_layer_config`); see docs/kernels-notes.md.
     """
     block_rows = n // BSR_BLOCK
-    blocks_per_row = (nnz if nnz is not None else block_rows * (k // BSR_BLOCK)) / block_rows
-    if m <= 4:
+    stored = nnz if nnz is not None else block_rows * (k // BSR_BLOCK)
+    blocks_per_row = stored / block_rows
+    if gemv_serves(m, stored * BSR_BLOCK * BSR_BLOCK * 2):  # 16-bit values
         # Memory bound: 8 outputs per program keeps >= 4 programs per SM streaming; 16 blocks per step
         # cover a whole 90%-sparse row in one step (fewer dependent index -> data round trips). Up to
         # PREFETCH_MAX_WEIGHTS, the first 8 KB of each block row are prefetched into L2 (H100, M = 1:
@@ -177,14 +193,6 @@ def runs_of_block(offsets, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _gathered_values(val_ptr, first, end, k_block, k_in, sub, BLOCK: tl.constexpr):
-    """(BLOCK_N, 32 GROUP) values: rows ``sub`` of the stored blocks ``first + k_block`` (zeros from ``end``)."""
-    blk = first + k_block
-    w_k = runs_of_block(blk * (BLOCK * BLOCK) + k_in, BLOCK)  # first row of each gathered block
-    return tl.load(val_ptr + w_k[None, :] + sub[:, None] * BLOCK, mask=(blk < end)[None, :], other=0.0)
-
-
-@triton.jit
 def prefetch_blocks(val_ptr, start, end, BLOCK: tl.constexpr, PREFETCH_BYTES: tl.constexpr):
     """Ask for the first PREFETCH_BYTES of the stored blocks ``start <= b < end`` (contiguous in values)
     to be brought into L2 (kernels._prefetch)."""
@@ -197,7 +205,7 @@ def _bsr_gemv_kernel(
     x_ptr, crow_ptr, col_ptr, val_ptr, bias_ptr, y_ptr,  # x (M, K), crow, col, values (nnz,32,32), bias (N,), y (M, N)
     stride_xm, stride_ym,
     HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, GROUP: tl.constexpr, BLOCK: tl.constexpr, USE_PDL: tl.constexpr,
-    PREFETCH_BYTES: tl.constexpr, VALUES_AHEAD: tl.constexpr,
+    PREFETCH_BYTES: tl.constexpr,
 ):
     pid_n = tl.program_id(0)  # which BLOCK_N outputs
     row = tl.program_id(1).to(tl.int64)  # which row of x
@@ -215,21 +223,15 @@ def _bsr_gemv_kernel(
     x_row = x_ptr + row * stride_xm
     acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
     wait_for_inputs(USE_PDL)  # with PDL: x may still be being written until here (crow is not)
-    if VALUES_AHEAD:  # the first step's values, asked for before the loop (they do not depend on col)
-        w = _gathered_values(val_ptr, start, end, k_block, k_in, sub, BLOCK)
     for p in range(start, end, GROUP):
         blk = p + k_block
         valid = blk < end
         col = tl.load(col_ptr + blk, mask=valid, other=0).to(tl.int32)
         x_k = runs_of_block(col * BLOCK + k_in, BLOCK)  # x columns of the gathered blocks
+        w_k = runs_of_block(blk * (BLOCK * BLOCK) + k_in, BLOCK)  # first row of each gathered block
         xv = tl.load(x_row + x_k, mask=valid, other=0.0)  # (32 GROUP,)
-        if VALUES_AHEAD:  # this step's values came with the previous step; ask for the next step's
-            w_next = _gathered_values(val_ptr, p + GROUP, end, k_block, k_in, sub, BLOCK)
-        else:
-            w = _gathered_values(val_ptr, p, end, k_block, k_in, sub, BLOCK)
+        w = tl.load(val_ptr + w_k[None, :] + sub[:, None] * BLOCK, mask=valid[None, :], other=0.0)  # (BLOCK_N, 32 GROUP)
         acc += tl.sum(w.to(tl.float32) * xv.to(tl.float32)[None, :], axis=1)
-        if VALUES_AHEAD:
-            w = w_next
     let_dependents_launch(USE_PDL)
 
     offs_n = block_row * BLOCK + sub
@@ -317,7 +319,7 @@ def launch_bsr(x2, crow_indices, col_indices, values, bias, y, config: BsrConfig
     if config.kernel == "gemv":
         grid = (n // config.block_n, m)
         _bsr_gemv_kernel[grid](x2, crow_indices, col_indices, values, bias_arg, y,
-                               x2.stride(0), y.stride(0), VALUES_AHEAD=config.values_ahead, **common)
+                               x2.stride(0), y.stride(0), **common)
     elif config.kernel == "gemm":
         grid = (n // config.block_n, triton.cdiv(m, config.block_m), config.split)
         if config.split > 1:

@@ -112,9 +112,6 @@ def tune_case(k, n, m, pct, args):
         cands = candidates(m)
     if args.prefetch:  # the current pick with its programs' stored blocks prefetched into L2 at the start
         cands = [dataclasses.replace(current, prefetch=size) for size in PREFETCH_SIZES]
-    if args.values_ahead:  # the one-row kernel loading each step's values one step early, with / without prefetch
-        cands = [dataclasses.replace(current, values_ahead=not current.values_ahead, prefetch=size)
-                 for size in dict.fromkeys((current.prefetch, 0, 8192))]
     for cfg in dict.fromkeys([current] + cands):
         try:
             y = torch.empty(xs[0][:64].shape[0], n, device="cuda", dtype=torch.float16)
@@ -144,8 +141,6 @@ def main(argv=None):
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--int8", action="store_true", help="tune the sparse W8A8 kernel (kernels/bsr_w8a8.py) instead")
     p.add_argument("--prefetch", action="store_true", help="time the current pick with L2 prefetch sizes only")
-    p.add_argument("--values-ahead", action="store_true",
-                   help="time the current (one-row) pick with the values_ahead switch flipped only")
     args = p.parse_args(argv)
     started = time.monotonic()
     results = []

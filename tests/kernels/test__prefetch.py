@@ -20,7 +20,7 @@ def test_never_on_cpu_or_under_the_interpreter(monkeypatch):
 
 def test_dds_one_row_pick_prefetches_and_the_tile_kernels_do_not():
     assert choose_config(1, 4096, 4096, 128 * 64).prefetch == GEMV_PREFETCH_BYTES
-    assert choose_config(4, 11008, 4096, 344 * 13).prefetch == GEMV_PREFETCH_BYTES
+    assert choose_config(2, 11008, 4096, 344 * 13).prefetch == GEMV_PREFETCH_BYTES
     assert choose_config(1, 28672, 8192, 896 * 128).prefetch == 0  # above PREFETCH_MAX_WEIGHTS: slower there
     for m in (16, 64, 256, 2048):
         assert choose_config(m, 4096, 4096, 128 * 64).prefetch == 0

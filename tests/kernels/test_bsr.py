@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import kernels
-from kernels.bsr import SMALL_LAYER, BsrConfig, choose_config, launch_bsr
+from kernels.bsr import SMALL_LAYER, BsrConfig, choose_config, gemv_serves, launch_bsr
 from kernels.reference import bsr_matmul_ref
 
 BLOCK = 32
@@ -125,7 +125,6 @@ def test_sparse_bsr_interop(m):
 @pytest.mark.parametrize(
     "config",
     [BsrConfig("gemv", 1, bn, g, 4, 2) for bn in (8, 16, 32) for g in (1, 2, 4)]
-    + [BsrConfig("gemv", 1, bn, g, 4, 2, values_ahead=True) for bn in (8, 32) for g in (1, 2, 4)]
     + [BsrConfig("gemm", bm, bn, g, 4, 2) for bm in (16, 32, 64) for bn in (16, 32) for g in (1, 2, 4)]
     + [BsrConfig("gemm", bm, 32, g, 4, 2, split=sp) for bm in (16, 64) for g in (1, 2) for sp in (2, 3)],
     ids=str,
@@ -170,6 +169,19 @@ def test_choose_config_is_valid(m, k, n, density):
     if n * k > SMALL_LAYER:  # small layers take smaller tiles for more programs (next test)
         assert cfg.kernel == "gemv" or cfg.block_m >= min(m, 64) // 2
     assert cfg.split >= 1 and (cfg.split == 1 or cfg.kernel == "gemm")
+
+
+def test_one_row_kernel_serves_more_rows_only_while_the_blocks_stay_in_l2():
+    def kernel(m, k, n, density):
+        return choose_config(m, n, k, int(density * (n // 32) * (k // 32))).kernel
+
+    assert all(kernel(1, k, n, 0.5) == "gemv" for k, n in ((1024, 1024), (8192, 28672)))
+    assert kernel(2, 4096, 4096, 0.5) == "gemv" and kernel(3, 4096, 4096, 0.5) == "gemm"  # 16 MiB of blocks
+    assert kernel(4, 4096, 4096, 0.1) == "gemv" and kernel(2, 8192, 8192, 0.1) == "gemv"  # 3.2 / 12.8 MiB
+    assert kernel(3, 8192, 8192, 0.1) == "gemm" and kernel(2, 11008, 4096, 0.5) == "gemm"  # 12.8 / 43 MiB
+    assert kernel(4, 1024, 1024, 1.0) == "gemv" and kernel(5, 1024, 1024, 0.1) == "gemm"
+    assert choose_config(2, 8192, 8192) == choose_config(16, 8192, 8192)  # dense: the 16-row tiles' pick
+    assert gemv_serves(2, 16 * 2**20) and not gemv_serves(2, 16 * 2**20 + 1) and not gemv_serves(5, 0)
 
 
 @pytest.mark.parametrize(("k", "n", "m", "expected"), [
