@@ -97,7 +97,7 @@ SPLIT_MAX_BLOCK_ROWS_M64 = 128  # 16 < M <= 64: ... when there are at most this 
 FEW_PROGRAMS = 2 * 132  # about two programs per SM of an H100 / H200
 GEMV_TWO_ROWS_MAX_BYTES = 16 * 2**20  # M = 2: the one-row kernel while the stored blocks take at most this
 GEMV_FOUR_ROWS_MAX_BYTES = 4 * 2**20  # M = 3-4: ... at most this (gemv_serves)
-GEMV_PREFETCH_BYTES = 8192  # one-row kernel: bytes of each block row's stored blocks prefetched into L2 (kernels._prefetch)
+GEMV_PREFETCH_BYTES = 8192  # one-row kernel: bytes of each block row's stored blocks prefetched into L2
 PREFETCH_MAX_WEIGHTS = 128 * 2**20  # ... on layers of at most this many weights (N * K)
 SMALL_LAYER = 2**20  # N * K at most this (1024x1024, BERT-small / MiniLM layers): the small-layer rules
 SMALL_SPLIT_MIN_BLOCKS_PER_ROW = 20  # small layers, 16 < M <= 64: share block rows this long (4 shares)

@@ -40,8 +40,8 @@ Small M is memory bound (the packed weight is a quarter of the fp16 bytes). At M
 K <= 4096 and at most 16 Mi weights, and up to M = 16 on small layers (<= 4 Mi weights), the launcher
 runs :mod:`kernels.w4a16_wholek` (each program loads its whole K strip at once: one DRAM trip, no
 split). Otherwise at M = 1 it runs :mod:`kernels.w4a16_fma` (CUDA-core FMAs over K splits: 2.2-3.0x
-cuBLAS on an H100). From M = 17 to 256 on large layers (``wgmma_serves``: more than 4 Mi weights, and above 32
-rows at least 32 Mi, with 128-deep K tiles inside a scale group) it runs :mod:`kernels.w4a16_wgmma`,
+cuBLAS on an H100). From M = 17 to 256 on large layers (``wgmma_serves``: more than 4 Mi weights, and
+above 32 rows at least 32 Mi, with 128-deep K tiles inside a scale group) it runs :mod:`kernels.w4a16_wgmma`,
 the weight as the register operand of wgmma. Otherwise, up to M = 127, this kernel (nibble planes to
 M = 16) with narrow N tiles plus split-K (fp32 partials summed in split order: by the last split of
 each 16-row tile to finish, in the kernel, else by :func:`kernels._splitk.splitk_reduce`) gives every
@@ -77,7 +77,8 @@ FMA_MIN_WEIGHTS = 4 * 2**20  # for layers this large (at 1024x1024 the tiled ker
 WHOLEK_MAX_M = 2  # up to here, layers with K <= WHOLEK_MAX_PICK_K and at most WHOLEK_MAX_WEIGHTS weights take
 WHOLEK_MAX_PICK_K = 4096  # kernels.w4a16_wholek (whole K strip per program; H100, M = 1: 1024x1024 5.3 -> 3.0 us,
 WHOLEK_MAX_WEIGHTS = 16 * 2**20  # 4096x4096 8.6 -> 7.6 us; 4096x11008 stays with the fma kernel, 15.2 vs 16.9);
-# small layers (<= SMALL_LAYER weights) up to M = 16 (1024x1024 M = 8: 6.0 -> 4.0 us; 4096x4096 M = 4 lost: 15.7 vs 10.4)
+# small layers (<= SMALL_LAYER weights) up to M = 16 (1024x1024 M = 8: 6.0 -> 4.0 us; 4096x4096 M = 4 lost:
+# 15.7 vs 10.4 us)
 PLANES_MAX_M = 16  # up to here (and with 128-deep K tiles), the nibble-plane tiles (H100: 1.3-1.6x the tiled kernel)
 WIDE_N = 8192  # from here on the nibble-plane tiles are 128 wide (H100, M = 16: 8192x8192 23.0 vs 25.3 us)
 SHORT_K = 512  # with n * k <= SMALL_LAYER (MiniLM's 384-wide inputs): no split-K at M <= 64
@@ -101,7 +102,7 @@ class TileConfig(NamedTuple):
     magic_unpack: bool = False
     expanded_load: bool = False
     path: str = "tiled"  # "fma" (kernels.w4a16_fma, CUDA-core FMAs, M = 1), "wholek" (kernels.w4a16_wholek, the
-    # same FMAs on the whole K strip at once, small layers at M = 1), "wgmma" (kernels.w4a16_wgmma,
+    # same FMAs on the whole K strip at once, small M on small layers), "wgmma" (kernels.w4a16_wgmma,
     # swapped nibble pairs, the weight as register operand), "skinny" (kernels.w4a16_gemv, M <= 64),
     # "tiled" (tl.dot), "dequant" (dequantize, then cuBLAS)
     asm_unpack: bool = True  # skinny path and nibble planes: inline-PTX unpack (False: plain Triton ops; always

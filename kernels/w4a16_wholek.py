@@ -16,8 +16,10 @@ scale of each packed row's group, one sum over K, the bias, one store. No split,
 counters. The scale rows come in as a (BLOCK_K/8, BLOCK_N) tile whose row r reads group
 ``8r >> GROUP_SHIFT`` (a group spans G/8 packed rows, which read the same addresses).
 
-The strip lives in registers, so ``BLOCK_K`` is capped (:data:`WHOLEK_MAX_K`) and the launcher takes
-this kernel at M = 1 only (each extra row re-reads the strip and pays the FMAs again).
+The strip lives in registers, so ``BLOCK_K`` is capped (:data:`WHOLEK_MAX_K`). Each extra token row
+is a program of its own that reads the strip again (from L2) and pays the FMAs again, so the
+launcher takes this kernel for one or two rows, and up to 16 only on small layers
+(:func:`kernels.w4a16.wholek_serves`).
 """
 from __future__ import annotations
 

@@ -20,8 +20,9 @@ Two paths, the same integers and the same output bits:
   and M measured (docs/kernels-notes.md), so ``pick_config`` never chooses it.
 * gemv (``TileConfig(gemv=True)``, :mod:`kernels.w8a8_gemv`): one launch, one token row per
   program on CUDA cores, the row quantized in the kernel; ``pick_config`` takes it at every M = 1
-  call and up to M = 4 on small layers, unsplit (:func:`row_gemv_config`: 8 outputs per program walking all of K in 1024-deep
-  steps; on an H100 4-33% faster than the split one-row tiles and the tensor-core tile before it).
+  call and up to M = 4 on small layers, unsplit (:func:`row_gemv_config`: 8 outputs per program
+  walking all of K in 1024-deep steps; on an H100 4-33% faster than the split one-row tiles and
+  the tensor-core tile before it).
 
 Quantization uses IEEE division (``div_rn``; the fused kernel an exactly equivalent float64
 multiply), clamps to [-128, 127], then rounds with the float trick ``(v + 1.5 * 2**23) - 1.5 * 2**23``,
@@ -210,9 +211,8 @@ def pick_config(m: int, n: int, k: int) -> TileConfig:
     """Tiles by M bucket and layer size, from the shape alone (CUDA-graph safe: no autotuning).
 
     M = 1, any layer, and M <= 4 on small layers: the one-row kernel without a K split
-    (``row_gemv_config``). Otherwise the
-    pre-pass path: the fused one
-    (``TileConfig(fused=True)``) measured slower at every shape and M tried. Small layers
+    (``row_gemv_config``). Otherwise the pre-pass path: the fused one (``TileConfig(fused=True)``)
+    measured slower at every shape and M tried. Small layers
     (N * K <= ``SMALL_LAYER``) at 16 < M take ``small_layer_config``, except M <= 64 with K >= 1024,
     where split-K measured faster (1536x384 M=64: 9.3 vs 11.3 us on an H200).
     """

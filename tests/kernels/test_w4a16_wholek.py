@@ -69,7 +69,8 @@ def test_strided_x_matches_contiguous():
     wide = torch.randn(2, 2 * k, device=DEVICE).half()
     x = wide[:, ::2]  # row stride 2K, channel stride 2
     cfg = wholek(k, 16)
-    assert torch.equal(launch(x, qweight, scales, g, config=cfg), launch(x.contiguous(), qweight, scales, g, config=cfg))
+    strided = launch(x, qweight, scales, g, config=cfg)
+    assert torch.equal(strided, launch(x.contiguous(), qweight, scales, g, config=cfg))
 
 
 @pytest.mark.parametrize(
