@@ -2,8 +2,10 @@
 
 Subcommands::
 
-    compress run      --config RECIPE [overrides]   fine-tune with the recipe's compression callbacks,
-                                                    export, evaluate, report
+    compress run      --config RECIPE [--ckpt_path CKPT] [overrides]
+                                                    fine-tune with the recipe's compression callbacks
+                                                    (resumed from a Lightning checkpoint with
+                                                    --ckpt_path), export, evaluate, report
     compress fit      --config RECIPE [overrides]   plain LightningCLI fit (same recipe checks)
     compress validate --config RECIPE [overrides]   plain LightningCLI validate
     compress export   --config RECIPE --ckpt_path CKPT [--export_dir DIR]
@@ -260,17 +262,32 @@ def build_report(named_models: list[tuple[str, Any, str]], datamodule, options: 
     return report, paths
 
 
+def resume_checkpoint(args: list[str], command: str) -> tuple[str | None, list[str]]:
+    """``--ckpt_path CKPT`` taken out of ``args``: (the checkpoint or None, the other args). A missing
+    file or more than one path fails here, before the recipe is built or any step is trained."""
+    ckpt, rest = _split_option(args, "ckpt_path")
+    if len(ckpt) > 1:
+        raise ValueError(f"compress {command}: expected at most one --ckpt_path CHECKPOINT, got {ckpt}")
+    if ckpt and not Path(ckpt[0]).is_file():
+        raise ValueError(f"compress {command}: --ckpt_path: expected an existing Lightning checkpoint file, "
+                         f"got {ckpt[0]!r}")
+    return (ckpt[0] if ckpt else None), rest
+
+
 def run(args: list[str]) -> int:
-    """``compress run``: fit with the recipe's callbacks, export, evaluate, report."""
+    """``compress run``: fit with the recipe's callbacks (resuming from ``--ckpt_path`` when given: the
+    trainer's step, optimizer and the callbacks' schedules and masks come from the checkpoint), export,
+    evaluate, report."""
     import compress
 
+    ckpt_path, args = resume_checkpoint(args, "run")
     cli = CompressCLI(args=args, run=False)
     options = options_from(cli.config_init)
     torch.set_float32_matmul_precision(options.float32_matmul_precision)
     check_recipe(cli.model, cli.trainer.callbacks)
     snapshot = FloatWeightsSnapshot()
     cli.trainer.callbacks.insert(0, snapshot)
-    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=ckpt_path)
     if not cli.trainer.is_global_zero:
         return 0
     exporter = export_callback(cli.trainer.callbacks)

@@ -115,6 +115,29 @@ def test_export_from_the_lightning_checkpoint_matches_the_export_callback(sparse
     assert all(torch.equal(ours[k], reference[k]) for k in ours)
 
 
+def test_run_resumes_from_a_checkpoint(sparse_w8a8_run, tmp_path):
+    """Resumed from the finished run's checkpoint with another seed, the run trains no step (its 2
+    epochs are done) and exports the same model; started afresh with that seed it would not."""
+    root, _ = sparse_w8a8_run
+    checkpoint = sorted((root / "out").rglob("*.ckpt"))[-1]
+    recipe = tiny_recipe(tmp_path / "out", [pruning(), qat(), export(tmp_path / "out" / "compressed")], evaluate=False)
+    path = write_recipe(tmp_path / "recipe.yaml", recipe)
+    assert main(["run", "--config", path, "--seed_everything=1", "--ckpt_path", str(checkpoint)]) == 0
+    resumed = load_file(str(tmp_path / "out" / "compressed" / "model.safetensors"))
+    reference = load_file(str(root / "out" / "compressed" / "model.safetensors"))
+    assert resumed.keys() == reference.keys()
+    assert all(torch.equal(resumed[k], reference[k]) for k in resumed)
+
+
+@pytest.mark.parametrize("ckpt_args,words", [(["--ckpt_path", "missing.ckpt"], "existing Lightning checkpoint file"),
+                                             (["--ckpt_path", "a.ckpt", "b.ckpt"], "at most one")])
+def test_run_refuses_a_bad_ckpt_path_before_training(tmp_path, ckpt_args, words):
+    path = write_recipe(tmp_path / "recipe.yaml", tiny_recipe(tmp_path / "out", [pruning()]))
+    with pytest.raises(ValueError, match=words):
+        main(["run", "--config", path, *ckpt_args])
+    assert not (tmp_path / "out").exists()  # nothing trained, nothing written
+
+
 def test_evaluate_compares_saved_model_dirs(sparse_w8a8_run, tmp_path):
     root, recipe = sparse_w8a8_run
     models = [str(root / "out" / "float"), str(root / "out" / "compressed")]
