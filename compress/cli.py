@@ -276,8 +276,8 @@ def resume_checkpoint(args: list[str], command: str) -> tuple[str | None, list[s
 
 def run(args: list[str]) -> int:
     """``compress run``: fit with the recipe's callbacks (resuming from ``--ckpt_path`` when given: the
-    trainer's step, optimizer and the callbacks' schedules and masks come from the checkpoint), export,
-    evaluate, report."""
+    trainer's step, optimizer and the callbacks' schedules and masks come from the checkpoint, and so
+    does the time ``trainer.max_time`` has counted), export, evaluate, report."""
     import compress
 
     ckpt_path, args = resume_checkpoint(args, "run")
