@@ -262,7 +262,7 @@ def build_report(named_models: list[tuple[str, Any, str]], datamodule, options: 
     return report, paths
 
 
-def resume_checkpoint(args: list[str], command: str) -> tuple[str | None, list[str]]:
+def checkpoint_option(args: list[str], command: str) -> tuple[str | None, list[str]]:
     """``--ckpt_path CKPT`` taken out of ``args``: (the checkpoint or None, the other args). A missing
     file or more than one path fails here, before the recipe is built or any step is trained."""
     ckpt, rest = _split_option(args, "ckpt_path")
@@ -280,7 +280,7 @@ def run(args: list[str]) -> int:
     does the time ``trainer.max_time`` has counted), export, evaluate, report."""
     import compress
 
-    ckpt_path, args = resume_checkpoint(args, "run")
+    ckpt_path, args = checkpoint_option(args, "run")
     cli = CompressCLI(args=args, run=False)
     options = options_from(cli.config_init)
     torch.set_float32_matmul_precision(options.float32_matmul_precision)
@@ -342,10 +342,10 @@ def export(args: list[str]) -> int:
     """
     import compress
 
-    ckpt, rest = _split_option(args, "ckpt_path")
+    ckpt_path, rest = checkpoint_option(args, "export")
     export_dir, rest = _split_option(rest, "export_dir")
-    if len(ckpt) != 1:
-        raise ValueError(f"compress export: expected one --ckpt_path CHECKPOINT, got {ckpt or 'none'}")
+    if ckpt_path is None:
+        raise ValueError("compress export: expected one --ckpt_path CHECKPOINT, got none")
     cli = CompressCLI(args=rest, run=False)
     options = options_from(cli.config_init)
     callbacks = [cb for cb in cli.trainer.callbacks if hasattr(cb, "plan")]
@@ -354,15 +354,15 @@ def export(args: list[str]) -> int:
     check_recipe(cli.model, callbacks)
     for callback in callbacks:
         callback.setup(cli.trainer, cli.model, "fit")
-    state = torch.load(ckpt[0], map_location="cpu", weights_only=False)
+    state = torch.load(ckpt_path, map_location="cpu", weights_only=False)
     if "state_dict" not in state:
-        raise ValueError(f"{ckpt[0]}: expected a Lightning checkpoint with a 'state_dict', got keys {sorted(state)[:8]}")
+        raise ValueError(f"{ckpt_path}: expected a Lightning checkpoint with a 'state_dict', got keys {sorted(state)[:8]}")
     cli.model.load_state_dict(state["state_dict"])
     exporter = export_callback(cli.trainer.callbacks)
     default_dir = exporter.dirpath if exporter is not None else str(Path(options.output_dir) / "compressed")
     model = compress.convert(compression_target(cli.model))
     path = compress.save_compressed(model, export_dir[0] if export_dir else default_dir)
-    log.info("exported %s to %s", ckpt[0], path)
+    log.info("exported %s to %s", ckpt_path, path)
     sys.stdout.write(f"{path}\n")
     return 0
 

@@ -131,11 +131,18 @@ def test_run_resumes_from_a_checkpoint(sparse_w8a8_run, tmp_path):
 
 @pytest.mark.parametrize("ckpt_args,words", [(["--ckpt_path", "missing.ckpt"], "existing Lightning checkpoint file"),
                                              (["--ckpt_path", "a.ckpt", "b.ckpt"], "at most one")])
-def test_run_refuses_a_bad_ckpt_path_before_training(tmp_path, ckpt_args, words):
+@pytest.mark.parametrize("command", ["run", "export"])
+def test_run_and_export_refuse_a_bad_ckpt_path_first(tmp_path, ckpt_args, words, command):
     path = write_recipe(tmp_path / "recipe.yaml", tiny_recipe(tmp_path / "out", [pruning()]))
     with pytest.raises(ValueError, match=words):
-        main(["run", "--config", path, *ckpt_args])
+        main([command, "--config", path, *ckpt_args])
     assert not (tmp_path / "out").exists()  # nothing trained, nothing written
+
+
+def test_export_needs_a_ckpt_path(tmp_path):
+    path = write_recipe(tmp_path / "recipe.yaml", tiny_recipe(tmp_path / "out", [pruning()]))
+    with pytest.raises(ValueError, match="expected one --ckpt_path CHECKPOINT, got none"):
+        main(["export", "--config", path])
 
 
 def test_evaluate_compares_saved_model_dirs(sparse_w8a8_run, tmp_path):
