@@ -3,9 +3,9 @@
 Each callback has one job and only orchestrates: the math is in :mod:`compress`.
 
 * :class:`BlockPruning`: gradual 32x32 block pruning on the cubic schedule between ``start_step``
-  and ``end_step``, re-scoring every ``frequency`` optimizer steps (magnitude, l2 or movement
-  scores); masks are re-applied after every optimizer step (an optimizer step post-hook), so AdamW
-  cannot revive pruned weights.
+  and ``end_step``, re-scoring every ``frequency`` optimizer steps (magnitude, l2, movement or
+  Fisher scores); masks are re-applied after every optimizer step (an optimizer step post-hook),
+  so AdamW cannot revive pruned weights.
 * :class:`QuantizationAware`: swaps in fake-quantized layers (in ``setup``) and switches fake
   quantization on at ``start_step``.
 * :class:`Calibration`: observes the inputs of W8A8 layers for ``num_batches`` training batches,
@@ -30,7 +30,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import nn
 
 from compress.checkpoint import save_compressed
-from compress.configs import BLOCK_SCORES, OBSERVERS, BlockSparseConfig, W4A16Config, W8A8Config
+from compress.configs import BLOCK_SCORES, GRADIENT_SCORES, OBSERVERS, BlockSparseConfig, W4A16Config, W8A8Config
 from compress.neuron_order import find_mlps, kept_mass, reorder_mlp_neurons
 from compress.plan import DEFAULT_EXCLUDE, Plan, compressed_layers, convert, forward_batch, prepare
 from compress.qat import CompressedLinear
@@ -40,6 +40,7 @@ from compress.sparsity import (
     block_mask,
     block_scores,
     cubic_sparsity,
+    fisher_block_scores,
     global_block_masks,
     mask_sparsity,
     movement_block_scores,
@@ -97,8 +98,8 @@ class BlockPruning(pl.Callback):
 
     ``plan``: None (every eligible linear) or ``{pattern: final sparsity}`` (fnmatch patterns on
     module names; each matched layer ends at its own sparsity). ``score``: ``"magnitude"``,
-    ``"l2"`` or ``"movement"``. ``exclude``: patterns left dense (None: embeddings, classifier
-    heads, ``lm_head``).
+    ``"l2"``, ``"movement"`` or ``"fisher"``. ``exclude``: patterns left dense (None: embeddings,
+    classifier heads, ``lm_head``).
 
     Movement (Sanh et al., 2020; 32x32 blocks as in Lagunas et al., 2021): the score of a weight is
     ``S = -sum_t W_t * dL/dW_t`` over optimizer steps ``t`` (weights moving away from zero score
@@ -116,14 +117,20 @@ class BlockPruning(pl.Callback):
     re-scoring. The sums are in this callback's ``state_dict`` (CPU tensors keyed by layer name);
     a checkpoint without them starts them at zero. Under DDP the gradients are all-reduced before
     the optimizer step, so every rank accumulates the same sums; the masks are still broadcast from
-    rank 0.
+    rank 0. Once the last re-scoring (at ``end_step``) is done, nothing more is accumulated.
+
+    Fisher (Optimal Brain Surgeon with one empirical-Fisher block per 32x32 block, Kurtic et al.,
+    2022): the same accumulation, of ``(sum over the block of W * dL/dW)^2``
+    (:func:`compress.sparsity.fisher_block_scores`), so a block scores the loss increase its removal
+    would cost to second order. The sums start again from zero after every re-scoring, so each one
+    ranks the blocks by the gradients of the steps since the last (the dense phase before the first).
 
     ``allocation``: ``"layer"`` (default) prunes every layer to the schedule's sparsity;
     ``"global"`` ranks the blocks of all matched layers together, so the model as a whole reaches the
     schedule's sparsity while each layer stays within ``[(1 - spread) * s, s + spread * (1 - s)]`` of
     its blocks (:func:`compress.sparsity.global_block_masks`; ``spread`` 0 is per-layer pruning).
-    Scores are compared as they are (mean |w| per block, or movement sums), so layers whose blocks
-    score lower give more. Needs one sparsity for all layers (no ``plan``). At a movement re-scoring
+    Scores are compared as they are (mean |w| per block, or movement / Fisher sums), so layers whose
+    blocks score lower give more. Needs one sparsity for all layers (no ``plan``). At a re-scoring
     where some layer has no sum yet, every layer is scored by magnitude, so the ranking compares one
     kind of score.
 
@@ -162,7 +169,7 @@ class BlockPruning(pl.Callback):
             raise ValueError(f"reorder_neurons: expected a bool, got {reorder_neurons!r}")
         self.reorder_neurons, self._reordered = reorder_neurons, False
         self.last_pruned_step: Optional[int] = None
-        self.movement_scores: dict[str, torch.Tensor] = {}  # layer name -> (N/32, K/32) float32
+        self.gradient_scores: dict[str, torch.Tensor] = {}  # movement or Fisher sums: name -> (N/32, K/32) float32
         self._hooks = []
         self._layers: dict[str, CompressedLinear] = {}  # the matched layers, found once per fit
 
@@ -189,17 +196,17 @@ class BlockPruning(pl.Callback):
                 layer.apply_mask_()
 
         self._hooks = [optimizer.register_step_post_hook(reapply_masks) for optimizer in trainer.optimizers]
-        if self.score == "movement":
-            self.movement_scores = {name: self._initial_movement(name, layer) for name, layer in matched.items()}
+        if self.score in GRADIENT_SCORES:
+            self.gradient_scores = {name: self._initial_sum(name, layer) for name, layer in matched.items()}
 
-    def _initial_movement(self, name: str, layer: CompressedLinear) -> torch.Tensor:
+    def _initial_sum(self, name: str, layer: CompressedLinear) -> torch.Tensor:
         """The restored sum for ``name`` on the layer's device, or zeros when there is none."""
         grid = tuple(layer.mask.shape)
-        restored = self.movement_scores.get(name)
+        restored = self.gradient_scores.get(name)
         if restored is None:
             return torch.zeros(grid, dtype=torch.float32, device=layer.weight.device)
         if tuple(restored.shape) != grid:
-            raise ValueError(f"BlockPruning: movement scores of {name!r}: expected shape {grid}, "
+            raise ValueError(f"BlockPruning: {self.score} scores of {name!r}: expected shape {grid}, "
                              f"got {tuple(restored.shape)} (checkpoint from another model?)")
         return restored.to(device=layer.weight.device, dtype=torch.float32)
 
@@ -210,21 +217,26 @@ class BlockPruning(pl.Callback):
 
     @torch.no_grad()
     def on_before_optimizer_step(self, trainer, pl_module, optimizer):
-        if self.score != "movement":
+        if self.score not in GRADIENT_SCORES or self._schedule_done():
             return
+        block_step = movement_block_scores if self.score == "movement" else fisher_block_scores
         updated = {id(p) for group in optimizer.param_groups for p in group["params"]}
         layers = {name: layer for name, layer in self._layers.items()
                   if layer.weight.grad is not None and id(layer.weight) in updated}
-        steps = {name: movement_block_scores(layer.weight, layer.weight.grad, layer.sparse_config.block)
+        steps = {name: block_step(layer.weight, layer.weight.grad, layer.sparse_config.block)
                  for name, layer in layers.items()}
         if not steps:
             return
         finite = torch.stack([step.isfinite().all() for step in steps.values()]).all()
         for name, step in steps.items():
-            total = self.movement_scores.get(name)
+            total = self.gradient_scores.get(name)
             if total is None:
-                total = self.movement_scores[name] = self._initial_movement(name, layers[name])
+                total = self.gradient_scores[name] = self._initial_sum(name, layers[name])
             total.add_(torch.where(finite, step, torch.zeros_like(step)))
+
+    def _schedule_done(self) -> bool:
+        """True once the re-scoring at ``end_step`` has run: the masks are final."""
+        return self.last_pruned_step is not None and self.last_pruned_step >= self.end_step
 
     def _due(self, step: int) -> bool:
         if step < self.start_step:
@@ -235,9 +247,10 @@ class BlockPruning(pl.Callback):
             return self.last_pruned_step < self.end_step
         return step - self.last_pruned_step >= self.frequency
 
-    def _movement_or_magnitude(self, name: str, layer: CompressedLinear) -> tuple[torch.Tensor, bool]:
-        """(the layer's movement sum, False), or (its magnitude scores, True) while the sum is all zero."""
-        scores = self.movement_scores.get(name)
+    def _summed_or_magnitude(self, name: str, layer: CompressedLinear) -> tuple[torch.Tensor, bool]:
+        """(the layer's movement or Fisher sum, False), or (its magnitude scores, True) while the sum
+        is all zero."""
+        scores = self.gradient_scores.get(name)
         if scores is not None and bool(scores.any()):
             return scores, False
         return block_scores(layer.masked_weight(), layer.sparse_config.block, "magnitude"), True
@@ -253,16 +266,16 @@ class BlockPruning(pl.Callback):
         for name, layer in _layers_matching(target_model(pl_module), self.plan).items():
             config = layer.sparse_config
             target = cubic_sparsity(step, self.start_step, self.end_step, config.sparsity)
-            if config.score == "movement":
-                scores, fell_back = self._movement_or_magnitude(name, layer)
+            if config.score in GRADIENT_SCORES:
+                scores, fell_back = self._summed_or_magnitude(name, layer)
                 fallbacks += fell_back
                 mask = shrink_mask(scores, layer.mask, target)
             else:
                 mask = block_mask(layer.masked_weight(), target, config.block, config.score)
             reached.append(_install_mask(layer, mask))
-        self.last_pruned_step = step
+        self._rescored(step)
         if fallbacks:
-            rank_zero_info(f"BlockPruning: step {step}, no movement accumulated yet for {fallbacks} layers; "
+            rank_zero_info(f"BlockPruning: step {step}, no {self.score} scores accumulated yet for {fallbacks} layers; "
                            "scored them by magnitude")
         if reached:
             rank_zero_info(f"BlockPruning: step {step}, mean block sparsity {sum(reached) / len(reached):.3f} "
@@ -272,17 +285,18 @@ class BlockPruning(pl.Callback):
         """One re-scoring with ``allocation="global"``: all matched layers ranked together."""
         layers = _layers_matching(model, self.plan)
         target = cubic_sparsity(step, self.start_step, self.end_step, self.sparsity)
-        scores = {name: self.movement_scores.get(name) for name in layers} if self.score == "movement" else {}
-        fell_back = self.score == "movement" and any(s is None or not bool(s.any()) for s in scores.values())
-        if self.score != "movement" or fell_back:
-            kind = "magnitude" if self.score == "movement" else self.score
+        summed = self.score in GRADIENT_SCORES
+        scores = {name: self.gradient_scores.get(name) for name in layers} if summed else {}
+        fell_back = summed and any(s is None or not bool(s.any()) for s in scores.values())
+        if not summed or fell_back:
+            kind = "magnitude" if summed else self.score
             scores = {name: block_scores(layer.masked_weight(), layer.sparse_config.block, kind)
                       for name, layer in layers.items()}
         masks = global_block_masks(scores, {name: layer.mask for name, layer in layers.items()}, target, self.spread)
         shares = [_install_mask(layer, masks[name]) for name, layer in layers.items()]
-        self.last_pruned_step = step
+        self._rescored(step)
         if fell_back:
-            rank_zero_info(f"BlockPruning: step {step}, movement not accumulated in every layer yet; "
+            rank_zero_info(f"BlockPruning: step {step}, {self.score} scores not accumulated in every layer yet; "
                            "ranked all layers by magnitude")
         if shares:
             pruned = sum(int((~layer.mask).sum()) for layer in layers.values())
@@ -290,14 +304,21 @@ class BlockPruning(pl.Callback):
             rank_zero_info(f"BlockPruning: step {step}, block sparsity {pruned / blocks:.3f} over {len(shares)} "
                            f"layers (global; per layer {min(shares):.3f} to {max(shares):.3f})")
 
+    def _rescored(self, step: int) -> None:
+        """Record a re-scoring at ``step``; Fisher sums start again from zero after it."""
+        self.last_pruned_step = step
+        if self.score == "fisher":
+            for total in self.gradient_scores.values():
+                total.zero_()
+
     def state_dict(self):
         return {"last_pruned_step": self.last_pruned_step,
-                "movement_scores": {name: t.detach().cpu().clone() for name, t in self.movement_scores.items()}}
+                "gradient_scores": {name: t.detach().cpu().clone() for name, t in self.gradient_scores.items()}}
 
     def load_state_dict(self, state_dict):
         self.last_pruned_step = state_dict.get("last_pruned_step")
-        self.movement_scores = {name: t.detach().cpu().float()
-                                for name, t in state_dict.get("movement_scores", {}).items()}
+        saved = state_dict.get("gradient_scores", state_dict.get("movement_scores", {}))  # the older key
+        self.gradient_scores = {name: t.detach().cpu().float() for name, t in saved.items()}
 
 
 class QuantizationAware(pl.Callback):

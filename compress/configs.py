@@ -23,7 +23,8 @@ ACTIVATION_MODES = ("dynamic", "static")
 OBSERVERS = ("absmax", "percentile", "moving_average")
 W4_GROUP_SIZES = (32, 64, 128)
 BLOCK_SIZES = (32,)
-BLOCK_SCORES = ("magnitude", "l2", "movement")
+BLOCK_SCORES = ("magnitude", "l2", "movement", "fisher")
+GRADIENT_SCORES = ("movement", "fisher")  # scores summed from gradients over training steps
 
 
 def _check_choice(name: str, value, allowed: tuple) -> None:
@@ -102,8 +103,9 @@ class BlockSparseConfig(_ConfigMixin):
     """Prune ``sparsity`` (fraction in [0, 1)) of the ``block`` x ``block`` weight blocks.
 
     ``score``: ``"magnitude"`` (mean |w| of the block), ``"l2"`` (Frobenius norm of the block) or
-    ``"movement"`` (``-sum W * dL/dW`` over training steps; only gradual pruning during training,
-    :class:`compress.callbacks.BlockPruning`, can compute it).
+    ``"movement"`` (``-sum W * dL/dW`` over training steps) or ``"fisher"`` (the mean over steps of
+    ``(sum over the block of W * dL/dW)^2``); only gradual pruning during training,
+    :class:`compress.callbacks.BlockPruning`, can compute the last two.
     """
 
     sparsity: float = 0.5

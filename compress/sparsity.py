@@ -10,6 +10,11 @@ scored over their real elements only. Scores (higher = more important):
 Movement (Sanh et al., 2020; blocks as in Lagunas et al., 2021) needs gradients, so it is not a
 weight score: :func:`movement_block_scores` gives one optimizer step's contribution
 ``sum over the block of -W * dL/dW`` (float32, same grid), which a training loop sums over steps.
+The Fisher score (:func:`fisher_block_scores`) squares the sum of ``W * dL/dW`` instead: averaged
+over steps it estimates ``w_B^T F_B w_B`` with the empirical Fisher ``F_B`` of the block, twice the
+loss increase that zeroing the block costs to second order at a minimum (Optimal Brain Surgeon
+with one Fisher block per 32x32 block; Kurtic et al., 2022). It weighs a block by how much the loss
+depends on it, so it sees the scale of the block's inputs, which magnitude does not.
 
 A block mask is a bool grid, True = kept; :func:`mask_from_scores` prunes the ``floor(sparsity *
 blocks)`` lowest-scoring blocks (ties broken by position with a stable sort, so every process that
@@ -35,7 +40,7 @@ import torch.nn.functional as F
 
 from compress import _kernels
 
-SCORES = ("magnitude", "l2")  # scores of the weight alone (one-shot pruning); "movement" needs training
+SCORES = ("magnitude", "l2")  # scores of the weight alone (one-shot pruning); "movement", "fisher" need training
 
 
 def block_grid(shape: tuple[int, int], block: int) -> tuple[int, int]:
@@ -59,8 +64,8 @@ def _check_2d(where: str, w: torch.Tensor) -> None:
 
 def block_scores(w: torch.Tensor, block: int = 32, score: str = "magnitude") -> torch.Tensor:
     """(N, K) -> (N/b, K/b) float32 block importance (see the module docstring)."""
-    if score == "movement":
-        raise ValueError(f"score: 'movement' needs gradients from training (compress.callbacks.BlockPruning); "
+    if score in ("movement", "fisher"):
+        raise ValueError(f"score: {score!r} needs gradients from training (compress.callbacks.BlockPruning); "
                          f"weight-only scoring expects one of {SCORES}")
     if score not in SCORES:
         raise ValueError(f"score: expected one of {SCORES}, got {score!r}")
@@ -87,17 +92,32 @@ def mask_from_scores(scores: torch.Tensor, sparsity: float) -> torch.Tensor:
     return mask.reshape(scores.shape)
 
 
+def _block_products(name: str, w: torch.Tensor, grad: torch.Tensor, block: int) -> torch.Tensor:
+    """(N/b, K/b) float32 block sums of ``w * grad``, after checking the two shapes agree."""
+    _check_2d(name, w)
+    if grad.shape != w.shape:
+        raise ValueError(f"{name}: expected a gradient of shape {tuple(w.shape)}, got {tuple(grad.shape)}")
+    return _blocks(w.detach().float() * grad.detach().float(), block).sum(dim=(2, 3))
+
+
 def movement_block_scores(w: torch.Tensor, grad: torch.Tensor, block: int = 32) -> torch.Tensor:
     """(N, K) weight and its gradient -> (N/b, K/b) float32 block sums of ``-w * grad``.
 
     Positive where the weights move away from zero under gradient descent (``-grad`` has the sign
     of ``w``); summed over optimizer steps this is the block's movement score.
     """
-    _check_2d("movement_block_scores", w)
-    if grad.shape != w.shape:
-        raise ValueError(f"movement_block_scores: expected a gradient of shape {tuple(w.shape)}, "
-                         f"got {tuple(grad.shape)}")
-    return _blocks(-(w.detach().float() * grad.detach().float()), block).sum(dim=(2, 3))
+    return -_block_products("movement_block_scores", w, grad, block)
+
+
+def fisher_block_scores(w: torch.Tensor, grad: torch.Tensor, block: int = 32) -> torch.Tensor:
+    """(N, K) weight and its gradient -> (N/b, K/b) float32 ``(sum over the block of w * grad)^2``.
+
+    One gradient's term of ``w_B^T F_B w_B``, the loss increase (times 2) that the empirical Fisher
+    ``F_B = mean_t g_t g_t^T`` predicts for zeroing block ``B`` (Optimal Brain Surgeon with a
+    Fisher block per 32x32 block, as in Kurtic et al., 2022); averaged over optimizer steps it is
+    the block's Fisher score.
+    """
+    return _block_products("fisher_block_scores", w, grad, block).square()
 
 
 def shrink_mask(scores: torch.Tensor, mask: torch.Tensor, sparsity: float) -> torch.Tensor:

@@ -192,15 +192,17 @@ def _per_block(values):
 
 
 class RecordMovement(pl.Callback):
-    """Sums -W*grad per block by hand at every optimizer step and keeps each step's mask."""
+    """Sums -W*grad per block by hand at every optimizer step before ``end_step`` (the last
+    re-scoring) and keeps each step's mask."""
 
-    def __init__(self):
-        self.movement, self.masks = torch.zeros(2, 2), []
+    def __init__(self, end_step):
+        self.movement, self.masks, self.end_step = torch.zeros(2, 2), [], end_step
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer):
         layer = pl_module.model.proj
         product = -(layer.masked_weight() * layer.weight.grad).detach()
-        self.movement += product.reshape(2, 32, 2, 32).sum(dim=(1, 3))
+        if trainer.global_step < self.end_step:
+            self.movement += product.reshape(2, 32, 2, 32).sum(dim=(1, 3))
         self.masks.append((trainer.global_step, layer.mask.clone()))  # this step's pruning is done
 
 
@@ -211,11 +213,11 @@ def test_movement_prunes_blocks_moving_towards_zero_on_schedule(accumulate):
     direction = _per_block(torch.where(away, -1.0, 1.0))
     assert torch.equal(block_mask(weight, 0.5), ~away)  # magnitude and movement disagree everywhere
     pruning = BlockPruning(0.5, start_step=1, end_step=3, frequency=1, score="movement")
-    record = RecordMovement()
+    record = RecordMovement(end_step=3)
     task = DirectionTask(weight, direction)
     _trainer([pruning, record], max_steps=5, accumulate_grad_batches=accumulate).fit(task, loader())
     assert torch.equal(task.model.proj.mask, away)
-    assert torch.allclose(pruning.movement_scores["proj"], record.movement, rtol=1e-5)
+    assert torch.allclose(pruning.gradient_scores["proj"], record.movement, rtol=1e-5)
     previous = torch.ones(2, 2, dtype=torch.bool)
     for step, mask in record.masks:
         assert mask_sparsity(mask) == int(cubic_sparsity(step, 1, 3, 0.5) * 4) / 4
@@ -287,25 +289,58 @@ def test_movement_falls_back_to_magnitude_before_any_step():
     task = DirectionTask(weight, torch.ones(64, 64))
     _trainer([pruning], max_steps=1).fit(task, loader())
     assert torch.equal(task.model.proj.mask, block_mask(weight, 0.5))
-    assert pruning.movement_scores["proj"].any()  # the step after the fallback was accumulated
+    assert not pruning.gradient_scores["proj"].any()  # that was the last re-scoring: nothing summed after it
 
 
 def test_movement_state_dict_round_trip_and_old_checkpoints():
     pruning = BlockPruning(score="movement")
-    pruning.last_pruned_step, pruning.movement_scores = 7, {"up": torch.randn(4, 2), "down": torch.randn(2, 4)}
+    pruning.last_pruned_step, pruning.gradient_scores = 7, {"up": torch.randn(4, 2), "down": torch.randn(2, 4)}
     state = pruning.state_dict()
     restored = BlockPruning(score="movement")
     restored.load_state_dict(state)
-    assert restored.last_pruned_step == 7 and set(restored.movement_scores) == {"up", "down"}
-    for name, scores in pruning.movement_scores.items():
-        assert torch.equal(restored.movement_scores[name], scores)
-        assert state["movement_scores"][name].device.type == "cpu"
+    assert restored.last_pruned_step == 7 and set(restored.gradient_scores) == {"up", "down"}
+    for name, scores in pruning.gradient_scores.items():
+        assert torch.equal(restored.gradient_scores[name], scores)
+        assert state["gradient_scores"][name].device.type == "cpu"
     old = BlockPruning(score="movement")
     old.load_state_dict({"last_pruned_step": 3})
-    assert old.last_pruned_step == 3 and old.movement_scores == {}
+    assert old.last_pruned_step == 3 and old.gradient_scores == {}
+    older = BlockPruning(score="movement")  # checkpoints written before Fisher scores used this key
+    older.load_state_dict({"last_pruned_step": 5, "movement_scores": {"up": torch.ones(4, 2)}})
+    assert torch.equal(older.gradient_scores["up"], torch.ones(4, 2))
 
 
-def test_resume_keeps_movement_scores_and_masks(tmp_path):
+class RecordFisher(pl.Callback):
+    """The Fisher sums as each step starts (listed before BlockPruning: before its re-scoring), and
+    each step's ``(sum over the block of W * grad)^2`` by hand."""
+
+    def __init__(self, pruning):
+        self.pruning, self.sums, self.terms = pruning, {}, {}
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.sums[trainer.global_step] = self.pruning.gradient_scores["proj"].clone()
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+        layer = pl_module.model.proj
+        product = (layer.masked_weight() * layer.weight.grad).detach()
+        self.terms[trainer.global_step] = product.reshape(2, 32, 2, 32).sum(dim=(1, 3)).square()
+
+
+def test_fisher_keeps_the_blocks_the_loss_depends_on_and_restarts_its_sums():
+    weight = _per_block(torch.tensor([[1.0, 0.1], [0.5, 0.05]]))  # magnitude keeps the left column
+    direction = _per_block(torch.tensor([[0.01, 1.0], [0.01, 1.0]]))  # the loss hardly sees the left one
+    pruning = BlockPruning(0.5, start_step=1, end_step=3, frequency=1, score="fisher")
+    record = RecordFisher(pruning)
+    task = DirectionTask(weight, direction)
+    _trainer([record, pruning], max_steps=5).fit(task, loader())
+    assert torch.equal(task.model.proj.mask, torch.tensor([[False, True], [False, True]]))
+    assert torch.equal(block_mask(weight, 0.5), torch.tensor([[True, False], [True, False]]))
+    for step in (1, 2, 3):  # each re-scoring saw the steps since the one before: here the last step
+        assert torch.allclose(record.sums[step], record.terms[step - 1], rtol=1e-5)
+    assert not pruning.gradient_scores["proj"].any()  # restarted at step 3; nothing summed after the last
+
+
+def test_resume_keeps_gradient_scores_and_masks(tmp_path):
     def pruning():
         return BlockPruning(0.5, start_step=0, end_step=8, frequency=2, score="movement")
 
@@ -314,18 +349,18 @@ def test_resume_keeps_movement_scores_and_masks(tmp_path):
     trainer.fit(task, loader())
     ckpt = tmp_path / "mid.ckpt"
     trainer.save_checkpoint(ckpt)
-    saved_scores = {name: t.clone() for name, t in trainer.callbacks[0].movement_scores.items()}
+    saved_scores = {name: t.clone() for name, t in trainer.callbacks[0].gradient_scores.items()}
     saved_masks = {name: layer.mask.clone() for name, layer in compressed_layers(task.model).items()}
     assert set(saved_scores) == {"up", "down"} and all(t.any() for t in saved_scores.values())
     assert 0 < mask_sparsity(saved_masks["up"]) < 0.5
-    stored = [s for s in torch.load(ckpt, weights_only=False)["callbacks"].values() if "movement_scores" in s]
-    assert all(t.device.type == "cpu" for t in stored[0]["movement_scores"].values())
+    stored = [s for s in torch.load(ckpt, weights_only=False)["callbacks"].values() if "gradient_scores" in s]
+    assert all(t.device.type == "cpu" for t in stored[0]["gradient_scores"].values())
 
     restored = {}
 
     class Capture(pl.Callback):
         def on_train_start(self, trainer, pl_module):
-            restored["scores"] = {n: t.clone() for n, t in trainer.callbacks[0].movement_scores.items()}
+            restored["scores"] = {n: t.clone() for n, t in trainer.callbacks[0].gradient_scores.items()}
             restored["masks"] = {n: m.mask.clone() for n, m in compressed_layers(pl_module.model).items()}
 
     resumed_task = TinyTask()

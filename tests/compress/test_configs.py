@@ -27,7 +27,7 @@ def test_configs_are_frozen():
     (lambda: W4A16Config(group_size=48), "(32, 64, 128, None)"),
     (lambda: BlockSparseConfig(sparsity=1.0), "[0, 1)"),
     (lambda: BlockSparseConfig(block=16), "(32,)"),
-    (lambda: BlockSparseConfig(score="random"), "('magnitude', 'l2', 'movement')"),
+    (lambda: BlockSparseConfig(score="random"), "('magnitude', 'l2', 'movement', 'fisher')"),
 ])
 def test_bad_values_list_what_is_allowed(make, fragment):
     with pytest.raises(ValueError) as error:

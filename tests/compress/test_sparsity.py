@@ -83,6 +83,17 @@ def test_movement_block_scores_sum_every_element_of_each_block():
             assert scores[r, c].item() == pytest.approx(product[rows, cols].sum().item(), rel=1e-5, abs=1e-4)
 
 
+def test_fisher_block_scores_square_each_blocks_sum_of_w_times_grad():
+    w, grad = torch.zeros(40, 70), torch.zeros(40, 70)
+    w[:32, :32], grad[:32, :32] = 2.0, -0.5  # sum -1024 over the full block
+    w[32:, 64:], grad[32:, 64:] = 3.0, 1.0  # sum 144 over the partial 8x6 corner block
+    w[:32, 32:64] = 5.0  # no gradient: the loss does not depend on the block
+    scores = sparsity.fisher_block_scores(w, grad, 32)
+    assert scores.dtype == torch.float32
+    assert scores.tolist() == [[1024.0 ** 2, 0.0, 0.0], [0.0, 0.0, 144.0 ** 2]]
+    torch.testing.assert_close(scores, sparsity.movement_block_scores(w, grad, 32).square())
+
+
 def test_shrink_mask_never_revives_pruned_blocks():
     scores = torch.tensor([[5.0, 1.0], [2.0, 3.0]])
     previous = torch.tensor([[False, True], [True, True]])  # the best block was pruned before
@@ -102,6 +113,10 @@ def test_bad_inputs():
         sparsity.block_scores(torch.ones(32, 32), score="random")
     with pytest.raises(ValueError, match=r"expected a gradient of shape \(32, 32\), got \(32, 16\)"):
         sparsity.movement_block_scores(torch.ones(32, 32), torch.ones(32, 16))
+    with pytest.raises(ValueError, match=r"fisher_block_scores: expected a gradient of shape \(32, 32\)"):
+        sparsity.fisher_block_scores(torch.ones(32, 32), torch.ones(32, 16))
+    with pytest.raises(ValueError, match="'fisher' needs gradients"):
+        sparsity.block_scores(torch.ones(32, 32), score="fisher")
     with pytest.raises(ValueError, match=r"shape \(2, 2\)"):
         sparsity.shrink_mask(torch.ones(2, 2), torch.ones(1, 4, dtype=torch.bool), 0.5)
     with pytest.raises(ValueError, match=r"\[0, 1\)"):
