@@ -1,6 +1,6 @@
 """Tests for compress/callbacks.py: validation, a composed run (prune + QAT + calibration + export),
-resume from a Lightning checkpoint, DDP on 2 CPU processes, movement scores (accumulation, schedule,
-state, resume, DDP), and YAML instantiation (jsonargparse)."""
+resume from a Lightning checkpoint, DDP on 2 CPU processes, movement and Fisher scores (accumulation,
+schedule, state, resume, DDP), and YAML instantiation (jsonargparse)."""
 import os
 import pathlib
 import subprocess
@@ -391,18 +391,19 @@ def test_ddp_ranks_end_with_identical_masks_and_scales(tmp_path):
 
 
 @pytest.mark.slow
-def test_ddp_ranks_accumulate_identical_movement(tmp_path):
+@pytest.mark.parametrize("score, sparsity", [("movement", 0.5), ("fisher", int(cubic_sparsity(4, 1, 8, 0.5) * 8) / 8)])
+def test_ddp_ranks_accumulate_identical_gradient_scores(tmp_path, score, sparsity):
     env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
-    script = pathlib.Path(__file__).with_name("_ddp_movement_script.py")
-    result = subprocess.run([sys.executable, str(script), str(tmp_path)], cwd=REPO, env=env, capture_output=True,
-                            text=True, timeout=180)
+    script = pathlib.Path(__file__).with_name("_ddp_gradient_scores_script.py")
+    result = subprocess.run([sys.executable, str(script), str(tmp_path), score], cwd=REPO, env=env,
+                            capture_output=True, text=True, timeout=180)
     assert result.returncode == 0, result.stderr[-3000:]
     rank0, rank1 = (torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1))
     assert set(rank0) == set(rank1) == {"up", "down"}
     for name in rank0:
-        assert torch.equal(rank0[name]["movement"], rank1[name]["movement"]) and rank0[name]["movement"].any()
+        assert torch.equal(rank0[name]["sums"], rank1[name]["sums"]) and rank0[name]["sums"].any()
         assert torch.equal(rank0[name]["mask"], rank1[name]["mask"])
-        assert mask_sparsity(rank0[name]["mask"]) == pytest.approx(0.5)
+        assert mask_sparsity(rank0[name]["mask"]) == pytest.approx(sparsity)
 
 
 def test_callbacks_build_from_yaml_with_jsonargparse():
