@@ -16,7 +16,7 @@ Public launchers (see docs/architecture.md for the full contract):
 The pure-PyTorch references in :mod:`kernels.reference` import without Triton. This package never
 imports ``compress``.
 """
-from kernels.reference import (
+from compress_kernels.reference import (
     bsr_matmul_ref,
     bsr_w8a8_matmul_quantized_ref,
     bsr_w8a8_matmul_ref,
@@ -39,12 +39,12 @@ except ImportError:  # pragma: no cover - Triton ships with every Linux install 
     TRITON_AVAILABLE = False
 
 if TRITON_AVAILABLE:
-    from kernels.bsr import bsr_matmul, bsr_matmul_parts
-    from kernels.bsr_w8a8 import bsr_w8a8_matmul_parts, bsr_w8a8_matmul_quantized
-    from kernels.norm_quant import MAX_ROW as NORM_QUANT_MAX_ROW
-    from kernels.norm_quant import gelu_quantize, layer_norm_quantize, rms_norm_quantize
-    from kernels.w4a16 import w4a16_matmul
-    from kernels.w8a8 import w8a8_matmul, w8a8_matmul_quantized
+    from compress_kernels.bsr import bsr_matmul, bsr_matmul_parts
+    from compress_kernels.bsr_w8a8 import bsr_w8a8_matmul_parts, bsr_w8a8_matmul_quantized
+    from compress_kernels.norm_quant import MAX_ROW as NORM_QUANT_MAX_ROW
+    from compress_kernels.norm_quant import gelu_quantize, layer_norm_quantize, rms_norm_quantize
+    from compress_kernels.w4a16 import w4a16_matmul
+    from compress_kernels.w8a8 import w8a8_matmul, w8a8_matmul_quantized
 else:  # pragma: no cover
 
     def _missing(*_args, **_kwargs):

@@ -36,7 +36,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._checks import interpreting
+from compress_kernels._checks import interpreting
 
 
 PDL_MODES = ("pair", "all", "0")

@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._checks import interpreting
+from compress_kernels._checks import interpreting
 
 # from thread 0 of the program only: every thread would otherwise ask for the same range
 PREFETCH_ONCE_ASM = tl.constexpr(

@@ -67,12 +67,12 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._checks import check_activation, check_bias, check_same_device, check_tensor, interpreting
-from kernels._pdl import launch_options, let_dependents_launch, pdl_enabled, wait_for_inputs
-from kernels._prefetch import prefetch_allowed, prefetch_range
-from kernels._splitk import last_split_reduces, tile_counters
-from kernels.bsr_densify import bsr_to_dense, densifies
-from kernels.reference import BSR_BLOCK
+from compress_kernels._checks import check_activation, check_bias, check_same_device, check_tensor, interpreting
+from compress_kernels._pdl import launch_options, let_dependents_launch, pdl_enabled, wait_for_inputs
+from compress_kernels._prefetch import prefetch_allowed, prefetch_range
+from compress_kernels._splitk import last_split_reduces, tile_counters
+from compress_kernels.bsr_densify import bsr_to_dense, densifies
+from compress_kernels.reference import BSR_BLOCK
 
 INDEX_DTYPES = (torch.int32, torch.int64)
 _MAX_INT32 = 2**31 - 1

@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.reference import BSR_BLOCK
+from compress_kernels.reference import BSR_BLOCK
 
 DENSIFY_MIN_M = 2048  # from this many rows of x, on layers keeping at least
 DENSIFY_MIN_DENSITY = 0.4  # this share of their blocks, the launchers go dense

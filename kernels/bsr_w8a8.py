@@ -34,15 +34,15 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._checks import check_same_device, check_shape, check_tensor
-from kernels._pdl import launch_options, pdl_enabled, wait_for_inputs
-from kernels._splitk import last_split_buffers, last_split_reduces
-from kernels.bsr import (FEW_PROGRAMS, SMALL_LAYER, SMALL_SPLIT_MIN_BLOCKS_PER_ROW, SPLIT_MAX_BLOCK_ROWS_M64,
+from compress_kernels._checks import check_same_device, check_shape, check_tensor
+from compress_kernels._pdl import launch_options, pdl_enabled, wait_for_inputs
+from compress_kernels._splitk import last_split_buffers, last_split_reduces
+from compress_kernels.bsr import (FEW_PROGRAMS, SMALL_LAYER, SMALL_SPLIT_MIN_BLOCKS_PER_ROW, SPLIT_MAX_BLOCK_ROWS_M64,
                          SPLIT_MIN_BLOCKS_PER_ROW, BsrConfig, check_parts, runs_of_block)
-from kernels.bsr_densify import bsr_to_dense, densifies
-from kernels.reference import BSR_BLOCK
-from kernels.w8a8 import check_quantized, check_x_scale, quantize_rows, w8a8_matmul_quantized
-from kernels.w8a8 import launch as launch_dense_w8a8
+from compress_kernels.bsr_densify import bsr_to_dense, densifies
+from compress_kernels.reference import BSR_BLOCK
+from compress_kernels.w8a8 import check_quantized, check_x_scale, quantize_rows, w8a8_matmul_quantized
+from compress_kernels.w8a8 import launch as launch_dense_w8a8
 
 
 SPLIT_MAX_BLOCK_ROWS = 384  # M <= 16: block rows are shared among programs up to this many of them

@@ -33,10 +33,10 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._checks import check_activation, check_same_device, check_shape, check_tensor
-from kernels._pdl import launch_options, let_dependents_launch, pdl_enabled, wait_for_inputs
-from kernels.w8a8 import check_x_scale
-from kernels.w8a8_fused import quantize_int8
+from compress_kernels._checks import check_activation, check_same_device, check_shape, check_tensor
+from compress_kernels._pdl import launch_options, let_dependents_launch, pdl_enabled, wait_for_inputs
+from compress_kernels.w8a8 import check_x_scale
+from compress_kernels.w8a8_fused import quantize_int8
 
 MAX_ROW = 16384  # one row in the registers of one program
 

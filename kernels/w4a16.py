@@ -61,15 +61,15 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._checks import interpreting, check_activation, check_bias, check_same_device, check_shape, check_tensor
-from kernels._splitk import splitk_reduce, tiled_split_launch, write_tile
-from kernels._tiles import (SMALL_LAYER, grouped_tile, prefetch_split_k, split8, split_k_for, split_k_range,
+from compress_kernels._checks import interpreting, check_activation, check_bias, check_same_device, check_shape, check_tensor
+from compress_kernels._splitk import splitk_reduce, tiled_split_launch, write_tile
+from compress_kernels._tiles import (SMALL_LAYER, grouped_tile, prefetch_split_k, split8, split_k_for, split_k_range,
                             weight_columns)
-from kernels.w4a16_fma import launch_fma
-from kernels.w4a16_wholek import launch_wholek, wholek_block_k
-from kernels.w4a16_gemv import launch_skinny, nibble_planes, nibble_values
-from kernels.w4a16_wgmma import launch_wgmma
-from kernels.w4a16_wgmma import supports as wgmma_supports
+from compress_kernels.w4a16_fma import launch_fma
+from compress_kernels.w4a16_wholek import launch_wholek, wholek_block_k
+from compress_kernels.w4a16_gemv import launch_skinny, nibble_planes, nibble_values
+from compress_kernels.w4a16_wgmma import launch_wgmma
+from compress_kernels.w4a16_wgmma import supports as wgmma_supports
 
 GROUP_SIZES = (32, 64, 128)
 FMA_MAX_M = 1  # up to here, the CUDA-core kernel of kernels.w4a16_fma (one program per token row and tile),

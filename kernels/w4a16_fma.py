@@ -41,9 +41,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernels._pdl import launch_options, let_dependents_launch, pdl_enabled, wait_for_inputs
-from kernels._splitk import last_split_buffers, last_split_reduces
-from kernels._tiles import split8, split_k_range, weight_columns
+from compress_kernels._pdl import launch_options, let_dependents_launch, pdl_enabled, wait_for_inputs
+from compress_kernels._splitk import last_split_buffers, last_split_reduces
+from compress_kernels._tiles import split8, split_k_range, weight_columns
 
 
 @triton.jit

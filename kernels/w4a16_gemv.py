@@ -35,7 +35,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernels._tiles import weight_columns
+from compress_kernels._tiles import weight_columns
 
 # $0..$7 = nibbles 0..7 of $8 as exact 16-bit floats; $9 = MAGIC | 0x00080008 pair, $10 = -(MAGIC + 8) pair,
 # $11 = 1.0 pair; FMA_TYPE f16x2 or bf16x2.

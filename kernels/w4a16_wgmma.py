@@ -43,10 +43,10 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._pdl import launch_options, let_dependents_launch, pdl_enabled, wait_for_inputs
-from kernels._splitk import splitk_reduce, tiled_split_launch, write_tile
-from kernels._tiles import split_k_range, weight_columns
-from kernels.w4a16_gemv import nibble_planes
+from compress_kernels._pdl import launch_options, let_dependents_launch, pdl_enabled, wait_for_inputs
+from compress_kernels._splitk import splitk_reduce, tiled_split_launch, write_tile
+from compress_kernels._tiles import split_k_range, weight_columns
+from compress_kernels.w4a16_gemv import nibble_planes
 
 PLANE_TILE = 128  # K tile: 16 packed words, 4 nibble pairs of 32 channels
 

@@ -26,8 +26,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernels._tiles import weight_columns
-from kernels.w4a16_fma import _group_shift, _tile_partial
+from compress_kernels._tiles import weight_columns
+from compress_kernels.w4a16_fma import _group_shift, _tile_partial
 
 WHOLEK_MAX_K = 8192  # longest K whose strip is loaded at once
 

@@ -50,14 +50,14 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._checks import (ACTIVATION_DTYPES, check_activation, check_bias, check_same_device, check_shape,
+from compress_kernels._checks import (ACTIVATION_DTYPES, check_activation, check_bias, check_same_device, check_shape,
                              check_tensor, interpreting)
-from kernels._pdl import launch_options, let_dependents_launch, pdl_enabled, wait_for_inputs
-from kernels._splitk import last_split_reduces, splitk_reduce, tiled_split_launch
-from kernels._tiles import SMALL_LAYER, grouped_tile, resident_split_k, split_k_for, split_k_range
-from kernels.w8a8_fused import launch_fused, quantize_int8
-from kernels.w8a8_gemv import launch_gemv
-from kernels.w8a8_tma import launch_tma, tma_ready
+from compress_kernels._pdl import launch_options, let_dependents_launch, pdl_enabled, wait_for_inputs
+from compress_kernels._splitk import last_split_reduces, splitk_reduce, tiled_split_launch
+from compress_kernels._tiles import SMALL_LAYER, grouped_tile, resident_split_k, split_k_for, split_k_range
+from compress_kernels.w8a8_fused import launch_fused, quantize_int8
+from compress_kernels.w8a8_gemv import launch_gemv
+from compress_kernels.w8a8_tma import launch_tma, tma_ready
 
 
 ROW_GEMV_SMALL_MAX_M = 4  # small layers take the one-row kernel up to here (H100: 1024x1024 M = 4 5.5 -> 4.5 us;

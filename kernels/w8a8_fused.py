@@ -34,8 +34,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._splitk import splitk_reduce
-from kernels._tiles import grouped_tile, split_k_range
+from compress_kernels._splitk import splitk_reduce
+from compress_kernels._tiles import grouped_tile, split_k_range
 
 ROUND_MAGIC = tl.constexpr(12582912.0)  # 1.5 * 2**23: adding then subtracting it rounds fp32 half to even
 SCALE_STAGES = tl.constexpr(4)  # x tiles in flight in the scale pass (a serial L2 round trip per tile otherwise)

@@ -38,10 +38,10 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._pdl import launch_options, let_dependents_launch, pdl_enabled, wait_for_inputs
-from kernels._splitk import last_split_buffers, last_split_reduces
-from kernels._tiles import split_k_range
-from kernels.w8a8_fused import quantize_int8_recip, row_scales
+from compress_kernels._pdl import launch_options, let_dependents_launch, pdl_enabled, wait_for_inputs
+from compress_kernels._splitk import last_split_buffers, last_split_reduces
+from compress_kernels._tiles import split_k_range
+from compress_kernels.w8a8_fused import quantize_int8_recip, row_scales
 
 SCALE_BLOCK_MAX = 4096  # x values per load of the scale pass (one row of K <= 4096: a single step)
 

@@ -22,8 +22,8 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from kernels._pdl import launch_options, let_dependents_launch, pdl_enabled, wait_for_inputs
-from kernels._tiles import grouped_tile
+from compress_kernels._pdl import launch_options, let_dependents_launch, pdl_enabled, wait_for_inputs
+from compress_kernels._tiles import grouped_tile
 
 
 @triton.jit

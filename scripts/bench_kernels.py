@@ -163,7 +163,7 @@ def _int_mm_w8a8(x, ws):
 
 
 def _int_mm_w8a8_cpu(x, ws):
-    import kernels.reference as ref
+    import compress_kernels.reference as ref
 
     return ref.w8a8_matmul_ref(x, ws["w_q"], ws["w_scale"])
 
@@ -191,43 +191,43 @@ def _torch_bsr(x, ws):
 
 
 def _bsr_ref(x, ws):
-    import kernels.reference as ref
+    import compress_kernels.reference as ref
 
     return ref.bsr_matmul_ref(x, ws["crow"], ws["col"], ws["values"], ws["n"])
 
 
 def _ours_w8a8(x, ws):
-    import kernels
+    import compress_kernels as kernels
 
     return kernels.w8a8_matmul(x, ws["w_q"], ws["w_scale"])
 
 
 def _ours_w4a16(x, ws):
-    import kernels
+    import compress_kernels as kernels
 
     return kernels.w4a16_matmul(x, ws["qweight"], ws["scales"], GROUP_SIZE)
 
 
 def _ours_w4a16_cpu(x, ws):
-    import kernels.reference as ref
+    import compress_kernels.reference as ref
 
     return ref.w4a16_matmul_ref(x, ws["qweight"], ws["scales"], GROUP_SIZE)
 
 
 def _ours_dds(x, ws):
-    import kernels
+    import compress_kernels as kernels
 
     return kernels.bsr_matmul_parts(x, ws["crow"], ws["col"], ws["values"], ws["n"])
 
 
 def _ours_dds_w8a8(x, ws):
-    import kernels
+    import compress_kernels as kernels
 
     return kernels.bsr_w8a8_matmul_parts(x, ws["crow"], ws["col"], ws["values"], ws["w_scale"], ws["n"])
 
 
 def _dds_w8a8_ref(x, ws):
-    import kernels.reference as ref
+    import compress_kernels.reference as ref
 
     return ref.bsr_w8a8_matmul_ref(x, ws["crow"], ws["col"], ws["values"], ws["w_scale"], ws["n"])
 

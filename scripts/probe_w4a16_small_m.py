@@ -25,9 +25,9 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from kernels import w4a16 as w4
-from kernels.w4a16_wholek import WHOLEK_MAX_K, wholek_block_k
-from kernels._splitk import splitk_reduce  # noqa: F401  (imported so a broken import fails early)
+from compress_kernels import w4a16 as w4
+from compress_kernels.w4a16_wholek import WHOLEK_MAX_K, wholek_block_k
+from compress_kernels._splitk import splitk_reduce  # noqa: F401  (imported so a broken import fails early)
 from scripts.tune_w8a8_w4a16 import GROUP, make_weights, rotations, time_graph
 
 STREAM = False  # the pure-load ceiling rows (measured once; see docs/kernels-notes.md)

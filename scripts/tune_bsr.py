@@ -25,9 +25,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import bench_kernels as bk  # noqa: E402
-from kernels import bsr_w8a8  # noqa: E402
-from kernels.bsr import BsrConfig, choose_config, launch_bsr  # noqa: E402
-from kernels.reference import bsr_w8a8_matmul_ref  # noqa: E402
+from compress_kernels import bsr_w8a8  # noqa: E402
+from compress_kernels.bsr import BsrConfig, choose_config, launch_bsr  # noqa: E402
+from compress_kernels.reference import bsr_w8a8_matmul_ref  # noqa: E402
 
 
 PREFETCH_SIZES = (8192, 32768, 131072, 2**20)  # bytes per program (--prefetch)

@@ -48,9 +48,9 @@ import torch.nn.functional as F
 import triton
 from triton.testing import do_bench
 
-from kernels import w4a16 as w4
-from kernels import w8a8 as w8
-from kernels._tiles import prefetch_split_k, split_k_for
+from compress_kernels import w4a16 as w4
+from compress_kernels import w8a8 as w8
+from compress_kernels._tiles import prefetch_split_k, split_k_for
 
 SHAPES = [(1024, 1024), (4096, 4096), (4096, 11008), (11008, 4096), (8192, 8192), (8192, 28672)]  # K x N
 MS = [1, 16, 64, 256, 2048, 8192]

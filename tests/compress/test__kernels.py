@@ -1,11 +1,8 @@
-"""Tests for compress/_kernels.py: the reference is always reachable, and a foreign `kernels`
-package (Hugging Face's uses the same import name) is refused with an explanation."""
-import sys
-import types
-
+"""Tests for compress/_kernels.py: the reference is always reachable, launchers come by name."""
 import pytest
 import torch
 
+import compress_kernels
 from compress import _kernels
 
 
@@ -15,16 +12,11 @@ def test_reference_is_available():
     assert xq.dtype == torch.int8 and scale.shape == (3,)
 
 
-def test_foreign_kernels_package_is_refused(monkeypatch):
-    foreign = types.ModuleType("kernels")
-    foreign.__file__ = "/site-packages/kernels/__init__.py"
-    monkeypatch.setitem(sys.modules, "kernels", foreign)
-    with pytest.raises(ImportError, match="Hugging Face"):
-        _kernels._import_package()
+def test_launcher_returns_the_package_launcher():
+    assert _kernels.launcher("w8a8_matmul") is compress_kernels.w8a8_matmul
 
 
-def test_launcher_error_names_the_cause_when_unavailable(monkeypatch):
-    monkeypatch.setattr(_kernels, "_package", None)
-    monkeypatch.setattr(_kernels, "_package_error", ModuleNotFoundError("No module named 'kernels.w8a8'"))
-    with pytest.raises(ImportError, match="kernels.w8a8"):
+def test_launcher_without_triton_names_the_cause(monkeypatch):
+    monkeypatch.setattr(compress_kernels, "TRITON_AVAILABLE", False)
+    with pytest.raises(ImportError, match="needs Triton"):
         _kernels.launcher("w8a8_matmul")

@@ -255,7 +255,7 @@ def test_gpu_llama_linked_matches_unlinked(monkeypatch):
 
 @pytest.mark.gpu
 def test_gpu_rows_too_long_for_the_kernel_are_handed_over_by_the_reference():
-    from kernels import NORM_QUANT_MAX_ROW
+    from compress_kernels import NORM_QUANT_MAX_ROW
 
     k = NORM_QUANT_MAX_ROW + 32
     model = nn.Sequential(nn.LayerNorm(k), W8A8Linear.from_float(nn.Linear(k, 32))).to("cuda", torch.float16)

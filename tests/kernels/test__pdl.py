@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import _pdl
-from kernels import bsr, w4a16, w8a8
+from compress_kernels import _pdl
+from compress_kernels import bsr, w4a16, w8a8
 from tests.kernels.helpers import random_int4_weight
 
 

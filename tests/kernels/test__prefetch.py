@@ -6,8 +6,8 @@ import dataclasses
 import pytest
 import torch
 
-from kernels import _prefetch
-from kernels.bsr import GEMV_PREFETCH_BYTES, BsrConfig, choose_config, launch_bsr
+from compress_kernels import _prefetch
+from compress_kernels.bsr import GEMV_PREFETCH_BYTES, BsrConfig, choose_config, launch_bsr
 from tests.kernels.test_bsr import block_sparse_dense, parts
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import _splitk
-from kernels.w4a16 import TileConfig, launch
+from compress_kernels import _splitk
+from compress_kernels.w4a16 import TileConfig, launch
 from tests.kernels.helpers import random_int4_weight
 
 
@@ -99,7 +99,7 @@ def test_tiled_split_launch_grid_and_buffers():
 def test_in_kernel_and_second_launch_reduce_give_the_same_bits(kind, monkeypatch):
     """The last split's in-kernel sum and the separate reduce pass add the same partials in the same
     order: with the in-kernel sum switched off (IN_KERNEL_MAX_ROWS = 0) the output is bit-identical."""
-    from kernels import w8a8
+    from compress_kernels import w8a8
     from tests.kernels.helpers import random_int8_weight
 
     device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -9,9 +9,9 @@ with the fp32-accumulated reference to the output dtype's rounding.
 import pytest
 import torch
 
-import kernels
-from kernels.bsr import SMALL_LAYER, BsrConfig, choose_config, gemv_serves, launch_bsr
-from kernels.reference import bsr_matmul_ref
+import compress_kernels as kernels
+from compress_kernels.bsr import SMALL_LAYER, BsrConfig, choose_config, gemv_serves, launch_bsr
+from compress_kernels.reference import bsr_matmul_ref
 
 BLOCK = 32
 TOL = {torch.float16: dict(atol=2e-2, rtol=1e-2), torch.bfloat16: dict(atol=1e-1, rtol=2e-2)}
@@ -140,7 +140,7 @@ def test_every_config_matches_reference(config):
 
 
 def test_split_block_rows_reduce_in_kernel_and_leave_counters_zeroed():
-    from kernels._splitk import tile_counters
+    from compress_kernels._splitk import tile_counters
 
     n, k, m = 64, 256, 20  # 8 block columns; block row 1 empty; up to 8 stored blocks over 4 shares
     crow, col, values = parts(block_sparse_dense(n, k, 0.3, torch.bfloat16, empty_rows=(1,)))

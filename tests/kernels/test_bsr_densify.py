@@ -2,10 +2,10 @@
 import pytest
 import torch
 
-import kernels
-from kernels import reference
-from kernels.bsr_densify import DENSIFY_MIN_M, bsr_to_dense, densifies
-from kernels.w8a8 import w8a8_matmul
+import compress_kernels as kernels
+from compress_kernels import reference
+from compress_kernels.bsr_densify import DENSIFY_MIN_M, bsr_to_dense, densifies
+from compress_kernels.w8a8 import w8a8_matmul
 from tests.kernels.helpers import rel_error
 from tests.kernels.test_bsr import block_sparse_dense, parts
 from tests.kernels.test_bsr_w8a8 import int8_block_sparse

@@ -8,12 +8,12 @@ The integers are also checked against the dense W8A8 kernel on the same weight w
 import pytest
 import torch
 
-import kernels
-from kernels import reference
-from kernels.bsr import BsrConfig
-from kernels.bsr_densify import DENSIFY_MIN_M
-from kernels.bsr_w8a8 import launch, pick_config
-from kernels.w8a8 import w8a8_matmul
+import compress_kernels as kernels
+from compress_kernels import reference
+from compress_kernels.bsr import BsrConfig
+from compress_kernels.bsr_densify import DENSIFY_MIN_M
+from compress_kernels.bsr_w8a8 import launch, pick_config
+from compress_kernels.w8a8 import w8a8_matmul
 from tests.kernels.helpers import rel_error
 
 BLOCK = 32

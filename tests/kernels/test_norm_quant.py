@@ -8,9 +8,9 @@ have computed from ``y``.
 import pytest
 import torch
 
-import kernels
-from kernels import reference
-from kernels.norm_quant import MAX_ROW
+import compress_kernels as kernels
+from compress_kernels import reference
+from compress_kernels.norm_quant import MAX_ROW
 from tests.kernels.helpers import rel_error
 
 DTYPES = (torch.float16, torch.bfloat16)

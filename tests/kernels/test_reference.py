@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels import reference
+from compress_kernels import reference
 from tests.kernels.helpers import pack_int4
 
 

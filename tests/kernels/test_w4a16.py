@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import reference
-from kernels.w4a16 import TileConfig, launch, pick_config, skinny_config, w4a16_matmul
+from compress_kernels import reference
+from compress_kernels.w4a16 import TileConfig, launch, pick_config, skinny_config, w4a16_matmul
 from tests.kernels.helpers import random_int4_weight, rel_error
 
 TOL = {torch.float16: 2e-3, torch.bfloat16: 1e-2}
@@ -118,7 +118,7 @@ def test_nibble_planes_reject_tiles_shallower_than_one_dot():
 
 
 def test_skinny_split_balance():
-    from kernels.w4a16 import _balanced_split_k
+    from compress_kernels.w4a16 import _balanced_split_k
 
     cfg = TileConfig(16, 64, 128, path="skinny")
     for k, n in [(4096, 4096), (11008, 4096), (8192, 8192), (8192, 28672)]:
@@ -245,7 +245,7 @@ def test_small_layers_take_no_split_k(k, n, g):
 
 
 def test_fma_last_split_reduces_and_leaves_counters_zeroed():
-    from kernels._splitk import tile_counters
+    from compress_kernels._splitk import tile_counters
 
     m, k, n, g = 2, 512, 96, 64  # 8 K tiles in 4 splits; N not a BLOCK_N multiple
     x = torch.randn(m, k, device=DEVICE).half()
@@ -259,7 +259,7 @@ def test_fma_last_split_reduces_and_leaves_counters_zeroed():
 
 
 def test_fma_split_rule():
-    from kernels._tiles import prefetch_split_k
+    from compress_kernels._tiles import prefetch_split_k
 
     cfg = TileConfig(1, 64, 128, path="fma")
     measured_best = {(4096, 4096): 8, (11008, 4096): 8, (4096, 12288): 4, (4096, 22016): 4}  # H100, M = 1
@@ -485,7 +485,7 @@ def test_wgmma_reads_16_bit_scales_in_pairs_or_converts_them(dtype, n, sliced):
 
 
 def test_permute_pairs_puts_each_nibble_pair_side_by_side():
-    from kernels.w4a16_wgmma import permute_pairs
+    from compress_kernels.w4a16_wgmma import permute_pairs
     x = torch.arange(3 * 256, dtype=torch.float32, device=DEVICE).reshape(3, 256).to(torch.float16)
     xp = permute_pairs(x)
     for kt in (0, 128):

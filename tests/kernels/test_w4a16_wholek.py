@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import reference
-from kernels.w4a16 import TileConfig, launch
-from kernels.w4a16_wholek import WHOLEK_MAX_K, wholek_block_k
+from compress_kernels import reference
+from compress_kernels.w4a16 import TileConfig, launch
+from compress_kernels.w4a16_wholek import WHOLEK_MAX_K, wholek_block_k
 from tests.kernels.helpers import pack_int4, random_int4_weight, rel_error
 
 TOL = {torch.float16: 2e-3, torch.bfloat16: 1e-2}

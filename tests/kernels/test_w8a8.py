@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import reference
-from kernels.w8a8 import (SMALL_LAYER_TILES, TileConfig, launch, pick_config, quantized_config, quantize_rows,
+from compress_kernels import reference
+from compress_kernels.w8a8 import (SMALL_LAYER_TILES, TileConfig, launch, pick_config, quantized_config, quantize_rows,
                           w8a8_matmul, w8a8_matmul_quantized)
 from tests.kernels.helpers import random_int8_weight, rel_error
 
@@ -137,7 +137,7 @@ def test_tma_tiles_equal_the_pointer_kernel(dtype, m, k, n, with_bias):
 
 
 def test_tma_falls_back_when_rows_are_not_16_byte_aligned():
-    from kernels.w8a8_tma import tma_ready
+    from compress_kernels.w8a8_tma import tma_ready
 
     m, k, n = 4, 72, 24  # K = 72: an int8 row stride of 72 bytes, not a multiple of 16
     x = torch.randn(m, k, device=DEVICE).half()
@@ -267,7 +267,7 @@ def test_gemv_unsplit_has_the_two_launch_bits(dtype, m, k, n, with_bias):
 
 @pytest.mark.parametrize("split_k", [2, 3])
 def test_gemv_split_k_reduces_in_the_kernel(split_k):
-    from kernels._splitk import tile_counters
+    from compress_kernels._splitk import tile_counters
 
     m, k, n = 2, 200, 40
     x = torch.randn(m, k, device=DEVICE).half()
@@ -300,7 +300,7 @@ def test_gemv_zero_row_and_strided_x():
 
 
 def test_gemv_is_picked_unsplit_for_one_row():
-    from kernels.w8a8 import gemv_config
+    from compress_kernels.w8a8 import gemv_config
 
     for n, k, block_k in ((4096, 4096, 1024), (4096, 11008, 1024), (384, 384, 512), (1152, 384, 512), (1024, 100, 128),
                           (28672, 8192, 512), (22016, 4096, 512)):  # wider than GEMV_MAX_N: 512-deep steps
@@ -436,7 +436,7 @@ def test_gpu_fused_equals_prepass(dtype, m, k, n):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("m,k,n", [(1, 4096, 4096), (2, 11008, 4096), (1, 4096, 22016), (1, 1000, 384)])
 def test_gpu_gemv(dtype, m, k, n):
-    from kernels.w8a8 import gemv_config, row_gemv_config
+    from compress_kernels.w8a8 import gemv_config, row_gemv_config
 
     x = torch.randn(m, k, device="cuda").to(dtype) * 3
     w_q, w_scale = random_int8_weight(n, k, "cuda")

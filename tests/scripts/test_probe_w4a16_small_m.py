@@ -42,8 +42,8 @@ def test_fma_sweep_configs_follow_the_kernel_rules(probe):
 def test_tiled_sweep_configs_give_the_reference_result(probe):
     """Every narrow-tile / K-split config the --tiled sweep times computes the reference's product
     (Triton's interpreter on the CPU, or the GPU)."""
-    from kernels import w4a16 as w4
-    from kernels.reference import w4a16_matmul_ref
+    from compress_kernels import w4a16 as w4
+    from compress_kernels.reference import w4a16_matmul_ref
     from tests.kernels.helpers import random_int4_weight, rel_error
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -58,7 +58,7 @@ def test_tiled_sweep_configs_give_the_reference_result(probe):
 
 
 def test_wholek_sweep_configs_hold_k_and_fill_their_warps(probe):
-    from kernels.w4a16_wholek import WHOLEK_MAX_K
+    from compress_kernels.w4a16_wholek import WHOLEK_MAX_K
 
     configs = probe.wholek_configs(1, 1024, 384)
     assert configs and all(c.path == "wholek" and c.split_k == 1 and c.block_k == 512 for c in configs)

@@ -9,7 +9,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 
 import bench_kernels as bk  # noqa: E402
 import tune_bsr  # noqa: E402
-from kernels.bsr import BsrConfig  # noqa: E402
+from compress_kernels.bsr import BsrConfig  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from kernels._splitk import reduces_in_kernel
+from compress_kernels._splitk import reduces_in_kernel
 
 tune = pytest.importorskip("scripts.tune_w8a8_w4a16")
 

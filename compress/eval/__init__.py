@@ -1,0 +1,1 @@
+"""Measuring models and kernels: the one timing harness (:mod:`compress.eval.timing`)."""
