@@ -50,12 +50,14 @@ COMMAND = "python -m scripts.bench.pages"
 
 @dataclass(frozen=True)
 class Page:
-    """A generated page: its file under docs/results, its title and the JSON files it is made from."""
+    """A generated page: its file under docs/results, its title, the JSON files it is made from, an
+    introduction and the section each JSON file gives."""
 
     name: str
     title: str
     sources: tuple[str, ...]
-    render: Callable[[list[tuple[str, dict]]], list[str]]
+    intro: str
+    section: Callable[[str, dict], list[str]]
 
 
 # ---- shared formatting ---------------------------------------------------------------------------
@@ -73,6 +75,9 @@ def table(head: list[str], rows: list[list[str]]) -> list[str]:
     """A Markdown table (a list of lines)."""
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     return lines + ["| " + " | ".join(row) + " |" for row in rows]
+
+
+VERDICT = {True: "met", False: "**not met**", None: "not measured"}
 
 
 def ratio(value) -> str:
@@ -120,9 +125,8 @@ def kernel_environment(env: dict) -> str:
 def kernel_targets(targets: list[dict]) -> list[str]:
     rows = []
     for t in targets:
-        status = {True: "met", False: "**not met**", None: "not measured"}[t["met"]]
         worst = f"{t['worst']}x ({t['worst_at']})" if t.get("cells") else "-"
-        rows.append([t["target"], t["goal"], worst, f"{t.get('cells_met', 0)}/{t['cells']}", status])
+        rows.append([t["target"], t["goal"], worst, f"{t.get('cells_met', 0)}/{t['cells']}", VERDICT[t["met"]]])
     return table(["target", "goal", "worst ratio (where)", "cells met", "status"], rows)
 
 
@@ -176,15 +180,11 @@ def kernel_section(name: str, report: dict) -> list[str]:
     return lines + [""]
 
 
-def render_kernels(reports: list[tuple[str, dict]]) -> list[str]:
-    lines = ["y = x @ W.T for x (M, K) and a weight of N x K, every kernel on the same shapes and M in one run "
-             "per GPU; `triton.testing.do_bench` medians with L2 flushed, weights rotated so none stays cached. "
-             "Kernels: `ours_w8a8` (dynamic per-token activations, quantization included), `ours_w4a16_g128` "
-             "(group 128), `ours_dds_p` (p% of the 32x32 blocks absent, uniformly random masks), "
-             "`ours_dds_w8a8_p` (int8 blocks x int8 tokens).", ""]
-    for name, report in reports:
-        lines += kernel_section(name, report)
-    return lines
+KERNELS_INTRO = ("y = x @ W.T for x (M, K) and a weight of N x K, every kernel on the same shapes and M in one run "
+                 "per GPU; `triton.testing.do_bench` medians with L2 flushed, weights rotated so none stays cached. "
+                 "Kernels: `ours_w8a8` (dynamic per-token activations, quantization included), `ours_w4a16_g128` "
+                 "(group 128), `ours_dds_p` (p% of the 32x32 blocks absent, uniformly random masks), "
+                 "`ours_dds_w8a8_p` (int8 blocks x int8 tokens).")
 
 
 # ---- decode benchmark ----------------------------------------------------------------------------
@@ -223,8 +223,7 @@ def decode_section(name: str, report: dict) -> list[str]:
              f"{env.get('transformers')}, CUDA {env.get('cuda')}. {decode_setup(require(report, 'config', name))}"
              f"{provenance(report)}",
              ""] + table(head, decode_rows(require(report, "results", name), require(report, "ratios", name)))
-    verdicts = {True: "met", False: "**not met**", None: "not measured"}
-    lines += ["", "Targets:", ""] + table(["target", "status"], [[t, verdicts[ok]] for t, ok in
+    lines += ["", "Targets:", ""] + table(["target", "status"], [[t, VERDICT[ok]] for t, ok in
                                                                  require(report, "targets", name).items()])
     for key, field in (("skipped", "reason"), ("failed", "error")):
         if report.get(key):
@@ -232,17 +231,13 @@ def decode_section(name: str, report: dict) -> list[str]:
     return lines + [""]
 
 
-def render_decode(reports: list[tuple[str, dict]]) -> list[str]:
-    lines = ["Tokens per second of a `transformers` `LlamaForCausalLM` with Llama-2-7B shapes, dense against "
-             "every compressed variant, in one run per GPU. `fp16`: cuBLAS; `w4a16`, `w8a8`, `dds50`, `dds90`, "
-             "`dds50-w8a8`: ours (`dds` prunes exactly p% of the 32x32 blocks of every decoder matrix, at random); "
-             "`int4-aten`: PyTorch's tinygemm int4 kernel on the same int4 weights (bf16 activations); "
-             "`fp16-eager`: plain eager PyTorch; `no-linears`: the decoder linears return zeros, so it times "
-             "the rest of a step. Ratios are tokens/s over fp16's at the same batch. Weights TB/s: decoder "
-             "weight bytes / step time.", ""]
-    for name, report in reports:
-        lines += decode_section(name, report)
-    return lines
+DECODE_INTRO = ("Tokens per second of a `transformers` `LlamaForCausalLM` with Llama-2-7B shapes, dense against "
+                "every compressed variant, in one run per GPU. `fp16`: cuBLAS; `w4a16`, `w8a8`, `dds50`, `dds90`, "
+                "`dds50-w8a8`: ours (`dds` prunes exactly p% of the 32x32 blocks of every decoder matrix, at "
+                "random); `int4-aten`: PyTorch's tinygemm int4 kernel on the same int4 weights (bf16 activations); "
+                "`fp16-eager`: plain eager PyTorch; `no-linears`: the decoder linears return zeros, so it times "
+                "the rest of a step. Ratios are tokens/s over fp16's at the same batch. Weights TB/s: decoder "
+                "weight bytes / step time.")
 
 
 # ---- model quality (accuracy or perplexity) and speed --------------------------------------------
@@ -345,38 +340,35 @@ def run_source(run: dict) -> str:
     return f"`{src['report']}` at `{src['commit']}` (model `{src['model']}`)"
 
 
-def render_quality(reports: list[tuple[str, dict]]) -> list[str]:
-    lines = []
-    for name, data in reports:
-        runs = require(data, "runs", name)
-        metric = require(data, "metric", name)
-        env = require(data, "environment", name)
-        lines += [f"{require(data, 'description', name)}.", "",
-                  f"GPU: {require(data, 'gpu', name)}; " + ", ".join(f"{k} {v}" for k, v in env.items()) + ".", "",
-                  f"## {metric.capitalize()} per run", ""]
-        lines += table(["variant", "seed", metric, "vs dense, same seed", "steps trained", "source"],
-                       quality_seed_rows(runs, data))
-        lines += ["", "## Targets", "", "Mean over the variant's seeds against the dense mean over the same seeds; "
-                  "the last column counts the seeds that meet the target against the dense model of their seed.", ""]
-        lines += table(["variant", "target", "seeds", "mean", "dense mean", "vs dense", "on the mean", "seeds met"],
-                       quality_target_rows(runs, data))
-        head, rows = speed_rows(runs)
-        lines += ["", "## Speed", "", "ms per forward; the ratio is the dense model's time in the same report over "
-                  "this one's (> 1: faster than dense).", ""] + table(head, rows)
-        notes = run_notes(runs)
-        lines += ["", "## Notes on the runs", ""] + notes if notes else []
-    return lines + [""]
+def quality_section(name: str, data: dict) -> list[str]:
+    runs = require(data, "runs", name)
+    metric = require(data, "metric", name)
+    env = require(data, "environment", name)
+    lines = [f"{require(data, 'description', name)}.", "",
+             f"GPU: {require(data, 'gpu', name)}; " + ", ".join(f"{k} {v}" for k, v in env.items()) + ".", "",
+             f"## {metric.capitalize()} per run", ""]
+    lines += table(["variant", "seed", metric, "vs dense, same seed", "steps trained", "source"],
+                   quality_seed_rows(runs, data))
+    lines += ["", "## Targets", "", "Mean over the variant's seeds against the dense mean over the same seeds; "
+              "the last column counts the seeds that meet the target against the dense model of their seed.", ""]
+    lines += table(["variant", "target", "seeds", "mean", "dense mean", "vs dense", "on the mean", "seeds met"],
+                   quality_target_rows(runs, data))
+    head, rows = speed_rows(runs)
+    lines += ["", "## Speed", "", "ms per forward; the ratio is the dense model's time in the same report over "
+              "this one's (> 1: faster than dense).", ""] + table(head, rows)
+    notes = run_notes(runs)
+    return lines + (["", "## Notes on the runs", ""] + notes if notes else []) + [""]
 
 
 PAGES = (
     Page("kernels.md", "Kernel benchmark: ours against cuBLAS fp16 and PyTorch's kernels",
-         ("kernels-h100.json", "kernels-h200.json"), render_kernels),
+         ("kernels-h100.json", "kernels-h200.json"), KERNELS_INTRO, kernel_section),
     Page("decode.md", "Decode benchmark: Llama-2-7B shapes, tokens per second",
-         ("decode-h100.json", "decode-h200.json"), render_decode),
+         ("decode-h100.json", "decode-h200.json"), DECODE_INTRO, decode_section),
     Page("sst2.md", "all-MiniLM-L6-v2 on SST-2: accuracy and speed of the recipes", ("sst2-h100.json",),
-         render_quality),
+         "", quality_section),
     Page("wikitext.md", "Small Llama on WikiText-2: perplexity and speed of the recipes", ("wikitext-h100.json",),
-         render_quality),
+         "", quality_section),
 )
 
 
@@ -391,8 +383,10 @@ def load(root: Path, name: str) -> dict:
 
 def render(page: Page, root: Path) -> str:
     """The page's text, from its JSON files under ``root``."""
-    reports = [(name, load(root, name)) for name in page.sources]
-    return "\n".join(header(page.title, page.sources) + page.render(reports)).rstrip("\n") + "\n"
+    lines = header(page.title, page.sources) + ([page.intro, ""] if page.intro else [])
+    for name in page.sources:
+        lines += page.section(name, load(root, name))
+    return "\n".join(lines).rstrip("\n") + "\n"
 
 
 def stale_pages(root: Path) -> list[Path]:
