@@ -1,0 +1,1 @@
+"""Benchmarks and the results pages made from their JSON."""
