@@ -52,8 +52,8 @@ def test_quickstart_with_pre_move_or_short_class_paths_parses_to_the_same_classe
     cli = CompressCLI(args=["--config", str(tmp_path / "recipe.yaml")], run=False)
     assert type(cli.model).__module__ == "compress.lightning.tasks"
     assert type(cli.datamodule).__module__ == "compress.lightning.data"
-    assert [type(cb).__name__ for cb in cli.trainer.callbacks if type(cb).__module__ == "compress.lightning.callbacks"] \
-        == ["BlockPruning", "QuantizationAware", "Export"]
+    ours = [cb for cb in cli.trainer.callbacks if type(cb).__module__ == "compress.lightning.callbacks"]
+    assert [type(cb).__name__ for cb in ours] == ["BlockPruning", "QuantizationAware", "Export"]
 
 
 @pytest.mark.slow

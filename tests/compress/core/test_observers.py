@@ -1,4 +1,4 @@
-"""Tests for compress/observers.py: statistics of each kind, scale, shared buffer layout."""
+"""Tests for compress/core/observers.py: statistics of each kind, scale, shared buffer layout."""
 import pytest
 import torch
 

@@ -1,4 +1,4 @@
-"""Tests for compress/quant.py: round trips, int4 packing, zero groups, STE and LSQ gradients."""
+"""Tests for compress/core/quant.py: round trips, int4 packing, zero groups, STE and LSQ gradients."""
 import pytest
 import torch
 

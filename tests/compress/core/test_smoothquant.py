@@ -1,4 +1,4 @@
-"""Tests for compress/smoothquant.py: factors, folding into a norm only when that keeps the
+"""Tests for compress/core/smoothquant.py: factors, folding into a norm only when that keeps the
 model's function (pre-LN yes, post-LN residual no), buffers otherwise, and lower W8A8 error."""
 import pytest
 import torch

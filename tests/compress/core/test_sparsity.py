@@ -1,4 +1,4 @@
-"""Tests for compress/sparsity.py: scores, masks, the cubic schedule, dense <-> BSR."""
+"""Tests for compress/core/sparsity.py: scores, masks, the cubic schedule, dense <-> BSR."""
 import pytest
 import torch
 

@@ -1,4 +1,4 @@
-"""Tests for compress/distill.py and the distillation option of SequenceClassificationTask: the loss
+"""Tests for compress/lightning/distill.py and the distillation option of SequenceClassificationTask: the loss
 against its formula written out, config validation, the snapshot taken once at ``start_step`` next
 to block pruning, a teacher loaded from a saved model, resume from a Lightning checkpoint, and the
 hidden-state term (hand-computed value, masking, one student forward, the zero-weight path left as

@@ -1,4 +1,4 @@
-"""LayerNorm / GELU handing their output over quantized to the W8A8 layers after them (compress/input_quant.py)."""
+"""LayerNorm / GELU handing their output over quantized to the W8A8 layers after them (compress/nn/input_quant.py)."""
 import copy
 
 import pytest

@@ -1,4 +1,4 @@
-"""Tests for compress/modules.py: inference modules vs the float layer, dtype-stable buffers, padding,
+"""Tests for compress/nn/modules.py: inference modules vs the float layer, dtype-stable buffers, padding,
 and per-layer SQNR on the real all-MiniLM-L6-v2 weights and real SST-2 activations."""
 import os
 import pathlib

@@ -1,4 +1,4 @@
-"""Tests for compress/qat.py: shared Parameters, masks that survive AdamW, STE gradients, configs."""
+"""Tests for compress/nn/qat.py: shared Parameters, masks that survive AdamW, STE gradients, configs."""
 import pytest
 import torch
 from torch import nn
