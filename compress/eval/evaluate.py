@@ -12,8 +12,8 @@ For each model (the dense baseline and every compressed variant):
 
   - ``"cuda_graph"`` (default): ``model(**static_inputs)`` captured once per batch size in a
     ``torch.cuda.CUDAGraph`` under ``torch.no_grad()`` (after at least three warm-up forwards on a
-    side stream, as the ``torch.cuda.graphs`` docs ask), then graph replays are timed: no Python launch overhead,
-    as deployed with CUDA graphs / ``torch.compile``;
+    side stream, as the ``torch.cuda.graphs`` docs ask), then graph replays are timed: no Python
+    launch overhead, as deployed with CUDA graphs / ``torch.compile``;
   - ``"compile"``: the same capture of ``torch.compile(model)`` (default inductor, static shapes);
   - ``"eager"``: plain ``model(**inputs)`` calls, Python overhead included.
 

@@ -7,5 +7,5 @@
 * :mod:`compress.lightning.distill`: distillation from a frozen dense teacher;
 * :mod:`compress.lightning.paths`: where models and data sets are found.
 
-Importing this package does not import Lightning; its modules do.
+Importing this package does not import Lightning; its callbacks, tasks and data modules do.
 """

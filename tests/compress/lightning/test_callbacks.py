@@ -26,7 +26,7 @@ from compress.lightning.callbacks import (
 )
 from compress.plan import compressed_layers
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
+REPO = pathlib.Path(__file__).resolve().parents[3]
 
 
 class PreNormMLP(nn.Module):

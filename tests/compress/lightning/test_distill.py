@@ -199,7 +199,7 @@ def test_ddp_ranks_hold_the_same_frozen_teacher(tmp_path):
     import subprocess
     import sys
 
-    repo = pathlib.Path(__file__).resolve().parents[2]
+    repo = pathlib.Path(__file__).resolve().parents[3]
     env = dict(os.environ, PYTHONPATH=f"{repo}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
     script = pathlib.Path(__file__).with_name("_ddp_distill_script.py")
     result = subprocess.run([sys.executable, str(script), str(tmp_path)], cwd=repo, env=env,

@@ -1,6 +1,5 @@
 """Tests for compress/nn/modules.py: inference modules vs the float layer, dtype-stable buffers, padding,
 and per-layer SQNR on the real all-MiniLM-L6-v2 weights and real SST-2 activations."""
-import os
 import pathlib
 
 import pytest
@@ -9,6 +8,7 @@ from torch import nn
 
 from compress.configs import BlockSparseConfig, W4A16Config, W8A8Config
 from compress.core.sparsity import block_mask, expand_mask
+from compress.lightning.paths import data_root
 from compress.nn.modules import BSRLinear, BSRW8A8Linear, W4A16Linear, W8A8Linear, to_float
 
 
@@ -138,9 +138,7 @@ def _minilm_dir() -> pathlib.Path:
 
 
 def _sst2_sentences(count: int) -> list[str]:
-    root = pathlib.Path(__file__).resolve().parents[2]
-    data = pathlib.Path(os.environ.get("COMPRESS_DATA_DIR", root.parent / "shared" / "data"))
-    path = data / "sst2" / "dev.tsv"
+    path = data_root() / "sst2" / "dev.tsv"
     if not path.is_file():
         pytest.skip(f"SST-2 not found at {path} (set COMPRESS_DATA_DIR)")
     lines = path.read_text().splitlines()[1:]
