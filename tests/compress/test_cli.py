@@ -117,15 +117,15 @@ def test_export_from_the_lightning_checkpoint_matches_the_export_callback(sparse
     assert all(torch.equal(ours[k], reference[k]) for k in ours)
 
 
-def test_a_lightning_checkpoint_naming_the_task_by_its_pre_move_path_loads(sparse_w8a8_run, tmp_path):
+def test_a_lightning_checkpoint_naming_the_task_by_its_flat_path_loads(sparse_w8a8_run, tmp_path):
     """LightningCLI stores the task's class path in the checkpoint; one written when the task lived in
     ``compress.tasks`` still loads through Lightning's own ``load_from_checkpoint``."""
     root, _ = sparse_w8a8_run
     state = torch.load(sorted((root / "out").rglob("*.ckpt"))[-1], map_location="cpu", weights_only=False)
     assert state["hyper_parameters"]["_class_path"] == "compress.lightning.tasks.SequenceClassificationTask"
     state["hyper_parameters"]["_class_path"] = "compress.tasks.SequenceClassificationTask"
-    torch.save(state, tmp_path / "pre-move.ckpt")
-    task = SequenceClassificationTask.load_from_checkpoint(tmp_path / "pre-move.ckpt", weights_only=False,
+    torch.save(state, tmp_path / "flat.ckpt")
+    task = SequenceClassificationTask.load_from_checkpoint(tmp_path / "flat.ckpt", weights_only=False,
                                                            strict=False)  # no prepared layers: no masks, scales
     assert type(task) is SequenceClassificationTask and task.model.config.num_labels == 10
 

@@ -33,17 +33,17 @@ def test_recipe_parses_and_prints_its_config(name, capsys):
     assert "output_dir: runs/" in printed
 
 
-PRE_MOVE_PATHS = {"compress.lightning.tasks.": "compress.tasks.", "compress.lightning.data.": "compress.data.",
-                  "compress.lightning.callbacks.": "compress.callbacks."}
+FLAT_PATHS = {"compress.lightning.tasks.": "compress.tasks.", "compress.lightning.data.": "compress.data.",
+              "compress.lightning.callbacks.": "compress.callbacks."}
 
 
-@pytest.mark.parametrize("style", ["pre-move", "short"])
-def test_quickstart_with_pre_move_or_short_class_paths_parses_to_the_same_classes(style, tmp_path, capsys):
+@pytest.mark.parametrize("style", ["flat", "short"])
+def test_quickstart_with_flat_or_short_class_paths_parses_to_the_same_classes(style, tmp_path, ):
     """Recipes written before the Lightning modules moved to compress/lightning/ (``compress.callbacks.X``),
     and recipes naming classes by short name (``class_path: BlockPruning``), still resolve."""
     text = (RECIPES / "quickstart.yaml").read_text()
-    if style == "pre-move":
-        for new, old in PRE_MOVE_PATHS.items():
+    if style == "flat":
+        for new, old in FLAT_PATHS.items():
             text = text.replace(new, old)
     else:
         text = re.sub(r"class_path: compress\.[\w.]*\.(\w+)", r"class_path: \1", text)

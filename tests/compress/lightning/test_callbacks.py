@@ -1,7 +1,8 @@
 """Tests for compress/lightning/callbacks.py: validation, a composed run (prune + QAT + calibration +
 export), the model they compress, the float snapshot, resume from a Lightning checkpoint, DDP on 2
 CPU processes, movement and Fisher scores (accumulation, schedule, state, resume, DDP), and YAML
-instantiation (jsonargparse; full, pre-move and short class paths)."""
+instantiation (jsonargparse; by class path, by the flat layout's ``compress.callbacks.X``, by short
+name)."""
 import os
 import pathlib
 import subprocess
@@ -437,7 +438,7 @@ def test_ddp_ranks_accumulate_identical_gradient_scores(tmp_path, score, sparsit
 
 
 @pytest.mark.parametrize("prefix", ["compress.lightning.callbacks.", "compress.callbacks.", ""],
-                         ids=["class-path", "pre-move-class-path", "short-name"])
+                         ids=["class-path", "flat-class-path", "short-name"])
 def test_callbacks_build_from_yaml_with_jsonargparse(prefix):
     jsonargparse = pytest.importorskip("jsonargparse")
     parser = jsonargparse.ArgumentParser(exit_on_error=False)
