@@ -12,16 +12,53 @@ Public API (docs/architecture.md)::
     compress.fuse_siblings(model)                        # q/k/v (and gate/up) as one kernel call each
     compress.link_quantized_inputs(model, example_inputs)  # norms / GELU quantize for the W8A8 layer after
 
-Lightning callbacks live in :mod:`compress.callbacks` (imported lazily so the core library does not
-import Lightning).
+Its layers, each importing only from those listed before it (``tests/test_import_graph.py`` checks
+that core, nn and eval do, and that no import cycle exists)::
+
+    compress/configs.py, _kernels.py    the schemes (typed configs); the one door to the kernels
+    compress/core/       math on tensors: quantization, block sparsity, observers, SmoothQuant,
+                         neuron order
+    compress/nn/         module swaps: training (QAT) and inference modules, fusion, input quantization
+    compress/plan.py, checkpoint.py     prepare / convert a model by plan; save / load it
+    compress/eval/       timing, metrics, evaluation of a model, the report
+    compress/lightning/  callbacks, tasks, data, distillation (Lightning)
+    compress/cli.py      the ``compress`` command
+
+The Lightning callbacks live in :mod:`compress.lightning.callbacks`; ``import compress`` does not
+import Lightning.
 """
+import importlib
+import sys
+import types
+
 from compress.checkpoint import CheckpointError, load_compressed, save_compressed
 from compress.configs import BlockSparseConfig, W4A16Config, W8A8Config
-from compress.fusion import fuse_siblings
-from compress.input_quant import link_quantized_inputs
-from compress.modules import BSRLinear, BSRW8A8Linear, W4A16Linear, W8A8Linear
+from compress.nn.fusion import fuse_siblings
+from compress.nn.input_quant import link_quantized_inputs
+from compress.nn.modules import BSRLinear, BSRW8A8Linear, W4A16Linear, W8A8Linear
+from compress.nn.qat import CompressedLinear
 from compress.plan import DEFAULT_EXCLUDE, Plan, convert, prepare
-from compress.qat import CompressedLinear
+
+
+class _ModuleAlias(types.ModuleType):
+    """``compress.callbacks``, ``compress.tasks``, ``compress.data``: the names the modules of
+    compress/lightning/ had before they moved there, which recipes (``class_path:``) and Lightning
+    checkpoints (``_class_path`` in their hyper-parameters) written before still use. Its public
+    attributes are those of the module it stands for, imported on first use, so ``import compress``
+    does not import Lightning."""
+
+    def __init__(self, name: str, target: str):
+        super().__init__(name, f"{name}: another name of {target}")
+        self._target = target
+
+    def __getattr__(self, attribute: str):
+        if attribute.startswith("_"):  # module metadata, asked by tools that scan sys.modules
+            raise AttributeError(f"module {self.__name__!r} has no attribute {attribute!r}")
+        return getattr(importlib.import_module(self._target), attribute)
+
+
+for _name in ("callbacks", "tasks", "data"):
+    sys.modules.setdefault(f"compress.{_name}", _ModuleAlias(f"compress.{_name}", f"compress.lightning.{_name}"))
 
 __all__ = [
     "BSRLinear",

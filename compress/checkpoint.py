@@ -15,7 +15,11 @@ which is then renamed onto ``path`` (an existing directory is first moved aside 
 after the rename), so an interrupted save never leaves a directory that loads as if it were whole.
 Loading refuses, with a clear error, a directory whose manifest is missing or of another version,
 whose safetensors file does not match its checksum, or whose tensors differ in name, dtype or shape
-from the manifest.
+from the manifest. The manifest names classes (``W8A8Linear``, a ``transformers`` architecture), not
+the files of ``compress`` that define them.
+
+:func:`load_model_dir` loads any saved model directory: such a compressed one, or a plain
+``transformers`` one (``save_pretrained``).
 """
 from __future__ import annotations
 
@@ -34,8 +38,8 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from compress.configs import config_from_dict
-from compress.fusion import is_fused
-from compress.modules import INFERENCE_MODULES, BSRLinear, BSRW8A8Linear, W4A16Linear, W8A8Linear
+from compress.nn.fusion import is_fused
+from compress.nn.modules import INFERENCE_MODULES, BSRLinear, BSRW8A8Linear, W4A16Linear, W8A8Linear
 from compress.plan import compressed_layers, replace_submodule
 
 logger = logging.getLogger(__name__)
@@ -133,7 +137,7 @@ def save_compressed(model: nn.Module, path) -> pathlib.Path:
     if is_fused(model):
         raise ValueError("save_compressed: the model has fused sibling layers (compress.fuse_siblings), whose "
                          "state differs from the saved layout; save it before fusing, or call "
-                         "compress.fusion.unfuse_siblings(model) first")
+                         "compress.nn.fusion.unfuse_siblings(model) first")
     target = pathlib.Path(path).absolute()
     target.parent.mkdir(parents=True, exist_ok=True)
     temporary = pathlib.Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
@@ -268,3 +272,23 @@ def load_compressed(path, model: nn.Module | None = None) -> nn.Module:
     if hasattr(model, "tie_weights") and manifest.get("aliases"):
         model.tie_weights()
     return model.eval()
+
+
+def load_model_dir(path: str | pathlib.Path) -> nn.Module:
+    """A model from a saved directory: compressed (``compress.save_compressed``) or plain ``transformers``."""
+    path = pathlib.Path(path)
+    if not path.is_dir():
+        raise FileNotFoundError(f"model dir: expected a directory, got {path}")
+    if (path / MANIFEST).is_file():
+        return load_compressed(path)
+    return _load_plain_transformers(path)
+
+
+def _load_plain_transformers(path: pathlib.Path) -> nn.Module:
+    import transformers
+
+    config = transformers.AutoConfig.from_pretrained(path)
+    architectures = getattr(config, "architectures", None) or []
+    if not architectures or not hasattr(transformers, architectures[0]):
+        raise ValueError(f"{path}/config.json: expected 'architectures' naming a transformers class, got {architectures}")
+    return getattr(transformers, architectures[0]).from_pretrained(path, dtype=torch.float32)

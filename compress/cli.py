@@ -28,7 +28,6 @@ the exported compressed model.
 from __future__ import annotations
 
 import contextlib
-import copy
 import json
 import logging
 import sys
@@ -40,8 +39,19 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.cli import LightningCLI
 
+import compress
+import compress.lightning.data  # noqa: F401  (see below)
+import compress.lightning.tasks  # noqa: F401  (see below)
+from compress.checkpoint import load_model_dir
+from compress.configs import BlockSparseConfig, W4A16Config
+from compress.lightning.callbacks import Export, FloatWeightsSnapshot, target_model
+from compress.plan import Plan
+
+# LightningCLI finds a short class name (``class_path: DigitsData``) among the subclasses imported
+# when it parses: the imports above make every task, data module and callback a recipe can name known.
+
 if TYPE_CHECKING:  # imported lazily at run time (evaluation pulls in more than the CLI needs)
-    from compress.evaluate import EvalOptions
+    from compress.eval.evaluate import EvalOptions
 
 log = logging.getLogger(__name__)
 
@@ -63,11 +73,11 @@ class CompressOptions:
     lets float32 training use TF32 tensor cores on GPUs that have them). ``latency_mode``: how the
     report times a forward pass on CUDA: ``"cuda_graph"`` (default: replays of a captured CUDA
     graph, no Python launch overhead), ``"compile"`` (``torch.compile`` then the same capture) or
-    ``"eager"``; on CPU timing is always eager (see :mod:`compress.evaluate`). ``fuse_siblings``:
+    ``"eager"``; on CPU timing is always eager (see :mod:`compress.eval.evaluate`). ``fuse_siblings``:
     evaluate compressed models with their query/key/value (and gate/up) layers fused into one
-    kernel call each (:mod:`compress.fusion`; the saved models are not changed).
+    kernel call each (:mod:`compress.nn.fusion`; the saved models are not changed).
     ``link_quantized_inputs``: W8A8 layers after a norm or GELU take their input already
-    quantized by that op, one launch fewer each (:mod:`compress.input_quant`; saved models unchanged).
+    quantized by that op, one launch fewer each (:mod:`compress.nn.input_quant`; saved models unchanged).
     """
 
     def __post_init__(self):
@@ -78,7 +88,7 @@ class CompressOptions:
             )
         if not self.eval_batch_sizes or any(int(b) <= 0 for b in self.eval_batch_sizes):
             raise ValueError(f"compress.eval_batch_sizes: expected positive ints, got {self.eval_batch_sizes!r}")
-        from compress.evaluate import LATENCY_MODES
+        from compress.eval.evaluate import LATENCY_MODES
 
         if self.latency_mode not in LATENCY_MODES:
             raise ValueError(f"compress.latency_mode: expected one of {list(LATENCY_MODES)}, got {self.latency_mode!r}")
@@ -128,11 +138,6 @@ def options_from(config) -> CompressOptions:
 # --- recipe checks -------------------------------------------------------------------------------
 
 
-def compression_target(pl_module: pl.LightningModule):
-    """The model the callbacks compress: ``pl_module.model`` when present, else ``pl_module``."""
-    return getattr(pl_module, "model", pl_module)
-
-
 def check_recipe(pl_module: pl.LightningModule, callbacks) -> None:
     """Raise ``ValueError`` before training when a callback's plan does not fit the model.
 
@@ -141,10 +146,7 @@ def check_recipe(pl_module: pl.LightningModule, callbacks) -> None:
     (the library would pad K with zero channels; a recipe asking for that is refused as a mistake).
     Sparse layers whose sizes are not multiples of the block export as dense layers: logged.
     """
-    from compress.configs import BlockSparseConfig, W4A16Config
-    from compress.plan import Plan
-
-    model = compression_target(pl_module)
+    model = target_model(pl_module)
     for callback in callbacks:
         plan = getattr(callback, "plan", None)
         if not isinstance(plan, Plan):
@@ -173,38 +175,8 @@ def check_recipe(pl_module: pl.LightningModule, callbacks) -> None:
 # --- run -----------------------------------------------------------------------------------------
 
 
-class FloatWeightsSnapshot(pl.Callback):
-    """Keeps a copy of the task's model at the end of training, before any export converts it.
-
-    ``on_train_end`` runs before every ``on_fit_end`` (where the Export callback converts), so the
-    copy holds the fine-tuned float weights; training-only wrappers (fake quantization, masks) are
-    replaced by plain ``nn.Linear`` layers holding the same (pruned) float weights.
-    """
-
-    def __init__(self):
-        self.model = None
-
-    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if trainer.is_global_zero:
-            self.model = strip_training_modules(copy.deepcopy(compression_target(pl_module)).cpu())
-
-
-def strip_training_modules(model):
-    """Replace every training module (``compress.qat.CompressedLinear``) by its ``to_float()``."""
-    from compress import qat
-
-    for name, module in list(model.named_modules()):
-        if isinstance(module, qat.CompressedLinear):
-            parent_name, _, child = name.rpartition(".")
-            parent = model.get_submodule(parent_name) if parent_name else model
-            setattr(parent, child, module.to_float())
-    return model
-
-
 def export_callback(callbacks):
-    """The recipe's ``compress.callbacks.Export`` callback, or None."""
-    from compress.callbacks import Export
-
+    """The recipe's ``compress.lightning.callbacks.Export`` callback, or None."""
     found = [cb for cb in callbacks if isinstance(cb, Export)]
     if len(found) > 1:
         raise ValueError(f"trainer.callbacks: expected at most one Export callback, got {len(found)}")
@@ -221,7 +193,7 @@ def default_seq_len(datamodule) -> int:
 
 
 def eval_options(options: CompressOptions, datamodule) -> "EvalOptions":
-    from compress.evaluate import EvalOptions
+    from compress.eval.evaluate import EvalOptions
 
     return EvalOptions(
         batch_sizes=tuple(options.eval_batch_sizes),
@@ -238,8 +210,6 @@ def eval_options(options: CompressOptions, datamodule) -> "EvalOptions":
 
 def save_float_model(model, path: Path) -> Path:
     """Save a plain (uncompressed) model dir with ``compress.save_compressed`` (atomic, checksummed)."""
-    import compress
-
     path = compress.save_compressed(model, path)
     log.info("saved the float model to %s", path)
     return path
@@ -247,8 +217,8 @@ def save_float_model(model, path: Path) -> Path:
 
 def build_report(named_models: list[tuple[str, Any, str]], datamodule, options: CompressOptions, stem: str = "report"):
     """Evaluate ``(name, model, source)`` triples on the data module's eval split; write the report."""
-    from compress.evaluate import device_label, environment, evaluate_model
-    from compress.report import Report, write_report
+    from compress.eval.evaluate import device_label, environment, evaluate_model
+    from compress.eval.report import Report, write_report
 
     settings = eval_options(options, datamodule)
     datamodule.setup("validate")
@@ -278,8 +248,6 @@ def run(args: list[str]) -> int:
     """``compress run``: fit with the recipe's callbacks (resuming from ``--ckpt_path`` when given: the
     trainer's step, optimizer and the callbacks' schedules and masks come from the checkpoint, and so
     does the time ``trainer.max_time`` has counted), export, evaluate, report."""
-    import compress
-
     ckpt_path, args = checkpoint_option(args, "run")
     cli = CompressCLI(args=args, run=False)
     options = options_from(cli.config_init)
@@ -340,8 +308,6 @@ def export(args: list[str]) -> int:
     converts to inference modules and saves. ``--export_dir`` defaults to the Export callback's
     ``dirpath``, else ``<compress.output_dir>/compressed``.
     """
-    import compress
-
     ckpt_path, rest = checkpoint_option(args, "export")
     export_dir, rest = _split_option(rest, "export_dir")
     if ckpt_path is None:
@@ -360,7 +326,7 @@ def export(args: list[str]) -> int:
     cli.model.load_state_dict(state["state_dict"])
     exporter = export_callback(cli.trainer.callbacks)
     default_dir = exporter.dirpath if exporter is not None else str(Path(options.output_dir) / "compressed")
-    model = compress.convert(compression_target(cli.model))
+    model = compress.convert(target_model(cli.model))
     path = compress.save_compressed(model, export_dir[0] if export_dir else default_dir)
     log.info("exported %s to %s", ckpt_path, path)
     sys.stdout.write(f"{path}\n")
@@ -389,8 +355,6 @@ def evaluate_parser():
 
 def evaluate(args: list[str]) -> int:
     """``compress evaluate --config RECIPE --models DIR [DIR ...]``: compare saved models in one report."""
-    from compress.evaluate import load_model_dir
-
     models, rest = _split_option(args, "models")
     names, rest = _split_option(rest, "names")
     parser = evaluate_parser()

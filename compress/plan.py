@@ -12,17 +12,17 @@ A plan says which ``nn.Linear`` layers get which configs:
 Eligible: ``nn.Linear`` modules whose names match no ``exclude`` pattern; by default embeddings,
 classifier heads (``classifier``, ``score``, ``pooler``, ``qa_outputs``) and ``lm_head`` stay dense.
 
-``prepare(model, plan)`` swaps the targeted layers for :class:`compress.qat.CompressedLinear`
+``prepare(model, plan)`` swaps the targeted layers for :class:`compress.nn.qat.CompressedLinear`
 (training path). ``convert(model)`` swaps every ``CompressedLinear`` for its inference module;
 ``convert(model, plan, calibration_data=...)`` is the post-training path: prepare, prune one-shot,
 calibrate (SmoothQuant and static scales), then swap.
 
 A layer that a kernel cannot take is handled on purpose: W4A16 pads K to the group size
-(:class:`compress.modules.W4A16Linear`); block sparsity alone on a layer whose N or K is not a
+(:class:`compress.nn.modules.W4A16Linear`); block sparsity alone on a layer whose N or K is not a
 multiple of 32 is exported as a dense ``nn.Linear`` holding the masked weight, with a logged reason.
 
 Export picks the inference module from a layer's configs: W8A8 with block sparsity ->
-:class:`compress.modules.BSRW8A8Linear` (int8 blocks, the pruned ones not stored; N or K not a
+:class:`compress.nn.modules.BSRW8A8Linear` (int8 blocks, the pruned ones not stored; N or K not a
 multiple of 32: ``W8A8Linear`` with zero blocks); W8A8 -> ``W8A8Linear``; W4A16, with or without
 sparsity -> ``W4A16Linear`` (pruned blocks are zeros in the int4 weight); sparsity alone -> ``BSRLinear``.
 """
@@ -37,10 +37,10 @@ import torch
 from torch import nn
 
 from compress.configs import BlockSparseConfig, W4A16Config, W8A8Config, is_config
-from compress.modules import BSRLinear, BSRW8A8Linear, W4A16Linear, W8A8Linear
-from compress.qat import CompressedLinear, split_configs
-from compress.smoothquant import apply_smoothquant
-from compress.sparsity import block_mask
+from compress.core.smoothquant import apply_smoothquant
+from compress.core.sparsity import block_mask
+from compress.nn.modules import BSRLinear, BSRW8A8Linear, W4A16Linear, W8A8Linear
+from compress.nn.qat import CompressedLinear, split_configs
 
 logger = logging.getLogger(__name__)
 

@@ -1,8 +1,8 @@
 """Tests for compress/_kernels.py: the reference is always reachable, launchers come by name."""
+import compress_kernels
 import pytest
 import torch
 
-import compress_kernels
 from compress import _kernels
 
 

@@ -1,5 +1,5 @@
 """Tests for compress/checkpoint.py: bit-identical round trip, damaged directories refused,
-transformers models reload without the original weights, atomic writes."""
+transformers models reload without the original weights, atomic writes, any saved model dir loads."""
 import json
 
 import pytest
@@ -8,7 +8,7 @@ from torch import nn
 
 import compress
 from compress import BlockSparseConfig, CheckpointError, W4A16Config, W8A8Config
-from compress.checkpoint import MANIFEST, TENSORS
+from compress.checkpoint import MANIFEST, TENSORS, load_model_dir
 
 
 def _converted_mlp(seed=0):
@@ -145,3 +145,35 @@ def test_real_minilm_round_trip(tmp_path):
     loaded = compress.load_compressed(tmp_path / "minilm")
     with torch.no_grad():
         assert torch.equal(loaded(input_ids=ids).last_hidden_state, expected)
+
+
+def _tiny_bert_classifier():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.BertConfig(vocab_size=100, hidden_size=64, num_hidden_layers=1, num_attention_heads=2,
+                                     intermediate_size=128, max_position_embeddings=32, num_labels=3)
+    torch.manual_seed(0)
+    return transformers.BertForSequenceClassification(config).eval()
+
+
+def test_manifest_names_classes_not_module_paths(tmp_path):
+    """A directory names its layers' classes and the model's architecture, never the file that defines
+    them: moving a module inside ``compress`` cannot break a directory saved before the move."""
+    path = compress.save_compressed(compress.convert(_tiny_bert_classifier(), W8A8Config()), tmp_path / "c")
+    manifest = json.loads((path / MANIFEST).read_text())
+    assert manifest["model"] == {"kind": "transformers", "architecture": "BertForSequenceClassification"}
+    assert {entry["module"] for entry in manifest["layers"].values()} == {"W8A8Linear"}
+    assert "compress." not in json.dumps(manifest)
+
+
+def test_load_model_dir_reads_compressed_and_plain_dirs(tmp_path):
+    model = compress.convert(_tiny_bert_classifier(), W8A8Config())
+    compress.save_compressed(model, tmp_path / "w8a8")
+    loaded = load_model_dir(tmp_path / "w8a8")
+    assert type(loaded.bert.encoder.layer[0].attention.self.query).__name__ == "W8A8Linear"
+    plain = _tiny_bert_classifier()
+    plain.save_pretrained(tmp_path / "plain")
+    reloaded = load_model_dir(tmp_path / "plain")
+    assert type(reloaded).__name__ == "BertForSequenceClassification"
+    assert torch.equal(reloaded.classifier.weight, plain.classifier.weight)
+    with pytest.raises(FileNotFoundError, match="expected a directory"):
+        load_model_dir(tmp_path / "missing")

@@ -8,7 +8,8 @@ from safetensors.torch import load_file
 
 import compress
 from compress.cli import CompressOptions, eval_options, main
-from compress.data import DigitsData
+from compress.lightning.data import DigitsData
+from compress.lightning.tasks import SequenceClassificationTask
 
 TINY_BERT = {
     "model_type": "bert", "vocab_size": DigitsData.VOCAB_SIZE, "hidden_size": 64, "num_hidden_layers": 1,
@@ -20,9 +21,10 @@ def tiny_recipe(out_dir, callbacks, **compress_options):
     """A recipe for a tiny Bert on 64 digits: 4 optimizer steps per epoch, 2 epochs."""
     return {
         "seed_everything": 0,
-        "model": {"class_path": "compress.tasks.SequenceClassificationTask",
+        "model": {"class_path": "compress.lightning.tasks.SequenceClassificationTask",
                   "init_args": {"config": TINY_BERT, "num_labels": 10, "learning_rate": 1e-3}},
-        "data": {"class_path": "compress.data.DigitsData", "init_args": {"batch_size": 16, "max_train_samples": 64}},
+        "data": {"class_path": "compress.lightning.data.DigitsData",
+                 "init_args": {"batch_size": 16, "max_train_samples": 64}},
         "trainer": {"max_epochs": 2, "accelerator": "cpu", "devices": 1, "enable_progress_bar": False,
                     "enable_model_summary": False, "limit_val_batches": 2, "callbacks": callbacks},
         "compress": {"output_dir": str(out_dir), "eval_batch_sizes": [1, 2], "latency_warmup": 0,
@@ -36,18 +38,18 @@ def write_recipe(path, recipe):
 
 
 def pruning(sparsity=0.5, start=0, end=4):
-    return {"class_path": "compress.callbacks.BlockPruning",
+    return {"class_path": "compress.lightning.callbacks.BlockPruning",
             "init_args": {"sparsity": sparsity, "start_step": start, "end_step": end, "frequency": 2}}
 
 
 def qat(config_class="W8A8Config", start=2, **config_args):
-    return {"class_path": "compress.callbacks.QuantizationAware",
+    return {"class_path": "compress.lightning.callbacks.QuantizationAware",
             "init_args": {"config": {"class_path": f"compress.configs.{config_class}", "init_args": config_args},
                           "start_step": start}}
 
 
 def export(dirpath):
-    return {"class_path": "compress.callbacks.Export", "init_args": {"dirpath": str(dirpath)}}
+    return {"class_path": "compress.lightning.callbacks.Export", "init_args": {"dirpath": str(dirpath)}}
 
 
 @pytest.fixture(scope="module")
@@ -113,6 +115,19 @@ def test_export_from_the_lightning_checkpoint_matches_the_export_callback(sparse
     reference = load_file(str(root / "out" / "compressed" / "model.safetensors"))
     assert ours.keys() == reference.keys()
     assert all(torch.equal(ours[k], reference[k]) for k in ours)
+
+
+def test_a_lightning_checkpoint_naming_the_task_by_its_flat_path_loads(sparse_w8a8_run, tmp_path):
+    """LightningCLI stores the task's class path in the checkpoint; one written when the task lived in
+    ``compress.tasks`` still loads through Lightning's own ``load_from_checkpoint``."""
+    root, _ = sparse_w8a8_run
+    state = torch.load(sorted((root / "out").rglob("*.ckpt"))[-1], map_location="cpu", weights_only=False)
+    assert state["hyper_parameters"]["_class_path"] == "compress.lightning.tasks.SequenceClassificationTask"
+    state["hyper_parameters"]["_class_path"] = "compress.tasks.SequenceClassificationTask"
+    torch.save(state, tmp_path / "flat.ckpt")
+    task = SequenceClassificationTask.load_from_checkpoint(tmp_path / "flat.ckpt", weights_only=False,
+                                                           strict=False)  # no prepared layers: no masks, scales
+    assert type(task) is SequenceClassificationTask and task.model.config.num_labels == 10
 
 
 def test_run_resumes_from_a_checkpoint(sparse_w8a8_run, tmp_path):

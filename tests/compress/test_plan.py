@@ -7,7 +7,7 @@ from torch import nn
 
 import compress
 from compress import BlockSparseConfig, Plan, W4A16Config, W8A8Config
-from compress.modules import BSRLinear, BSRW8A8Linear, W4A16Linear, W8A8Linear
+from compress.nn.modules import BSRLinear, BSRW8A8Linear, W4A16Linear, W8A8Linear
 from compress.plan import compressed_layers, prune_one_shot
 
 
@@ -133,7 +133,7 @@ def test_sparse_w8a8_export_stores_only_the_kept_blocks_as_int8():
         assert isinstance(module, BSRW8A8Linear) and module.values.dtype == torch.int8
         assert module.nnz == int(mask.sum()) < mask.numel()
         weight = module.dequantized_weight()
-        assert (weight[~compress.sparsity.expand_mask(mask, tuple(weight.shape))] == 0).all()
+        assert (weight[~compress.core.sparsity.expand_mask(mask, tuple(weight.shape))] == 0).all()
         assert torch.equal(weight, dense[name].dequantized_weight())  # the int8 weight W8A8Linear would hold
         x = torch.randn(5, module.in_features)
         assert torch.equal(module(x), dense[name](x))

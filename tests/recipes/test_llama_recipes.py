@@ -17,8 +17,8 @@ import torch
 import yaml
 
 from compress import cli, load_compressed
-from compress.modules import BSRLinear, W4A16Linear, W8A8Linear
-from compress.paths import data_root
+from compress.lightning.paths import data_root
+from compress.nn.modules import BSRLinear, W4A16Linear, W8A8Linear
 
 RECIPES = Path(__file__).resolve().parents[2] / "recipes"
 NAMES = ("dense", "w8a8-qat", "w4a16-qat", "sparse50")

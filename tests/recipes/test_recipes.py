@@ -4,6 +4,7 @@ The quickstart test runs the real ``recipes/quickstart.yaml`` end to end with a 
 (one epoch, fewer timing repeats) in a temporary working directory.
 """
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,7 @@ import torch
 
 import compress
 from compress.cli import CompressCLI, check_recipe, main
-from compress.paths import repo_root
+from compress.lightning.paths import repo_root
 
 RECIPES = repo_root() / "recipes"
 OURS = ["quickstart.yaml", *sorted(p.name for p in RECIPES.glob("minilm-sst2-*.yaml"))]
@@ -28,8 +29,31 @@ def test_recipe_parses_and_prints_its_config(name, capsys):
         main(["fit", "--config", str(RECIPES / name), "--print_config"])
     assert done.value.code in (0, None)
     printed = capsys.readouterr().out
-    assert "class_path: compress.tasks.SequenceClassificationTask" in printed
+    assert "class_path: compress.lightning.tasks.SequenceClassificationTask" in printed
     assert "output_dir: runs/" in printed
+
+
+FLAT_PATHS = {"compress.lightning.tasks.": "compress.tasks.", "compress.lightning.data.": "compress.data.",
+              "compress.lightning.callbacks.": "compress.callbacks."}
+
+
+@pytest.mark.parametrize("style", ["flat", "short"])
+def test_quickstart_with_flat_or_short_class_paths_parses_to_the_same_classes(style, tmp_path, ):
+    """Recipes written before the Lightning modules moved to compress/lightning/ (``compress.callbacks.X``),
+    and recipes naming classes by short name (``class_path: BlockPruning``), still resolve."""
+    text = (RECIPES / "quickstart.yaml").read_text()
+    if style == "flat":
+        for new, old in FLAT_PATHS.items():
+            text = text.replace(new, old)
+    else:
+        text = re.sub(r"class_path: compress\.[\w.]*\.(\w+)", r"class_path: \1", text)
+    assert "class_path: compress.lightning" not in text
+    (tmp_path / "recipe.yaml").write_text(text)
+    cli = CompressCLI(args=["--config", str(tmp_path / "recipe.yaml")], run=False)
+    assert type(cli.model).__module__ == "compress.lightning.tasks"
+    assert type(cli.datamodule).__module__ == "compress.lightning.data"
+    ours = [cb for cb in cli.trainer.callbacks if type(cb).__module__ == "compress.lightning.callbacks"]
+    assert [type(cb).__name__ for cb in ours] == ["BlockPruning", "QuantizationAware", "Export"]
 
 
 @pytest.mark.slow
@@ -38,7 +62,7 @@ def test_minilm_plans_fit_the_model(name, monkeypatch):
     monkeypatch.delenv("MINILM_DIR", raising=False)  # the packaged copy has the same shapes
     cli = CompressCLI(args=["--config", str(RECIPES / name)], run=False)
     check_recipe(cli.model, cli.trainer.callbacks)  # raises on a plan that does not fit
-    assert any(type(cb).__module__ == "compress.callbacks" for cb in cli.trainer.callbacks)
+    assert any(type(cb).__module__ == "compress.lightning.callbacks" for cb in cli.trainer.callbacks)
 
 
 @pytest.mark.slow

@@ -1,0 +1,381 @@
+"""Inference modules: ``nn.Linear`` replacements whose forward calls the project's kernels.
+
+=============  ===================================================  ================================
+module         buffers (N = out_features, K = in_features)          forward
+=============  ===================================================  ================================
+W8A8Linear     ``w_q`` (N, K) int8, ``w_scale`` (N,) float32,        ``kernels.w8a8_matmul``: int8 x
+               ``act_scale`` () float32 (static only),              int8, int32 accumulation,
+               ``input_smoothing`` (K,) float32 (SmoothQuant        ``acc * s_x[m] * s_w[n] (+ b)``
+               factors no norm could absorb; optional)
+W4A16Linear    ``qweight`` (Kp/8, N) int32, ``scales`` (Kp/G, N)    ``kernels.w4a16_matmul``: int4
+               float32; Kp = K padded to a multiple of G and 8      unpack, dequantize, fp32 acc.
+BSRLinear      ``crow_indices`` (N/32+1,) int32, ``col_indices``    ``kernels.bsr_matmul_parts``:
+               (nnz,) int32, ``values`` (nnz, 32, 32) model dtype   absent blocks skipped
+BSRW8A8Linear  the BSR indices, ``values`` (nnz, 32, 32) int8, and   ``kernels.bsr_w8a8_matmul_parts``:
+               W8A8Linear's ``w_scale`` / ``act_scale`` /           W8A8 with absent blocks
+               ``input_smoothing``                                  skipped
+=============  ===================================================  ================================
+
+``BSRW8A8Linear`` serves a layer both pruned into blocks and quantized to W8A8: it holds exactly the
+int8 weight and scales ``W8A8Linear`` would, minus the absent blocks, and computes the same output.
+
+``bias`` (N,) is a buffer in the model dtype. Scales and indices must keep their dtype when the
+model is cast (``model.half().cuda()`` after export): :class:`compress.core.float32.Float32Buffers` lets
+a cast move the ``float32`` buffers to another device but never changes their dtype, while ``bias`` and
+BSR ``values`` follow the model dtype.
+
+On CUDA inputs in fp16/bf16 the forward calls the Triton launcher; everywhere else it calls the
+pure-PyTorch reference of the same op (``kernels/reference.py``), logged once per class. Padding
+(W4A16 with K not a multiple of the group size) appends zero input channels to the weight and to
+``x``, so the result is exact.
+"""
+from __future__ import annotations
+
+import logging
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from compress import _kernels
+from compress.configs import BlockSparseConfig, W4A16Config, W8A8Config
+from compress.core.float32 import Float32Buffers
+from compress.core.quant import (
+    dequantize_groupwise,
+    dequantize_per_channel,
+    pack_int4,
+    quantize_groupwise,
+    quantize_per_channel,
+    unpack_int4,
+)
+from compress.core.sparsity import bsr_to_dense, check_bsr_shape, dense_to_bsr
+
+logger = logging.getLogger(__name__)
+_LOGGED_FALLBACK: set[str] = set()
+
+
+def _log_once(cls_name: str, reason: str) -> None:
+    if torch.compiler.is_compiling():  # a logging call inside a traced forward breaks torch.compile(fullgraph=True)
+        return
+    key = f"{cls_name}:{reason}"
+    if key not in _LOGGED_FALLBACK:
+        _LOGGED_FALLBACK.add(key)
+        logger.info("%s: %s; using the pure-PyTorch reference (kernels/reference.py)", cls_name, reason)
+
+
+class _InferenceLinear(Float32Buffers):
+    """Shared plumbing: dtype-stable float32 buffers, kernel-or-reference dispatch, bias buffer."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool):
+        super().__init__()
+        for name, value in (("in_features", in_features), ("out_features", out_features)):
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{name}: expected a positive int, got {value!r}")
+        self.in_features, self.out_features = in_features, out_features
+        self.register_buffer("bias", torch.zeros(out_features) if bias else None)
+
+    def _use_kernel(self, x: torch.Tensor) -> bool:
+        """True for CUDA fp16/bf16 inputs; logs (once) why the reference runs otherwise."""
+        if x.device.type == "cuda" and x.dtype in (torch.float16, torch.bfloat16):
+            return True
+        reason = f"input on {x.device.type}" if x.device.type != "cuda" else f"input dtype {x.dtype}"
+        _log_once(type(self).__name__, reason)
+        return False
+
+    def _bias_for(self, x: torch.Tensor):
+        return None if self.bias is None else self.bias.to(x.dtype)
+
+    @staticmethod
+    def _copy_bias(module: "_InferenceLinear", linear: nn.Linear) -> None:
+        if linear.bias is not None:
+            module.bias = linear.bias.detach().clone()
+
+
+def _smoothed(x: torch.Tensor, input_smoothing: torch.Tensor | None) -> torch.Tensor:
+    """``x / input_smoothing`` per input channel (SmoothQuant factors), in x's dtype; x without factors."""
+    return x if input_smoothing is None else (x.float() / input_smoothing).to(x.dtype)
+
+
+def _activation_repr(module) -> str:
+    """How a W8A8 module quantizes its input: dynamic or static scale, smoothed or not."""
+    mode = f"static act_scale={module.act_scale.item():.4g}" if module.config.static else "dynamic per-token"
+    return mode + (", smoothed" if module.input_smoothing is not None else "")
+
+
+class _TakesHandedInput:
+    """W8A8 kinds: use the int8 copy of ``x`` that a linked norm / GELU already wrote
+    (:mod:`compress.nn.input_quant` sets ``input_source``; dynamic scales without smoothing only)."""
+
+    def _handed_input(self, x: torch.Tensor):
+        """``(xq (M, K) int8, s_x (M,) float32)`` for exactly this ``x``, or None: quantize it here."""
+        if torch.compiler.is_compiling():
+            return None
+        source = self.__dict__.get("input_source")
+        if source is None or self.config.static or self.input_smoothing is not None:
+            return None
+        return source.quantized(x)
+
+
+class W8A8Linear(_TakesHandedInput, _InferenceLinear):
+    """int8 weights per output channel, int8 activations per token (dynamic) or static."""
+
+    _float32_buffers = ("w_scale", "act_scale", "input_smoothing")
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, config: W8A8Config | None = None,
+                 smoothing: bool = False):
+        super().__init__(in_features, out_features, bias)
+        self.config = config or W8A8Config()
+        if not isinstance(self.config, W8A8Config):
+            raise TypeError(f"config: expected W8A8Config, got {type(self.config).__name__}")
+        self.register_buffer("w_q", torch.zeros(out_features, in_features, dtype=torch.int8))
+        self.register_buffer("w_scale", torch.ones(out_features))
+        self.register_buffer("act_scale", torch.ones(()) if self.config.static else None)
+        self.register_buffer("input_smoothing", torch.ones(in_features) if smoothing else None)
+
+    @classmethod
+    def from_float(cls, linear: nn.Linear, config: W8A8Config | None = None, *, weight: torch.Tensor | None = None,
+                   weight_scale: torch.Tensor | None = None, act_scale: torch.Tensor | None = None,
+                   input_smoothing: torch.Tensor | None = None) -> "W8A8Linear":
+        """Quantize ``linear`` (or the given effective ``weight``, e.g. masked) per output channel."""
+        config = config or W8A8Config()
+        if config.static and act_scale is None:
+            raise ValueError("W8A8Linear.from_float: a static config needs a calibrated act_scale; calibrate first")
+        module = cls(linear.in_features, linear.out_features, linear.bias is not None, config,
+                     smoothing=input_smoothing is not None)
+        source = linear.weight if weight is None else weight
+        w_q, w_scale = quantize_per_channel(source.detach(), weight_scale)
+        module.w_q.copy_(w_q)
+        module.w_scale.copy_(w_scale)
+        if config.static:
+            module.act_scale.copy_(act_scale.detach().float().reshape(()))
+        if input_smoothing is not None:
+            module.input_smoothing.copy_(input_smoothing.detach().float())
+        cls._copy_bias(module, linear)
+        return module.to(source.device)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        handed = self._handed_input(x)
+        if handed is not None:
+            return self._matmul_quantized(x, *handed)
+        x = _smoothed(x, self.input_smoothing)
+        if self._use_kernel(x):
+            return _kernels.launcher("w8a8_matmul")(x, self.w_q, self.w_scale, self._bias_for(x), self.act_scale)
+        return _kernels.reference.w8a8_matmul_ref(x, self.w_q, self.w_scale, self.bias, self.act_scale)
+
+    def _matmul_quantized(self, x, xq, s_x) -> torch.Tensor:
+        if self._use_kernel(x):
+            y = _kernels.launcher("w8a8_matmul_quantized")(xq, s_x, self.w_q, self.w_scale, self._bias_for(x), x.dtype)
+        else:
+            y = _kernels.reference.w8a8_matmul_quantized_ref(xq, s_x, self.w_q, self.w_scale, self.bias, x.dtype)
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+    def dequantized_weight(self) -> torch.Tensor:
+        """(N, K) float32 ``w_q * w_scale`` (smoothing factors folded back out)."""
+        w = dequantize_per_channel(self.w_q, self.w_scale)
+        return w if self.input_smoothing is None else w / self.input_smoothing
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+                f"{_activation_repr(self)}")
+
+
+def padded_in_features(in_features: int, group_size: int | None) -> tuple[int, int]:
+    """(Kp, G): K padded to a multiple of 8 and of the group size; G = Kp for per-channel."""
+    if group_size is None:
+        padded = -(-in_features // 8) * 8
+        return padded, padded
+    step = math.lcm(group_size, 8)
+    return -(-in_features // step) * step, group_size
+
+
+class W4A16Linear(_InferenceLinear):
+    """int4 weights with group-wise scales, fp16/bf16 activations."""
+
+    _float32_buffers = ("scales",)
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, config: W4A16Config | None = None):
+        super().__init__(in_features, out_features, bias)
+        self.config = config or W4A16Config()
+        if not isinstance(self.config, W4A16Config):
+            raise TypeError(f"config: expected W4A16Config, got {type(self.config).__name__}")
+        self.padded_in_features, self.group_size = padded_in_features(in_features, self.config.group_size)
+        self.register_buffer("qweight", torch.zeros(self.padded_in_features // 8, out_features, dtype=torch.int32))
+        self.register_buffer("scales", torch.ones(self.padded_in_features // self.group_size, out_features))
+
+    @classmethod
+    def from_float(cls, linear: nn.Linear, config: W4A16Config | None = None, *, weight: torch.Tensor | None = None,
+                   weight_scale: torch.Tensor | None = None) -> "W4A16Linear":
+        """Quantize ``linear`` (or ``weight``) to int4; ``weight_scale`` (N, Kp/G) e.g. learned by LSQ."""
+        config = config or W4A16Config()
+        module = cls(linear.in_features, linear.out_features, linear.bias is not None, config)
+        source = (linear.weight if weight is None else weight).detach().float()
+        pad = module.padded_in_features - module.in_features
+        if pad:
+            logger.info("W4A16Linear: K=%d padded to %d (group size %d) with zero channels",
+                        module.in_features, module.padded_in_features, module.group_size)
+            source = F.pad(source, (0, pad))
+        q, scale = quantize_groupwise(source, module.group_size, weight_scale)  # (N, Kp), (N, Kp/G)
+        module.qweight.copy_(pack_int4(q.T.contiguous()))
+        module.scales.copy_(scale.T)
+        cls._copy_bias(module, linear)
+        return module.to(source.device)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        pad = self.padded_in_features - self.in_features
+        if pad:
+            x = F.pad(x, (0, pad))
+        if self._use_kernel(x):
+            kernel = _kernels.launcher("w4a16_matmul")
+            return kernel(x, self.qweight, self.scales, self.group_size, self._bias_for(x))
+        return _kernels.reference.w4a16_matmul_ref(x, self.qweight, self.scales, self.group_size, self.bias)
+
+    def dequantized_weight(self) -> torch.Tensor:
+        """(N, K) float32 dequantized weight (padding removed)."""
+        q = unpack_int4(self.qweight).T  # (N, Kp)
+        return dequantize_groupwise(q, self.scales.T, self.group_size)[:, : self.in_features]
+
+    def extra_repr(self) -> str:
+        pad = f", padded_in_features={self.padded_in_features}" if self.padded_in_features != self.in_features else ""
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+                f"group_size={self.group_size}{pad}")
+
+
+class BSRLinear(_InferenceLinear):
+    """Block-sparse weight (32x32 BSR) in the model dtype; dense activations."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, nnz: int = 0, block: int = 32):
+        super().__init__(in_features, out_features, bias)
+        check_bsr_shape((out_features, in_features), block)
+        self.block = block
+        self.register_buffer("crow_indices", torch.zeros(out_features // block + 1, dtype=torch.int32))
+        self.register_buffer("col_indices", torch.zeros(nnz, dtype=torch.int32))
+        self.register_buffer("values", torch.zeros(nnz, block, block))
+
+    @classmethod
+    def from_float(cls, linear: nn.Linear, config: BlockSparseConfig | None = None, *,
+                   weight: torch.Tensor | None = None, mask: torch.Tensor | None = None) -> "BSRLinear":
+        """Store the blocks of ``linear`` (or ``weight``) that ``mask`` keeps (or that are non-zero)."""
+        block = (config or BlockSparseConfig()).block
+        source = (linear.weight if weight is None else weight).detach()
+        crow, col, values = dense_to_bsr(source, block, mask)
+        module = cls(linear.in_features, linear.out_features, linear.bias is not None, col.numel(), block)
+        module.crow_indices, module.col_indices, module.values = crow, col, values.clone()
+        cls._copy_bias(module, linear)
+        return module.to(source.device)
+
+    @property
+    def nnz(self) -> int:
+        return self.col_indices.numel()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self._use_kernel(x):
+            kernel = _kernels.launcher("bsr_matmul_parts")
+            values = self.values.to(x.dtype)
+            return kernel(x, self.crow_indices, self.col_indices, values, self.out_features, self._bias_for(x))
+        return _kernels.reference.bsr_matmul_ref(x, self.crow_indices, self.col_indices, self.values,
+                                                  self.out_features, self.bias)
+
+    def dequantized_weight(self) -> torch.Tensor:
+        """(N, K) dense weight, absent blocks zero."""
+        return bsr_to_dense(self.crow_indices, self.col_indices, self.values, (self.out_features, self.in_features))
+
+    def extra_repr(self) -> str:
+        total = (self.out_features // self.block) * (self.in_features // self.block)
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+                f"block={self.block}, nnz_blocks={self.nnz}/{total}")
+
+
+class BSRW8A8Linear(_TakesHandedInput, _InferenceLinear):
+    """Block-sparse (32x32 BSR) int8 weight per output channel, int8 activations per token (dynamic) or static."""
+
+    _float32_buffers = ("w_scale", "act_scale", "input_smoothing")
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, config: W8A8Config | None = None,
+                 nnz: int = 0, block: int = 32, smoothing: bool = False):
+        super().__init__(in_features, out_features, bias)
+        check_bsr_shape((out_features, in_features), block)
+        self.config = config or W8A8Config()
+        if not isinstance(self.config, W8A8Config):
+            raise TypeError(f"config: expected W8A8Config, got {type(self.config).__name__}")
+        self.block = block
+        self.register_buffer("crow_indices", torch.zeros(out_features // block + 1, dtype=torch.int32))
+        self.register_buffer("col_indices", torch.zeros(nnz, dtype=torch.int32))
+        self.register_buffer("values", torch.zeros(nnz, block, block, dtype=torch.int8))
+        self.register_buffer("w_scale", torch.ones(out_features))
+        self.register_buffer("act_scale", torch.ones(()) if self.config.static else None)
+        self.register_buffer("input_smoothing", torch.ones(in_features) if smoothing else None)
+
+    @classmethod
+    def from_float(cls, linear: nn.Linear, config: W8A8Config | None = None, sparse: BlockSparseConfig | None = None,
+                   *, weight: torch.Tensor | None = None, mask: torch.Tensor | None = None,
+                   weight_scale: torch.Tensor | None = None, act_scale: torch.Tensor | None = None,
+                   input_smoothing: torch.Tensor | None = None) -> "BSRW8A8Linear":
+        """Quantize as :meth:`W8A8Linear.from_float` does, then keep the blocks ``mask`` keeps (or the non-zero ones)."""
+        dense = W8A8Linear.from_float(linear, config, weight=weight, weight_scale=weight_scale, act_scale=act_scale,
+                                      input_smoothing=input_smoothing)
+        return cls.from_w8a8(dense, (sparse or BlockSparseConfig()).block, mask)
+
+    @classmethod
+    def from_w8a8(cls, dense: W8A8Linear, block: int = 32, mask: torch.Tensor | None = None) -> "BSRW8A8Linear":
+        """The same int8 weight and scales as ``dense``, its absent blocks dropped."""
+        crow, col, values = dense_to_bsr(dense.w_q, block, mask)
+        module = cls(dense.in_features, dense.out_features, dense.bias is not None, dense.config, col.numel(), block,
+                     smoothing=dense.input_smoothing is not None).to(dense.w_q.device)
+        module.crow_indices, module.col_indices, module.values = crow, col, values
+        module.w_scale = dense.w_scale.clone()
+        for name in ("act_scale", "input_smoothing", "bias"):
+            if getattr(dense, name) is not None:
+                setattr(module, name, getattr(dense, name).clone())
+        return module
+
+    @property
+    def nnz(self) -> int:
+        return self.col_indices.numel()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        handed = self._handed_input(x)
+        if handed is not None:
+            return self._matmul_quantized(x, *handed)
+        x = _smoothed(x, self.input_smoothing)
+        parts = (self.crow_indices, self.col_indices, self.values, self.w_scale, self.out_features)
+        if self._use_kernel(x):
+            return _kernels.launcher("bsr_w8a8_matmul_parts")(x, *parts, self._bias_for(x), self.act_scale)
+        return _kernels.reference.bsr_w8a8_matmul_ref(x, *parts, self.bias, self.act_scale)
+
+    def _matmul_quantized(self, x, xq, s_x) -> torch.Tensor:
+        parts = (self.crow_indices, self.col_indices, self.values, self.w_scale, self.out_features)
+        if self._use_kernel(x):
+            y = _kernels.launcher("bsr_w8a8_matmul_quantized")(xq, s_x, *parts, self._bias_for(x), x.dtype)
+        else:
+            y = _kernels.reference.bsr_w8a8_matmul_quantized_ref(xq, s_x, *parts, self.bias, x.dtype)
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+    def dequantized_weight(self) -> torch.Tensor:
+        """(N, K) float32 ``w_q * w_scale``, absent blocks zero (smoothing factors folded back out)."""
+        w_q = bsr_to_dense(self.crow_indices, self.col_indices, self.values, (self.out_features, self.in_features))
+        w = dequantize_per_channel(w_q, self.w_scale)
+        return w if self.input_smoothing is None else w / self.input_smoothing
+
+    def extra_repr(self) -> str:
+        total = (self.out_features // self.block) * (self.in_features // self.block)
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+                f"block={self.block}, nnz_blocks={self.nnz}/{total}, {_activation_repr(self)}")
+
+
+INFERENCE_MODULES = {cls.__name__: cls for cls in (W8A8Linear, W4A16Linear, BSRLinear, BSRW8A8Linear)}
+
+
+def to_float(module: _InferenceLinear) -> nn.Linear:
+    """A plain ``nn.Linear`` with the module's dequantized weight (float32) and bias."""
+    linear = nn.Linear(module.in_features, module.out_features, bias=module.bias is not None)
+    with torch.no_grad():
+        linear.weight.copy_(module.dequantized_weight())
+        if module.bias is not None:
+            linear.bias.copy_(module.bias.float())
+    return linear
+
+
+def is_inference_module(module: nn.Module) -> bool:
+    """True for the inference modules of this file (:data:`INFERENCE_MODULES`, kernel-backed)."""
+    return isinstance(module, tuple(INFERENCE_MODULES.values()))

@@ -1,0 +1,261 @@
+"""Training module: a fake-quantized and block-masked ``nn.Linear`` (QAT and gradual pruning).
+
+``CompressedLinear.from_float(linear, configs)`` shares ``linear``'s ``weight`` / ``bias``
+Parameters (an optimizer built before the swap keeps working) and holds:
+
+* ``mask`` (N/32, K/32) bool buffer when a :class:`BlockSparseConfig` is present (all True until
+  a pruning step sets it), else None. The forward uses ``W * expand(mask)``; a gradient hook zeroes
+  the gradient of pruned weights and :meth:`apply_mask_` (called after every optimizer step by the
+  pruning callback) writes exact zeros, so AdamW's momentum and weight decay cannot revive them.
+* ``observer`` (:mod:`compress.core.observers`) and ``act_scale`` () float32 buffer for W8A8 layers;
+  ``act_scale`` 0 means "not calibrated"; ``input_smoothing`` (K,) float32 buffer (SmoothQuant
+  factors that no norm absorbed; ones by default).
+* ``weight_scale`` Parameter when the quant config asks for ``learnable_scale`` (LSQ), with a
+  ``scale_initialized`` buffer so a resumed run does not re-initialise it.
+* ``fake_quant_enabled`` (bool attribute): off until a QAT callback (or :func:`compress.convert`'s
+  post-training path) switches it on.
+
+Forward (the numerical contract: the exported module computes the same function)::
+
+    w = weight * mask                                  (when masked)
+    x = x / input_smoothing                            (when smoothed)
+    W8A8:  y = fq_token(x) @ fq_channel(w).T + b       (fq = quantize-dequantize in float32)
+    W4A16: y = x @ fq_group(w).T + b
+    y in x's dtype
+"""
+from __future__ import annotations
+
+import logging
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from compress.configs import BlockSparseConfig, W4A16Config, W8A8Config, is_config
+from compress.core.float32 import Float32Buffers
+from compress.core.observers import Observer, make_observer
+from compress.core.quant import (
+    fake_quantize_groupwise,
+    fake_quantize_per_channel,
+    fake_quantize_per_token,
+    group_scale,
+    per_channel_scale,
+)
+from compress.core.sparsity import block_grid, expand_mask
+from compress.nn.modules import padded_in_features
+
+logger = logging.getLogger(__name__)
+
+
+def split_configs(configs) -> tuple[W8A8Config | W4A16Config | None, BlockSparseConfig | None]:
+    """(quant config or None, sparse config or None) from one config or a list; rejects conflicts."""
+    items = list(configs) if isinstance(configs, (list, tuple)) else [configs]
+    quant, sparse = None, None
+    for item in items:
+        if not is_config(item):
+            raise TypeError(
+                f"configs: expected W8A8Config, W4A16Config or BlockSparseConfig items, got {type(item).__name__}"
+            )
+        if isinstance(item, BlockSparseConfig):
+            if sparse is not None and sparse != item:
+                raise ValueError(f"configs: at most one BlockSparseConfig per layer, got {sparse} and {item}")
+            sparse = item
+        else:
+            if quant is not None and quant != item:
+                raise ValueError(f"configs: at most one quantization config per layer, got {quant} and {item}")
+            quant = item
+    return quant, sparse
+
+
+class CompressedLinear(Float32Buffers, nn.Linear):
+    """Fake-quantized, block-masked linear layer for training (see the module docstring).
+
+    ``act_scale`` and ``input_smoothing`` stay float32 when the model is cast (``.half()``).
+    """
+
+    _float32_buffers = ("act_scale", "input_smoothing")
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, configs=(), device=None, dtype=None):
+        super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
+        self._init_state()
+        self.add_configs(configs)
+
+    @classmethod
+    def from_float(cls, linear: nn.Linear, configs) -> "CompressedLinear":
+        """Wrap ``linear`` sharing its Parameters (no copy)."""
+        if not isinstance(linear, nn.Linear):
+            raise TypeError(f"from_float: expected an nn.Linear, got {type(linear).__name__}")
+        module = cls.__new__(cls)
+        nn.Module.__init__(module)
+        module.in_features, module.out_features = linear.in_features, linear.out_features
+        module.weight = linear.weight
+        module.register_parameter("bias", linear.bias)
+        module._init_state()
+        module.add_configs(configs)
+        return module
+
+    def _init_state(self) -> None:
+        self.quant_config, self.sparse_config = None, None
+        self.fake_quant_enabled = False
+        self.observing = False
+        self.register_buffer("mask", None)
+        self.register_buffer("act_scale", None)
+        self.register_buffer("input_smoothing", None)
+        self.register_buffer("scale_initialized", None)
+        self.observer: Observer | None = None
+        self.weight_scale: nn.Parameter | None = None
+
+    # ---- configuration ---------------------------------------------------------------------------
+    def add_configs(self, configs) -> None:
+        """Add quant / sparse configs (idempotent for equal configs, ValueError for conflicts)."""
+        quant, sparse = split_configs(configs)
+        split_configs([c for c in (self.quant_config, quant, self.sparse_config, sparse) if c is not None])
+        if sparse is not None and self.sparse_config is None:
+            self._init_sparse(sparse)
+        if quant is not None and self.quant_config is None:
+            self._init_quant(quant)
+
+    def _init_sparse(self, config: BlockSparseConfig) -> None:
+        self.sparse_config = config
+        grid = block_grid((self.out_features, self.in_features), config.block)
+        self.mask = torch.ones(grid, dtype=torch.bool, device=self.weight.device)
+        if self.weight.requires_grad:
+            self.weight.register_hook(self._mask_gradient)
+
+    def _init_quant(self, config) -> None:
+        self.quant_config = config
+        device = self.weight.device
+        if isinstance(config, W8A8Config):
+            self.observer = make_observer(config.observer, self.in_features, config.percentile).to(device)
+            self.act_scale = torch.zeros((), device=device)
+            self.input_smoothing = torch.ones(self.in_features, device=device)
+        if config.learnable_scale:
+            self.weight_scale = nn.Parameter(self._absmax_weight_scale())
+            self.scale_initialized = torch.zeros((), dtype=torch.bool, device=device)
+
+    # ---- weights -----------------------------------------------------------------------------------
+    def _element_mask(self) -> torch.Tensor:
+        return expand_mask(self.mask, (self.out_features, self.in_features), self.sparse_config.block)
+
+    def _mask_gradient(self, grad: torch.Tensor) -> torch.Tensor:
+        return grad if self.mask is None else grad * self._element_mask().to(grad.dtype)
+
+    def masked_weight(self) -> torch.Tensor:
+        """``weight * mask`` (differentiable; the plain weight without a mask)."""
+        if self.mask is None:
+            return self.weight
+        return self.weight * self._element_mask().to(self.weight.dtype)
+
+    def _absmax_weight_scale(self) -> torch.Tensor:
+        w = self.masked_weight().detach()
+        if isinstance(self.quant_config, W8A8Config):
+            return per_channel_scale(w)
+        padded, group_size = padded_in_features(self.in_features, self.quant_config.group_size)
+        return group_scale(F.pad(w, (0, padded - self.in_features)), group_size)
+
+    def _fake_quantize_int4(self, w: torch.Tensor) -> torch.Tensor:
+        """Group-wise int4 fake quantization, K zero-padded to the group size as the export does."""
+        padded, group_size = padded_in_features(self.in_features, self.quant_config.group_size)
+        w_padded = F.pad(w, (0, padded - self.in_features))
+        return fake_quantize_groupwise(w_padded, group_size, self.weight_scale)[:, : self.in_features]
+
+    @torch.no_grad()
+    def set_mask(self, mask: torch.Tensor) -> None:
+        """Install a block mask (N/32, K/32) and zero the pruned weights."""
+        if self.mask is None:
+            raise ValueError("set_mask: this layer has no BlockSparseConfig; prepare it with one first")
+        if mask.shape != self.mask.shape:
+            raise ValueError(f"set_mask: expected a block mask of shape {tuple(self.mask.shape)}, got {tuple(mask.shape)}")
+        self.mask.copy_(mask.to(torch.bool))
+        self.apply_mask_()
+
+    @torch.no_grad()
+    def apply_mask_(self) -> None:
+        """Write exact zeros into the pruned weights (call after every optimizer step)."""
+        if self.mask is not None:
+            self.weight.mul_(self._element_mask().to(self.weight.dtype))
+
+    # ---- quantization state --------------------------------------------------------------------------
+    def enable_fake_quant(self, on: bool = True) -> None:
+        """Switch fake quantization on/off; a learnable scale is initialised from the weight once."""
+        if on and self.quant_config is None:
+            raise ValueError("enable_fake_quant: this layer has no quantization config")
+        self.fake_quant_enabled = bool(on)
+        if on and self.weight_scale is not None and not bool(self.scale_initialized):
+            with torch.no_grad():
+                self.weight_scale.copy_(self._absmax_weight_scale())
+                self.scale_initialized.fill_(True)
+
+    def observe(self, on: bool = True) -> None:
+        """Feed the inputs of the following forwards to the observer (W8A8 layers only)."""
+        if on and self.observer is None:
+            raise ValueError("observe: only W8A8 layers have an activation observer")
+        self.observing = bool(on)
+
+    def freeze_observer(self) -> None:
+        """Stop observing; a static W8A8 layer takes ``observer.scale()`` as its ``act_scale``."""
+        self.observing = False
+        if self.observer is not None and self.quant_config.static:
+            self.act_scale.copy_(self.observer.scale())
+
+    def replace_observer(self, kind: str, percentile: float = 99.99) -> None:
+        """Swap the observer kind, keeping the statistics seen so far (same buffer layout)."""
+        if self.observer is None:
+            raise ValueError("replace_observer: only W8A8 layers have an activation observer")
+        new = make_observer(kind, self.in_features, percentile).to(self.act_scale.device)
+        new.load_state_dict(self.observer.state_dict())
+        self.observer = new
+
+    @property
+    def calibrated(self) -> bool:
+        return self.act_scale is not None and bool(self.act_scale > 0)
+
+    def static_act_scale(self) -> torch.Tensor | None:
+        """The calibrated static scale, or None for dynamic (or not yet calibrated) layers."""
+        if isinstance(self.quant_config, W8A8Config) and self.quant_config.static and self.calibrated:
+            return self.act_scale
+        return None
+
+    def smoothing(self) -> torch.Tensor | None:
+        """SmoothQuant factors held by this layer, None when they are all one."""
+        if self.input_smoothing is None or bool((self.input_smoothing == 1).all()):
+            return None
+        return self.input_smoothing
+
+    # ---- forward --------------------------------------------------------------------------------------
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        smoothing = self.smoothing()
+        if smoothing is not None:
+            x = (x.float() / smoothing).to(x.dtype)
+        if self.observing:
+            self.observer.update(x)
+        w = self.masked_weight()
+        if not self.fake_quant_enabled:
+            return F.linear(x, w, self.bias)
+        scale = self.weight_scale
+        if isinstance(self.quant_config, W8A8Config):
+            static = self.static_act_scale()
+            if self.quant_config.static and static is None:
+                logger.debug("%s: static W8A8 layer not calibrated yet; fake-quantizing per token", type(self).__name__)
+            x_fq = fake_quantize_per_token(x, static)
+            w_fq = fake_quantize_per_channel(w, scale)
+        else:
+            x_fq = x.float()
+            w_fq = self._fake_quantize_int4(w)
+        bias = None if self.bias is None else self.bias.float()
+        return F.linear(x_fq, w_fq, bias).to(x.dtype)
+
+    def to_float(self) -> nn.Linear:
+        """A plain ``nn.Linear`` sharing this layer's Parameters (the masked zeros stay in the weight)."""
+        self.apply_mask_()
+        linear = nn.Linear(self.in_features, self.out_features, bias=self.bias is not None, device="meta")
+        linear.weight, linear.bias = self.weight, self.bias
+        return linear
+
+    def extra_repr(self) -> str:
+        parts = [super().extra_repr()]
+        if self.quant_config is not None:
+            parts.append(f"quant={self.quant_config}, fake_quant={'on' if self.fake_quant_enabled else 'off'}")
+        if self.sparse_config is not None:
+            parts.append(f"block_sparsity={1.0 - self.mask.float().mean().item():.3f}")
+        return ", ".join(parts)
