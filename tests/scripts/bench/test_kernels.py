@@ -1,40 +1,35 @@
-"""Smoke test of scripts/bench_kernels.py's plumbing on the CPU (``--cpu-check``: tiny shapes,
-reference ops): weight sets, rotation, timing, ratios, target evaluation, JSON and Markdown writers.
+"""scripts.bench.kernels on the CPU (``--cpu-check``: tiny shapes, the anchors' CPU branches and the
+references): the sweep end to end, ratios, target evaluation, the JSON and Markdown writers.
 """
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_kernels.py"
+from scripts.bench import kernels as bench
 
 
-@pytest.fixture(scope="module")
-def bench():
-    spec = importlib.util.spec_from_file_location("bench_kernels", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the file executes
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_cpu_check_writes_json_and_markdown(bench, tmp_path):
+def test_cpu_check_writes_json_and_markdown(tmp_path):
     out, md = tmp_path / "r.json", tmp_path / "k.md"
-    bench.main(["--cpu-check", "--no-progress", "--shapes", "128x64", "--m", "1,16",
-                "--kernels", "cublas_fp16,ours_dds_*,torch_bsr_90,ours_w4a16_g128", "--out", str(out), "--markdown", str(md)])
+    bench.main(["--cpu-check", "--no-progress", "--shapes", "128x64", "--m", "1,16", "--out", str(out),
+                "--markdown", str(md)])
     report = json.loads(out.read_text())
-    assert report["environment"]["torch"] and report["environment"]["settings"]["cpu_check"] is True
+    settings = report["environment"]["settings"]
+    assert report["environment"]["torch"] and settings["cpu_check"] is True
+    assert settings["graph_max_m"] == bench.GRAPH_EVERY_M and settings["rotate_mb"] == 0.1
     kernels = {r["kernel"] for r in report["results"]}
-    assert kernels == {"cublas_fp16", "ours_dds_50", "ours_dds_75", "ours_dds_90", "ours_dds_w8a8_50", "ours_dds_w8a8_90",
-                       "torch_bsr_90", "ours_w4a16_g128"}
-    assert len(report["results"]) == 8 * 2
+    assert kernels == {"cublas_fp16", "torch_int_mm_w8a8", "tinygemm_int4_g128", "torch_bsr_50", "torch_bsr_75",
+                       "torch_bsr_90", "ours_w8a8", "ours_w4a16_g128", "ours_dds_50", "ours_dds_75", "ours_dds_90",
+                       "ours_dds_w8a8_50", "ours_dds_w8a8_90"}
+    assert len(report["results"]) == 13 * 2
     for r in report["results"]:
         assert "error" not in r, r
         assert r["ms"] > 0 and r["ratio_vs_cublas"] > 0 and r["K"] == 128 and r["N"] == 64
-    dds90 = [r for r in report["results"] if r["kernel"] == "ours_dds_90"]
-    assert all("ratio_vs_torch_bsr" in r and r["rel_err"] < 1e-2 for r in dds90)
+        assert r["graph"] is False and r["sets"] >= 1
+    by_kernel = {(r["kernel"], r["M"]): r for r in report["results"]}
+    for m in (1, 16):
+        assert by_kernel[("ours_dds_90", m)]["rel_err"] < 1e-2 and "ratio_vs_torch_bsr" in by_kernel[("ours_dds_90", m)]
+        assert by_kernel[("torch_bsr_90", m)]["rel_err"] < 1e-2  # the anchor's CPU branch, against fp32
+        assert "ratio_vs_anchor" in by_kernel[("ours_w8a8", m)] and "ratio_vs_anchor" in by_kernel[("ours_w4a16_g128", m)]
     names = {t["target"] for t in report["targets"]}
     assert any("DDS 90%" in n and "M<=16" in n for n in names)
     assert all(t["met"] in (True, False, None) for t in report["targets"])
@@ -42,7 +37,7 @@ def test_cpu_check_writes_json_and_markdown(bench, tmp_path):
     assert "## Targets" in text and "| 128x64 | 16 |" in text
 
 
-def test_markdown_from_json_needs_no_timing(bench, tmp_path):
+def test_markdown_from_json_needs_no_timing(tmp_path):
     report = {
         "environment": {"gpu": "test GPU", "torch": "x", "triton": "y", "cuda": "z", "date": "d"},
         "results": [
@@ -65,15 +60,18 @@ def test_markdown_from_json_needs_no_timing(bench, tmp_path):
     assert "test GPU" in text and "5.00x" in text and "boom" in text
 
 
-def test_bad_shapes_option_is_refused(bench):
+def test_kernel_filter_keeps_cublas_for_the_ratios(tmp_path):
+    report = bench.main(["--cpu-check", "--no-progress", "--shapes", "128x64", "--m", "1", "--kernels", "ours_dds_9*"])
+    assert [r["kernel"] for r in report["results"]] == ["cublas_fp16", "ours_dds_90"]
+
+
+def test_no_graph_is_recorded_in_the_settings():
+    report = bench.main(["--cpu-check", "--no-progress", "--shapes", "128x64", "--m", "1", "--kernels", "cublas_fp16",
+                         "--no-graph"])
+    assert report["environment"]["settings"]["graph_max_m"] == 0
+
+
+@pytest.mark.parametrize("argv", [["--shapes", "4096by4096"], ["--m", "1,x"], ["--graph-max-m", "64"]])
+def test_bad_options_are_refused(argv):
     with pytest.raises(SystemExit):
-        bench.main(["--shapes", "4096by4096", "--cpu-check"])
-
-
-def test_block_mask_has_exact_sparsity(bench):
-    import torch
-
-    mask = bench.random_block_mask(256, 512, 75, torch.Generator().manual_seed(0), torch.device("cpu"))
-    assert mask.shape == (8, 16) and int((~mask).sum()) == round(0.75 * 128)
-    crow, col, values = bench.bsr_parts_from_mask(mask, torch.float16, torch.Generator().manual_seed(1), torch.device("cpu"))
-    assert crow[-1] == col.shape[0] == values.shape[0] == int(mask.sum())
+        bench.main([*argv, "--cpu-check"])

@@ -1,0 +1,1 @@
+"""Benchmarks of our kernels and compressed models against PyTorch anchors, written as JSON."""
