@@ -1,6 +1,6 @@
 """Post-training path from the command line: load a model, compress it one-shot, save it.
 
-    python scripts/export_oneshot.py --model all-MiniLM-L6-v2 --num-labels 2 --out runs/oneshot
+    python -m scripts.export_oneshot --model all-MiniLM-L6-v2 --num-labels 2 --out runs/oneshot
 
 writes one compressed model directory per scheme (``w8a8``, ``w4a16``, ``sparse50``,
 ``sparse50-w8a8``) plus ``dense`` (the model as loaded) under ``--out``, ready for

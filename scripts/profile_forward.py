@@ -1,6 +1,6 @@
 """Where a forward pass spends its GPU time: kernel durations of saved models, grouped by kind.
 
-    python scripts/profile_forward.py runs/oneshot/dense runs/oneshot/w8a8 --batch-size 1 --seq-len 64
+    python -m scripts.profile_forward runs/oneshot/dense runs/oneshot/w8a8 --batch-size 1 --seq-len 64
 
 For each model directory (anything ``compress evaluate`` loads) it builds the evaluation harness's
 inputs (:func:`compress.evaluate.latency_inputs`, fp16 on CUDA), runs warm-up forwards, then records
@@ -16,16 +16,13 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import sys
 from collections import defaultdict
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from compress.evaluate import cast_for_inference, latency_inputs, load_model_dir  # noqa: E402
-from compress.fusion import fuse_siblings  # noqa: E402
+from compress.evaluate import cast_for_inference, latency_inputs, load_model_dir
+from compress.fusion import fuse_siblings
 
 GEMM_NAME = re.compile(r"gemm|sm90_xmma|cutlass|cublas|nvjet", re.IGNORECASE)
 

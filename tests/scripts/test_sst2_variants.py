@@ -46,8 +46,14 @@ def test_edits_land_in_the_recipe_copy(tmp_path):
     out = tmp_path / "out"
     # a bad override makes the run itself fail at once; the copy is written before that
     recipe = REPO / "recipes" / "minilm-sst2-sparse50.yaml"
-    run(str(out), "00:00:01:00", f"g|{recipe}|--no-such-flag|BlockPruning.allocation=global", cwd=tmp_path)
+    run(str(out), "00:00:01:00", f"g|{recipe}|--no-such-flag|BlockPruning.allocation=global")
     copied = yaml.safe_load((out / "recipes" / "g.yaml").read_text())
     pruning = next(c for c in copied["trainer"]["callbacks"] if c["class_path"].endswith("BlockPruning"))
     assert pruning["init_args"]["allocation"] == "global"
     assert any(c.get("init_args", {}).get("dirpath") == "runs/minilm-sst2-g/compressed" for c in copied["trainer"]["callbacks"])
+
+
+def test_running_outside_the_repository_root_is_refused(tmp_path):
+    result = run(str(tmp_path / "out"), "00:00:01:00", "x|recipes/minilm-sst2-dense.yaml|", cwd=tmp_path)
+    assert result.returncode == 2 and "run it from the repository root" in result.stderr
+    assert not (tmp_path / "out").exists()
