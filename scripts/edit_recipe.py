@@ -46,7 +46,7 @@ def set_value(recipe: dict, key: str, value) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m scripts.edit_recipe", description=__doc__.split("\n")[0])
     parser.add_argument("recipe", type=Path)
     parser.add_argument("out", type=Path)
     parser.add_argument("edits", nargs="*", help="KEY=VALUE")

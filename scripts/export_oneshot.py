@@ -35,7 +35,7 @@ def load(model_name_or_path: str, num_labels: int):
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m scripts.export_oneshot", description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="all-MiniLM-L6-v2", help="local dir, hub id or all-MiniLM-L6-v2")
     parser.add_argument("--num-labels", type=int, default=2)
     parser.add_argument("--out", type=Path, required=True)

@@ -57,11 +57,12 @@ def profile_model(model, inputs: dict, repeats: int) -> dict:
             time_us[group] += event.device_time / repeats
             count[group] += 1 / repeats
     return {"kernel_us": sum(time_us.values()), "kernels": sum(count.values()),
-            "groups": {g: {"us": time_us[g], "count": count[g]} for g in sorted(time_us, key=time_us.get, reverse=True)}}
+            "groups": {g: {"us": time_us[g], "count": count[g]}
+                       for g in sorted(time_us, key=time_us.get, reverse=True)}}
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m scripts.profile_forward", description=__doc__.split("\n")[0])
     parser.add_argument("models", nargs="+", type=Path, help="saved model directories")
     parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--seq-len", type=int, default=64)

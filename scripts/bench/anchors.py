@@ -93,7 +93,7 @@ def tinygemm_scales_and_zeros(scales: torch.Tensor) -> torch.Tensor:
 
 def tinygemm_int4_matmul(x: torch.Tensor, packed: torch.Tensor, group_size: int,
                          scales_and_zeros: torch.Tensor) -> torch.Tensor:
-    """``y = x @ W.T`` with W from :func:`tinygemm_pack` / :func:`tinygemm_scales_and_zeros`: (M, K) bf16 -> (M, N) bf16."""
+    """``y = x @ W.T`` for x (M, K) bf16 and W from :func:`tinygemm_pack` / :func:`tinygemm_scales_and_zeros`."""
     if x.is_cuda:
         return torch.ops.aten._weight_int4pack_mm(x, packed, group_size, scales_and_zeros)
     return torch.ops.aten._weight_int4pack_mm_for_cpu(x, packed, group_size, scales_and_zeros)

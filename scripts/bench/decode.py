@@ -148,7 +148,8 @@ def format_table(results: list[dict], ratio_table: dict) -> str:
         for b in r["batches"]:
             row = ratio_table.get(str(b["batch"]), {}).get(r["variant"], {})
             rel = " | ".join(f"{row[k]:.2f}x" if k in row else "-" for k in ("vs_fp16", "vs_fp16_eager"))
-            lines.append(f"| {r['variant']} | {b['batch']} | {b['tokens_per_s']:.1f} | {b['ms_per_step']:.3f} | {rel} | "
+            lines.append(f"| {r['variant']} | {b['batch']} | {b['tokens_per_s']:.1f} | {b['ms_per_step']:.3f} | "
+                         f"{rel} | "
                          f"{r['weight_bytes'] / 1e9:.2f} | {'yes' if b['cuda_graph'] else 'no'} |")
     return "\n".join(lines)
 
@@ -182,7 +183,7 @@ def variant_list(text: str) -> list[str]:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+    parser = argparse.ArgumentParser(prog="python -m scripts.bench.decode", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--layers", type=int, default=None, help="decoder layers (default 32; 2 with --tiny)")
     parser.add_argument("--batch", type=int_list, default=None, help="batch sizes (default 1,8; 1,2 with --tiny)")
@@ -190,7 +191,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=None, help="timed decode steps (default 128; 4 with --tiny)")
     parser.add_argument("--prompt-len", type=int, default=None, help="prompt tokens (default 16; 4 with --tiny)")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per figure (median reported)")
-    parser.add_argument("--warmup", type=int, default=3, help="decode steps before timing (and before a CUDA graph capture: at least 3)")
+    parser.add_argument("--warmup", type=int, default=3,
+                        help="decode steps before timing (and before a CUDA graph capture: at least 3)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--tiny", action="store_true", help="tiny Llama for CPU smoke tests")
     parser.add_argument("--device", default=None, help="cuda (default when available) or cpu")

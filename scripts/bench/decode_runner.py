@@ -65,7 +65,8 @@ class DecodeRunner:
         for layer in model.model.layers:
             layer.self_attn.layer_idx = 0  # every layer has its own LayerKV: one shared compiled graph
         generator = torch.Generator().manual_seed(seed)
-        self.prompt = torch.randint(0, model.config.vocab_size, (batch, prompt_len), generator=generator).to(self.device)
+        prompt = torch.randint(0, model.config.vocab_size, (batch, prompt_len), generator=generator)
+        self.prompt = prompt.to(self.device)
         self.key_positions = torch.arange(max_len, device=self.device)
         self.token = torch.zeros(batch, 1, dtype=torch.long, device=self.device)
         self.position = torch.zeros(1, dtype=torch.long, device=self.device)

@@ -96,7 +96,8 @@ def evaluate_targets(results) -> list[dict]:
         for (lo, hi), need in ranges:
             cells = [r for r in results if r["kernel"] == f"ours_dds_{pct}" and "ratio_vs_cublas" in r
                      and r["M"] >= lo and (hi is None or r["M"] <= hi)]
-            out.append(_target_row(f"DDS {pct}% vs cuBLAS fp16, {_m_label(lo, hi)}", f">= {need}x", cells, "ratio_vs_cublas", need))
+            out.append(_target_row(f"DDS {pct}% vs cuBLAS fp16, {_m_label(lo, hi)}", f">= {need}x", cells,
+                                   "ratio_vs_cublas", need))
     for pct in SPARSITIES:
         cells = [r for r in results if r["kernel"] == f"ours_dds_{pct}" and "ratio_vs_torch_bsr" in r]
         out.append(_target_row(f"DDS {pct}% vs torch bsr_dense_mm, every shape and M", "> 1x", cells,
@@ -188,7 +189,8 @@ def markdown(report: dict, notes: str = "") -> str:
     for k, n, m in dict.fromkeys((r["K"], r["N"], r["M"]) for r in results):
         base = cells.get(("cublas_fp16", k, n, m), {})
         ms = f"{base['ms']:.4f}" if "ms" in base else "-"
-        lines.append(f"| {k}x{n} | {m} | {ms} | " + " | ".join(_ratio_text(cells.get((nm, k, n, m))) for nm in names) + " |")
+        ratios = " | ".join(_ratio_text(cells.get((nm, k, n, m))) for nm in names)
+        lines.append(f"| {k}x{n} | {m} | {ms} | {ratios} |")
     errors = sorted({f"{r['kernel']}: {r['error']}" for r in results if "error" in r})
     if errors:
         lines += ["", "## Not measured", ""] + [f"- {e}" for e in errors[:40]]
@@ -218,7 +220,7 @@ def parse_ints(text):
 
 
 def build_parser():
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m scripts.bench.kernels", description=__doc__.split("\n")[0])
     p.add_argument("--kernels", default="*", help="comma-separated names or globs (e.g. 'ours_dds_*,torch_bsr_*')")
     p.add_argument("--shapes", type=parse_shapes, default=None, help="KxN list, e.g. 4096x4096,8192x28672")
     p.add_argument("--m", type=parse_ints, default=None, help="M values, e.g. 1,16,2048")
