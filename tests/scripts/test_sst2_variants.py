@@ -1,14 +1,16 @@
 """CPU checks of scripts/sst2_variants.sh that start no training: bad variant specs are refused
 before any run begins, and each variant's recipe copy points its Export at the variant's own run dir."""
+import os
 import subprocess
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+FAIL_FAST = {"SWEEP_RUN_ARGS": "--no-such-flag", "SWEEP_EVAL_ARGS": "--no-such-flag"}  # runs stop at parsing
 
 
 def run(*args, cwd=REPO):
     return subprocess.run(["bash", str(REPO / "scripts" / "sst2_variants.sh"), *args], cwd=cwd,
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=120, env={**os.environ, **FAIL_FAST})
 
 
 def test_no_variants_is_refused(tmp_path):
@@ -45,9 +47,9 @@ def test_edits_land_in_the_recipe_copy(tmp_path):
     import yaml
 
     out = tmp_path / "out"
-    # a bad override makes the run itself fail at once; the copy is written before that
+    # the runs and the evaluation fail at once on a bad flag (FAIL_FAST); the copy is written before that
     recipe = REPO / "recipes" / "minilm-sst2-sparse50.yaml"
-    run(str(out), "00:00:01:00", f"g|{recipe}|--no-such-flag|BlockPruning.allocation=global")
+    run(str(out), "00:00:01:00", f"g|{recipe}||BlockPruning.allocation=global")
     copied = yaml.safe_load((out / "recipes" / "g.yaml").read_text())
     pruning = next(c for c in copied["trainer"]["callbacks"] if c["class_path"].endswith("BlockPruning"))
     assert pruning["init_args"]["allocation"] == "global"
