@@ -15,7 +15,7 @@ from pathlib import Path
 
 import compress
 from compress import BlockSparseConfig, W4A16Config, W8A8Config
-from compress.tasks import build_model
+from compress.lightning.tasks import build_model
 
 SCHEMES = {
     "w8a8": [W8A8Config()],

@@ -3,7 +3,7 @@
     python -m scripts.profile_forward runs/oneshot/dense runs/oneshot/w8a8 --batch-size 1 --seq-len 64
 
 For each model directory (anything ``compress evaluate`` loads) it builds the evaluation harness's
-inputs (:func:`compress.evaluate.latency_inputs`, fp16 on CUDA), runs warm-up forwards, then records
+inputs (:func:`compress.eval.evaluate.latency_inputs`, fp16 on CUDA), runs warm-up forwards, then records
 ``--repeats`` forwards with ``torch.profiler`` (CUDA activity) and sums the device time of every
 kernel per forward. Kernels are grouped by name into our Triton kernels (one group per kernel
 function), cuBLAS / other GEMMs, and everything else (norms, softmax, elementwise, copies). The sum
@@ -21,8 +21,9 @@ from pathlib import Path
 
 import torch
 
-from compress.evaluate import cast_for_inference, latency_inputs, load_model_dir
-from compress.fusion import fuse_siblings
+from compress.checkpoint import load_model_dir
+from compress.eval.evaluate import cast_for_inference, latency_inputs
+from compress.nn.fusion import fuse_siblings
 
 GEMM_NAME = re.compile(r"gemm|sm90_xmma|cutlass|cublas|nvjet", re.IGNORECASE)
 

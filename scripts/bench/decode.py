@@ -10,7 +10,7 @@ and PyTorch's tinygemm int4 anchor) are in :mod:`scripts.bench.decode_variants`,
 (static KV cache, ``torch.compile`` of the decoder layer, one CUDA graph per decode step, timed by
 :mod:`compress.eval.timing`) in :mod:`scripts.bench.decode_runner`. Every variant is built from
 the same seeded weights, one at a time (freed after), with its sibling linears fused first
-(``compress.fusion.fuse_siblings(model, dense=True)``: ``q/k/v`` and ``gate/up``, so a step runs 4
+(``compress.nn.fusion.fuse_siblings(model, dense=True)``: ``q/k/v`` and ``gate/up``, so a step runs 4
 matmuls per layer in every variant and the ratios compare kernels, not layouts). Every variant but
 ``fp16-eager`` runs in the same compiled and captured harness.
 
@@ -36,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from compress.fusion import fuse_siblings
+from compress.nn.fusion import fuse_siblings
 from scripts.bench.decode_runner import bench_batch
 from scripts.bench.decode_variants import ALL_VARIANTS, VARIANTS, build_model, llama_config, weight_bytes
 

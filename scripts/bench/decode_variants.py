@@ -18,7 +18,7 @@ in the model's dtype:
   are random), then ``compress.convert`` to ``BSRLinear``; ``dds50-w8a8`` the same 50% masks plus
   W8A8, exported to ``BSRW8A8Linear`` (int8 blocks, per-token int8 activations).
 * ``int4-aten``: PyTorch's tinygemm int4 kernel (:mod:`scripts.bench.anchors`, group 128) holding
-  the same symmetric int4 weights as ``w4a16`` (``compress.quant.quantize_groupwise``); tinygemm
+  the same symmetric int4 weights as ``w4a16`` (``compress.core.quant.quantize_groupwise``); tinygemm
   takes bf16 activations only, so this variant's whole model runs in bf16.
 * ``no-linears``: not a scheme: the decoder linears return zeros, so a step times everything else
   (attention over the cache, norms, rotary embedding, ``lm_head``): the floor under every scheme.
@@ -34,8 +34,8 @@ from torch import nn
 
 import compress
 from compress.plan import compressed_layers
-from compress.quant import quantize_groupwise
-from compress.sparsity import mask_from_scores
+from compress.core.quant import quantize_groupwise
+from compress.core.sparsity import mask_from_scores
 from scripts.bench import anchors
 
 LLAMA2_7B = dict(hidden_size=4096, intermediate_size=11008, num_attention_heads=32, num_key_value_heads=32,

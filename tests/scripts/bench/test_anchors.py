@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import compress_kernels.reference as ref
-from compress.quant import dequantize_groupwise, pack_int4, quantize_groupwise
+from compress.core.quant import dequantize_groupwise, pack_int4, quantize_groupwise
 from scripts.bench import anchors
 from scripts.bench.kernel_sweep import bsr_parts_from_mask, random_block_mask
 

@@ -5,9 +5,9 @@ import pytest
 import torch
 from torch import nn
 
-from compress.fusion import SiblingGroup, fuse_siblings
-from compress.modules import BSRLinear
-from compress.quant import dequantize_groupwise, quantize_groupwise
+from compress.core.quant import dequantize_groupwise, quantize_groupwise
+from compress.nn.fusion import SiblingGroup, fuse_siblings
+from compress.nn.modules import BSRLinear
 from scripts.bench import decode_variants as variants
 
 CPU = torch.device("cpu")
