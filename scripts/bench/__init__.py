@@ -1,1 +1,1 @@
-"""Benchmarks of our kernels and compressed models against PyTorch anchors, written as JSON."""
+"""Benchmarks and the results pages made from their JSON."""

@@ -1,1 +1,1 @@
-"""Tests of scripts/bench/: the benchmarks' plumbing on the CPU, the anchors against the references."""
+"""Tests of scripts/bench."""
