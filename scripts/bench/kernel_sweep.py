@@ -40,7 +40,9 @@ from typing import Callable
 import torch
 from tqdm import tqdm
 
+import compress_kernels
 from compress.eval.timing import median_ms, rotation_ms
+from compress_kernels import reference
 from scripts.bench import anchors
 
 SHAPES = [(1024, 1024), (4096, 4096), (4096, 11008), (11008, 4096), (8192, 8192), (8192, 28672)]  # (K, N)
@@ -124,18 +126,6 @@ class KernelSpec:
     x_dtype: torch.dtype = torch.float16
 
 
-def _kernels():
-    import compress_kernels
-
-    return compress_kernels
-
-
-def _reference():
-    import compress_kernels.reference as reference
-
-    return reference
-
-
 def _cublas(x, ws):
     return anchors.cublas_fp16(x, ws["w"])
 
@@ -153,35 +143,35 @@ def _torch_bsr(x, ws):
 
 
 def _ours_w8a8(x, ws):
-    return _kernels().w8a8_matmul(x, ws["w_q"], ws["w_scale"])
+    return compress_kernels.w8a8_matmul(x, ws["w_q"], ws["w_scale"])
 
 
 def _w8a8_ref(x, ws):
-    return _reference().w8a8_matmul_ref(x, ws["w_q"], ws["w_scale"])
+    return reference.w8a8_matmul_ref(x, ws["w_q"], ws["w_scale"])
 
 
 def _ours_w4a16(x, ws):
-    return _kernels().w4a16_matmul(x, ws["qweight"], ws["scales"], GROUP_SIZE)
+    return compress_kernels.w4a16_matmul(x, ws["qweight"], ws["scales"], GROUP_SIZE)
 
 
 def _w4a16_ref(x, ws):
-    return _reference().w4a16_matmul_ref(x, ws["qweight"], ws["scales"], GROUP_SIZE)
+    return reference.w4a16_matmul_ref(x, ws["qweight"], ws["scales"], GROUP_SIZE)
 
 
 def _ours_dds(x, ws):
-    return _kernels().bsr_matmul_parts(x, ws["crow"], ws["col"], ws["values"], ws["n"])
+    return compress_kernels.bsr_matmul_parts(x, ws["crow"], ws["col"], ws["values"], ws["n"])
 
 
 def _dds_ref(x, ws):
-    return _reference().bsr_matmul_ref(x, ws["crow"], ws["col"], ws["values"], ws["n"])
+    return reference.bsr_matmul_ref(x, ws["crow"], ws["col"], ws["values"], ws["n"])
 
 
 def _ours_dds_w8a8(x, ws):
-    return _kernels().bsr_w8a8_matmul_parts(x, ws["crow"], ws["col"], ws["values"], ws["w_scale"], ws["n"])
+    return compress_kernels.bsr_w8a8_matmul_parts(x, ws["crow"], ws["col"], ws["values"], ws["w_scale"], ws["n"])
 
 
 def _dds_w8a8_ref(x, ws):
-    return _reference().bsr_w8a8_matmul_ref(x, ws["crow"], ws["col"], ws["values"], ws["w_scale"], ws["n"])
+    return reference.bsr_w8a8_matmul_ref(x, ws["crow"], ws["col"], ws["values"], ws["w_scale"], ws["n"])
 
 
 def kernel_specs() -> list[KernelSpec]:
