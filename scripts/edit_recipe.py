@@ -1,6 +1,6 @@
 """Write a copy of a recipe with some values changed, including a callback's init args.
 
-    python scripts/edit_recipe.py RECIPE OUT KEY=VALUE [KEY=VALUE ...]
+    python -m scripts.edit_recipe RECIPE OUT KEY=VALUE [KEY=VALUE ...]
 
 LightningCLI overrides cannot reach into ``trainer.callbacks`` (a list), so sweeps over a callback's
 settings edit a copy of the recipe instead. A KEY is either
@@ -46,7 +46,7 @@ def set_value(recipe: dict, key: str, value) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m scripts.edit_recipe", description=__doc__.split("\n")[0])
     parser.add_argument("recipe", type=Path)
     parser.add_argument("out", type=Path)
     parser.add_argument("edits", nargs="*", help="KEY=VALUE")
@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise ValueError(f"{edit!r}: expected KEY=VALUE")
             set_value(recipe, key, yaml.safe_load(text))
     except ValueError as error:
-        print(f"edit_recipe.py: {args.recipe}: {error}", file=sys.stderr)
+        print(f"scripts.edit_recipe: {args.recipe}: {error}", file=sys.stderr)
         return 2
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(yaml.safe_dump(recipe, sort_keys=False))

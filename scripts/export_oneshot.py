@@ -1,6 +1,6 @@
 """Post-training path from the command line: load a model, compress it one-shot, save it.
 
-    python scripts/export_oneshot.py --model all-MiniLM-L6-v2 --num-labels 2 --out runs/oneshot
+    python -m scripts.export_oneshot --model all-MiniLM-L6-v2 --num-labels 2 --out runs/oneshot
 
 writes one compressed model directory per scheme (``w8a8``, ``w4a16``, ``sparse50``,
 ``sparse50-w8a8``) plus ``dense`` (the model as loaded) under ``--out``, ready for
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import compress
 from compress import BlockSparseConfig, W4A16Config, W8A8Config
-from compress.tasks import build_model
+from compress.lightning.tasks import build_model
 
 SCHEMES = {
     "w8a8": [W8A8Config()],
@@ -35,7 +35,7 @@ def load(model_name_or_path: str, num_labels: int):
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m scripts.export_oneshot", description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="all-MiniLM-L6-v2", help="local dir, hub id or all-MiniLM-L6-v2")
     parser.add_argument("--num-labels", type=int, default=2)
     parser.add_argument("--out", type=Path, required=True)

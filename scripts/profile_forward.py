@@ -1,9 +1,9 @@
 """Where a forward pass spends its GPU time: kernel durations of saved models, grouped by kind.
 
-    python scripts/profile_forward.py runs/oneshot/dense runs/oneshot/w8a8 --batch-size 1 --seq-len 64
+    python -m scripts.profile_forward runs/oneshot/dense runs/oneshot/w8a8 --batch-size 1 --seq-len 64
 
 For each model directory (anything ``compress evaluate`` loads) it builds the evaluation harness's
-inputs (:func:`compress.evaluate.latency_inputs`, fp16 on CUDA), runs warm-up forwards, then records
+inputs (:func:`compress.eval.evaluate.latency_inputs`, fp16 on CUDA), runs warm-up forwards, then records
 ``--repeats`` forwards with ``torch.profiler`` (CUDA activity) and sums the device time of every
 kernel per forward. Kernels are grouped by name into our Triton kernels (one group per kernel
 function), cuBLAS / other GEMMs, and everything else (norms, softmax, elementwise, copies). The sum
@@ -16,16 +16,14 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import sys
 from collections import defaultdict
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from compress.evaluate import cast_for_inference, latency_inputs, load_model_dir  # noqa: E402
-from compress.fusion import fuse_siblings  # noqa: E402
+from compress.checkpoint import load_model_dir
+from compress.eval.evaluate import cast_for_inference, latency_inputs
+from compress.nn.fusion import fuse_siblings
 
 GEMM_NAME = re.compile(r"gemm|sm90_xmma|cutlass|cublas|nvjet", re.IGNORECASE)
 
@@ -60,11 +58,12 @@ def profile_model(model, inputs: dict, repeats: int) -> dict:
             time_us[group] += event.device_time / repeats
             count[group] += 1 / repeats
     return {"kernel_us": sum(time_us.values()), "kernels": sum(count.values()),
-            "groups": {g: {"us": time_us[g], "count": count[g]} for g in sorted(time_us, key=time_us.get, reverse=True)}}
+            "groups": {g: {"us": time_us[g], "count": count[g]}
+                       for g in sorted(time_us, key=time_us.get, reverse=True)}}
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m scripts.profile_forward", description=__doc__.split("\n")[0])
     parser.add_argument("models", nargs="+", type=Path, help="saved model directories")
     parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--seq-len", type=int, default=64)

@@ -5,7 +5,7 @@
 # Each spec names a variant, its recipe file and extra command-line overrides for that run, e.g.
 #   "sparse50-h1|recipes/minilm-sst2-sparse50.yaml|--model.init_args.distillation.hidden_weight=1.0"
 # and optionally edits of the recipe copy that overrides cannot make (a callback's settings), as
-# space-separated KEY=VALUE for scripts/edit_recipe.py, e.g.
+# space-separated KEY=VALUE for scripts/edit_recipe.py (python -m scripts.edit_recipe), e.g.
 #   "sparse50-global|recipes/minilm-sst2-sparse50.yaml||BlockPruning.allocation=global BlockPruning.spread=0.5"
 # The variant named "dense" must be the dense recipe (its float model is the report's baseline).
 # MAX_TIME is Lightning's trainer.max_time (e.g. 00:00:07:30): a run that is too slow stops there, its
@@ -14,7 +14,9 @@
 # rewritten so) and its per-validation metrics to OUTDIR/NAME/metrics.csv; logs go to
 # OUTDIR/train-NAME.log. $SWEEP_RUN_ARGS / $SWEEP_EVAL_ARGS: overrides for every run / the evaluation;
 # $SWEEP_BASELINE: an already trained dense model dir, evaluated first as "dense" (no dense spec then).
+# Run it from the repository root: recipes/, runs/ and `python -m scripts.edit_recipe` are relative to it.
 set -u
+[ -f scripts/edit_recipe.py ] || { echo "sst2_variants.sh: run it from the repository root" >&2; exit 2; }
 out=${1:?usage: sst2_variants.sh OUTDIR MAX_TIME SPEC...}
 max_time=${2:?usage: sst2_variants.sh OUTDIR MAX_TIME SPEC...}
 shift 2
@@ -31,7 +33,7 @@ for spec in "$@"; do  # every spec checked and its recipe copy written before an
   sed -E "/dirpath:/ s|runs/minilm-sst2-[A-Za-z0-9_.-]+/|runs/minilm-sst2-$name/|g" "$recipe" > "$out/recipes/$name.yaml"
   if [ -n "${edits:-}" ]; then
     # shellcheck disable=SC2086  # edits are separate words on purpose
-    python "$(dirname "$0")/edit_recipe.py" "$out/recipes/$name.yaml" "$out/recipes/$name.yaml" $edits \
+    python -m scripts.edit_recipe "$out/recipes/$name.yaml" "$out/recipes/$name.yaml" $edits \
       || { echo "variant $name: bad edits: $edits" >&2; exit 2; }
   fi
 done

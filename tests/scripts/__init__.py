@@ -1,0 +1,1 @@
+"""Tests of scripts/, mirroring its tree: the benchmarks, the sweeps and the run scripts."""

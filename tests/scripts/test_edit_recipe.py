@@ -1,24 +1,13 @@
-"""scripts/edit_recipe.py: a recipe copy with a callback's init args and dotted-path values changed."""
-import importlib.util
-import sys
+"""scripts.edit_recipe: a recipe copy with a callback's init args and dotted-path values changed."""
 from pathlib import Path
 
 import pytest
 import yaml
 
+from scripts import edit_recipe as edit
+
 REPO = Path(__file__).resolve().parents[2]
 SPARSE = REPO / "recipes" / "minilm-sst2-sparse50-w8a8.yaml"
-
-
-def _load_script():
-    spec = importlib.util.spec_from_file_location("scripts_edit_recipe", REPO / "scripts" / "edit_recipe.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-edit = _load_script()
 
 
 def _callbacks(recipe):

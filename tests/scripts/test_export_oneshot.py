@@ -1,20 +1,9 @@
-"""scripts/export_oneshot.py on a tiny Bert saved to disk: every scheme exports and reloads."""
-import importlib.util
-import pathlib
-
+"""scripts.export_oneshot on a tiny Bert saved to disk: every scheme exports and reloads."""
 import pytest
 import torch
 
 import compress
-
-SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "scripts" / "export_oneshot.py"
-
-
-def _script():
-    spec = importlib.util.spec_from_file_location("export_oneshot", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from scripts import export_oneshot
 
 
 @pytest.fixture
@@ -29,7 +18,7 @@ def tiny_bert_dir(tmp_path):
 
 def test_every_scheme_exports_and_reloads(tiny_bert_dir, tmp_path):
     out = tmp_path / "out"
-    _script().main(["--model", str(tiny_bert_dir), "--out", str(out)])
+    export_oneshot.main(["--model", str(tiny_bert_dir), "--out", str(out)])
     expected = {"w8a8": "W8A8Linear", "w4a16": "W4A16Linear", "sparse50": "BSRLinear", "sparse50-w8a8": "BSRW8A8Linear"}
     ids = torch.randint(0, 50, (2, 16))
     dense_logits = compress.load_compressed(out / "dense")(input_ids=ids).logits
@@ -43,4 +32,4 @@ def test_every_scheme_exports_and_reloads(tiny_bert_dir, tmp_path):
 
 def test_unknown_scheme_is_refused(tiny_bert_dir, tmp_path):
     with pytest.raises(SystemExit):
-        _script().main(["--model", str(tiny_bert_dir), "--out", str(tmp_path / "o"), "--schemes", "w8a8,int3"])
+        export_oneshot.main(["--model", str(tiny_bert_dir), "--out", str(tmp_path / "o"), "--schemes", "w8a8,int3"])

@@ -1,12 +1,7 @@
-"""CPU checks of scripts/profile_forward.py: kernel names map to the groups its table prints."""
-import sys
-from pathlib import Path
-
+"""CPU checks of scripts.profile_forward: kernel names map to the groups its table prints."""
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-
-import profile_forward  # noqa: E402
+from scripts import profile_forward
 
 
 @pytest.mark.parametrize("name,group", [

@@ -1,0 +1,294 @@
+"""Kernel benchmark: our Triton kernels against PyTorch's anchors, side by side, in one run on one GPU.
+
+    python -m scripts.bench.kernels --out benchmarks/results/kernels-h100.json
+
+What is timed and how: :mod:`scripts.bench.kernel_sweep` (every op at every weight shape K x N and
+M; anchors from :mod:`scripts.bench.anchors`; the timing method of
+:func:`compress.eval.timing.rotation_ms`). This module adds the ratios and the targets and writes
+the report.
+
+Ratios (``ratio_vs_cublas``) are cuBLAS fp16 ms / op ms on the same shape and M in the same run (>1
+means faster than cuBLAS); ``ours_dds_*`` also get ``ratio_vs_torch_bsr`` (the torch BSR anchor at
+the same sparsity) and ``ours_w8a8`` / ``ours_w4a16_g128`` ``ratio_vs_anchor`` (``torch._int_mm``
+W8A8 / tinygemm int4). Targets: the minimal ratios below, per M range and shapes; a target is met
+when every measured cell meets it, and the report keeps the worst cell.
+
+Output: a JSON file (``--out``: ``environment`` with the GPU, versions and settings, ``results``
+one record per op, shape and M, ``targets``); a printed table; with ``--markdown PATH`` a summary
+page with the targets marked met / not met (``--from-json`` turns an earlier JSON into that page
+without a GPU, targets re-evaluated on its times). ``--cpu-check`` runs the whole harness on tiny
+shapes on the CPU (anchors' CPU branches, our kernels' references), so the plumbing is tested in CI.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import platform
+import time
+from pathlib import Path
+
+import torch
+
+from scripts.bench import kernel_sweep
+from scripts.bench.kernel_sweep import SPARSITIES, SweepOptions
+
+GRAPH_EVERY_M = 1 << 30  # settings.graph_max_m when every M is captured in graphs (0: --no-graph)
+
+# DDS targets: minimal ratio to cuBLAS fp16, by sparsity and M range (inclusive bounds).
+DDS_TARGETS = {
+    90: [((1, 16), 4.0), ((64, 64), 3.0), ((2048, None), 4.0)],
+    50: [((1, 16), 1.6), ((64, 64), 1.4), ((2048, None), 1.5)],
+}
+BIG_LLM_SHAPES = ((4096, 11008), (11008, 4096), (8192, 8192), (8192, 28672))  # K x N
+# W4A16 / W8A8 targets: (kernel, label, M range, shapes (None: every shape), minimal ratio to cuBLAS fp16).
+QUANT_TARGETS = [
+    ("ours_w4a16_g128", "W4A16 g128", (1, 16), BIG_LLM_SHAPES, 2.5),
+    ("ours_w4a16_g128", "W4A16 g128", (1, 16), ((4096, 4096),), 2.0),
+    ("ours_w4a16_g128", "W4A16 g128", (64, 64), None, 1.5),
+    ("ours_w4a16_g128", "W4A16 g128", (2048, None), None, 0.85),
+    ("ours_w8a8", "W8A8", (1, 16), ((4096, 4096),) + BIG_LLM_SHAPES, 1.6),
+    ("ours_w8a8", "W8A8", (64, 64), None, 1.3),
+    ("ours_w8a8", "W8A8", (2048, None), None, 1.4),
+]
+# ours vs the matching PyTorch anchor at every shape and M
+ANCHOR_OF = {"ours_w4a16_g128": "tinygemm_int4_g128", "ours_w8a8": "torch_int_mm_w8a8"}
+
+
+def add_ratios(results) -> None:
+    """ratio = cuBLAS ms / op ms at the same (K, N, M); also ours vs torch BSR and vs the anchor."""
+    by_key = {(r["kernel"], r["K"], r["N"], r["M"]): r for r in results if "ms" in r}
+    for r in results:
+        if "ms" not in r:
+            continue
+        base = by_key.get(("cublas_fp16", r["K"], r["N"], r["M"]))
+        if base is not None:
+            r["ratio_vs_cublas"] = base["ms"] / r["ms"]
+        if r["kernel"].startswith("ours_dds_"):
+            anchor = by_key.get((f"torch_bsr_{r['sparsity']}", r["K"], r["N"], r["M"]))
+            if anchor is not None:
+                r["ratio_vs_torch_bsr"] = anchor["ms"] / r["ms"]
+        if r["kernel"] in ANCHOR_OF:
+            anchor = by_key.get((ANCHOR_OF[r["kernel"]], r["K"], r["N"], r["M"]))
+            if anchor is not None:
+                r["ratio_vs_anchor"] = anchor["ms"] / r["ms"]
+
+
+# ---- targets and reports -----------------------------------------------------------------------
+def _m_label(lo, hi):
+    return f"M<={hi}" if lo == 1 else (f"M={lo}" if lo == hi else f"M>={lo}")
+
+
+def evaluate_targets(results) -> list[dict]:
+    """Targets per kernel and M range: worst ratio over the shapes, met when every cell is."""
+    out = []
+    for kernel, label, (lo, hi), shapes, need in QUANT_TARGETS:
+        cells = [r for r in results if r["kernel"] == kernel and "ratio_vs_cublas" in r and r["M"] >= lo
+                 and (hi is None or r["M"] <= hi) and (shapes is None or (r["K"], r["N"]) in shapes)]
+        where = "every shape" if shapes is None else ", ".join(f"{k}x{n}" for k, n in shapes)
+        out.append(_target_row(f"{label} vs cuBLAS fp16, {_m_label(lo, hi)} ({where})", f">= {need}x", cells,
+                               "ratio_vs_cublas", need))
+    for kernel, anchor in ANCHOR_OF.items():
+        cells = [r for r in results if r["kernel"] == kernel and "ratio_vs_anchor" in r]
+        out.append(_target_row(f"{kernel} vs {anchor}, every shape and M", "> 1x", cells, "ratio_vs_anchor",
+                               1.0, strict=True))
+    for pct, ranges in DDS_TARGETS.items():
+        for (lo, hi), need in ranges:
+            cells = [r for r in results if r["kernel"] == f"ours_dds_{pct}" and "ratio_vs_cublas" in r
+                     and r["M"] >= lo and (hi is None or r["M"] <= hi)]
+            out.append(_target_row(f"DDS {pct}% vs cuBLAS fp16, {_m_label(lo, hi)}", f">= {need}x", cells,
+                                   "ratio_vs_cublas", need))
+    for pct in SPARSITIES:
+        cells = [r for r in results if r["kernel"] == f"ours_dds_{pct}" and "ratio_vs_torch_bsr" in r]
+        out.append(_target_row(f"DDS {pct}% vs torch bsr_dense_mm, every shape and M", "> 1x", cells,
+                               "ratio_vs_torch_bsr", 1.0, strict=True))
+    return out
+
+
+def _target_row(name, goal, cells, key, need, strict=False):
+    if not cells:
+        return {"target": name, "goal": goal, "cells": 0, "met": None}
+    worst = min(cells, key=lambda r: r[key])
+    passed = [r for r in cells if (r[key] > need if strict else r[key] >= need)]
+    return {"target": name, "goal": goal, "cells": len(cells), "cells_met": len(passed),
+            "worst": round(worst[key], 3), "worst_at": f"{worst['K']}x{worst['N']} M={worst['M']}",
+            "met": len(passed) == len(cells)}
+
+
+def environment(cpu: bool) -> dict:
+    import triton
+
+    env = {"torch": torch.__version__, "triton": triton.__version__, "cuda": torch.version.cuda,
+           "python": platform.python_version(), "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+    if not cpu and torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        env.update(gpu=props.name, sm_count=props.multi_processor_count,
+                   memory_gib=round(props.total_memory / 2**30, 1))
+    else:
+        env["gpu"] = None
+    return env
+
+
+def format_table(results) -> str:
+    """Plain-text table: one line per (shape, M), ms of cuBLAS then every kernel's ratio to it."""
+    names = list(dict.fromkeys(r["kernel"] for r in results))
+    head = f"{'K x N':>12} {'M':>5} {'cuBLAS ms':>10} " + " ".join(f"{n[:15]:>15}" for n in names if n != "cublas_fp16")
+    lines = [head]
+    cells = {(r["kernel"], r["K"], r["N"], r["M"]): r for r in results}
+    for k, n, m in dict.fromkeys((r["K"], r["N"], r["M"]) for r in results):
+        base = cells.get(("cublas_fp16", k, n, m), {})
+        row = f"{f'{k}x{n}':>12} {m:>5} {base.get('ms', float('nan')):>10.4f} "
+        row += " ".join(f"{_ratio_text(cells.get((name, k, n, m))):>15}" for name in names if name != "cublas_fp16")
+        lines.append(row)
+    return "\n".join(lines)
+
+
+def _ratio_text(r):
+    if r is None:
+        return "-"
+    if "ratio_vs_cublas" in r:
+        return f"{r['ratio_vs_cublas']:.2f}x"
+    return "err" if "error" in r else "-"
+
+
+def _graph_scope(env) -> str:
+    limit = env.get("settings", {}).get("graph_max_m", 0)
+    if limit >= GRAPH_EVERY_M:
+        return "at every M"
+    return "at no M" if limit == 0 else f"up to M = {limit}"
+
+
+def markdown(report: dict, notes: str = "") -> str:
+    """The docs summary: environment, the targets (met / not met), ratios per shape, then ``notes``."""
+    env, results, targets = report["environment"], report["results"], report["targets"]
+    lines = ["# Kernel benchmark", "",
+             "Generated by `python -m scripts.bench.kernels --markdown` from "
+             f"`{report.get('json_path', 'the run')}`. Ratios are cuBLAS fp16 time / kernel time on the same "
+             "shape and M in the same run (>1 is faster than cuBLAS); `torch_bsr_*` is "
+             "`torch.sparse._triton_ops.bsr_dense_mm`, `tinygemm` is `aten._weight_int4pack_mm` (bf16 x).", "",
+             f"GPU: **{env.get('gpu')}**; torch {env.get('torch')}, Triton {env.get('triton')}, "
+             f"CUDA {env.get('cuda')}; {env.get('date')}; sweep {env.get('sweep_seconds')} s.", "",
+             "Method: `triton.testing.do_bench` medians (L2 flushed before each timed call); each kernel "
+             "rotates over weight/input sets totalling >= "
+             f"{env.get('settings', {}).get('rotate_mb')} MB; {_graph_scope(env)} "
+             "the rotation is one CUDA graph and its replay time is divided by the number of calls (`graph` in the "
+             "JSON says where capture failed and the op was timed eagerly). Anchors that "
+             "need it are padded: `torch._int_mm` to 32 rows at M <= 16, `bsr_dense_mm` to a multiple of 16 "
+             "columns. Block masks are uniformly random with exactly p% of the 32x32 blocks absent, drawn the "
+             "same way for `torch_bsr_p` and `ours_dds_p`.", "", "## Targets", "",
+             "| target | goal | worst ratio (where) | cells met | status |", "|---|---|---|---|---|"]
+    for t in targets:
+        status = {True: "met", False: "**not met**", None: "not measured"}[t["met"]]
+        worst = f"{t['worst']}x ({t['worst_at']})" if t.get("cells") else "-"
+        met = f"{t.get('cells_met', 0)}/{t['cells']}"
+        lines.append(f"| {t['target']} | {t['goal']} | {worst} | {met} | {status} |")
+    names = [n for n in dict.fromkeys(r["kernel"] for r in results) if n != "cublas_fp16"]
+    cells = {(r["kernel"], r["K"], r["N"], r["M"]): r for r in results}
+    lines += ["", "## Ratio to cuBLAS fp16", "", "| K x N | M | cuBLAS ms | " + " | ".join(names) + " |",
+              "|---|---|---|" + "---|" * len(names)]
+    for k, n, m in dict.fromkeys((r["K"], r["N"], r["M"]) for r in results):
+        base = cells.get(("cublas_fp16", k, n, m), {})
+        ms = f"{base['ms']:.4f}" if "ms" in base else "-"
+        ratios = " | ".join(_ratio_text(cells.get((nm, k, n, m))) for nm in names)
+        lines.append(f"| {k}x{n} | {m} | {ms} | {ratios} |")
+    errors = sorted({f"{r['kernel']}: {r['error']}" for r in results if "error" in r})
+    if errors:
+        lines += ["", "## Not measured", ""] + [f"- {e}" for e in errors[:40]]
+    if notes:
+        lines += ["", notes.strip()]
+    return "\n".join(lines) + "\n"
+
+
+# ---- command line ------------------------------------------------------------------------------
+
+def parse_shapes(text):
+    shapes = []
+    for item in text.split(","):
+        try:
+            k, n = (int(v) for v in item.lower().split("x"))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"--shapes: expected KxN[,KxN...] like 4096x11008, got {item!r}")
+        shapes.append((k, n))
+    return shapes
+
+
+def parse_ints(text):
+    try:
+        return [int(v) for v in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
+
+
+def build_parser():
+    p = argparse.ArgumentParser(prog="python -m scripts.bench.kernels", description=__doc__.split("\n")[0])
+    p.add_argument("--kernels", default="*", help="comma-separated names or globs (e.g. 'ours_dds_*,torch_bsr_*')")
+    p.add_argument("--shapes", type=parse_shapes, default=None, help="KxN list, e.g. 4096x4096,8192x28672")
+    p.add_argument("--m", type=parse_ints, default=None, help="M values, e.g. 1,16,2048")
+    p.add_argument("--out", type=Path, default=None, help="write the JSON results here")
+    p.add_argument("--markdown", type=Path, default=None, help="write the Markdown summary here")
+    p.add_argument("--from-json", type=Path, default=None, help="no timing: read an earlier --out file")
+    p.add_argument("--notes", type=Path, default=None, help="Markdown file appended to the --markdown summary")
+    p.add_argument("--rotate-mb", type=float, default=200.0, help="bytes of weights+inputs to rotate over")
+    p.add_argument("--warmup-ms", type=float, default=10.0)
+    p.add_argument("--rep-ms", type=float, default=40.0)
+    p.add_argument("--time-budget-s", type=float, default=540.0, help="skip what is left after this long")
+    p.add_argument("--no-graph", action="store_true", help="never use CUDA graphs")
+    p.add_argument("--cpu-check", action="store_true", help="tiny shapes on the CPU with reference ops")
+    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--list", action="store_true", help="print the kernel names and exit")
+    return p
+
+
+def main(argv=None) -> dict:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    names = [s.name for s in kernel_sweep.kernel_specs()]
+    if args.list:
+        print("\n".join(names))
+        return {}
+    if args.from_json is not None:
+        report = json.loads(args.from_json.read_text())
+        report["json_path"] = str(args.from_json)
+        add_ratios(report["results"])  # targets re-evaluated with today's list, on the stored times
+        report["targets"] = evaluate_targets(report["results"])
+    else:
+        report = _measure(args, names)
+    print(format_table(report["results"]))
+    for t in report["targets"]:
+        print(f"{'MET ' if t['met'] else 'MISS' if t['met'] is False else '  - '} {t['target']}: {t['goal']}, "
+              f"worst {t.get('worst')} at {t.get('worst_at')}")
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps({k: v for k, v in report.items() if k != "json_path"}, indent=1))
+        report.setdefault("json_path", str(args.out))
+    if args.markdown is not None:
+        args.markdown.parent.mkdir(parents=True, exist_ok=True)
+        notes = args.notes.read_text() if args.notes is not None else ""
+        args.markdown.write_text(markdown(report, notes))
+    return report
+
+
+def _measure(args, names) -> dict:
+    """Run the sweep the arguments ask for; the report with ratios and targets."""
+    if args.cpu_check:
+        shapes, ms = args.shapes or kernel_sweep.CPU_SHAPES, args.m or kernel_sweep.CPU_MS
+    else:
+        if not torch.cuda.is_available():
+            raise SystemExit("scripts.bench.kernels: no CUDA GPU here; use --cpu-check for the plumbing test")
+        shapes, ms = args.shapes or kernel_sweep.SHAPES, args.m or kernel_sweep.MS
+    opts = SweepOptions(kernels=kernel_sweep.select(names, args.kernels.split(",")), shapes=shapes, ms=ms,
+                        rotate_mb=kernel_sweep.CPU_ROTATE_MB if args.cpu_check else args.rotate_mb,
+                        warmup_ms=args.warmup_ms, rep_ms=args.rep_ms, time_budget_s=args.time_budget_s,
+                        graphs=not args.no_graph, cpu=args.cpu_check)
+    started = time.monotonic()
+    results = kernel_sweep.run_sweep(opts, progress=not args.no_progress)
+    add_ratios(results)
+    env = environment(args.cpu_check)
+    env["sweep_seconds"] = round(time.monotonic() - started, 1)
+    env["settings"] = {"rotate_mb": opts.rotate_mb, "warmup_ms": opts.warmup_ms, "rep_ms": opts.rep_ms,
+                       "graph_max_m": GRAPH_EVERY_M if opts.graphs else 0, "cpu_check": opts.cpu}
+    return {"environment": env, "results": results, "targets": evaluate_targets(results)}
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,77 @@
+"""scripts.bench.kernels on the CPU (``--cpu-check``: tiny shapes, the anchors' CPU branches and the
+references): the sweep end to end, ratios, target evaluation, the JSON and Markdown writers.
+"""
+import json
+
+import pytest
+
+from scripts.bench import kernels as bench
+
+
+def test_cpu_check_writes_json_and_markdown(tmp_path):
+    out, md = tmp_path / "r.json", tmp_path / "k.md"
+    bench.main(["--cpu-check", "--no-progress", "--shapes", "128x64", "--m", "1,16", "--out", str(out),
+                "--markdown", str(md)])
+    report = json.loads(out.read_text())
+    settings = report["environment"]["settings"]
+    assert report["environment"]["torch"] and settings["cpu_check"] is True
+    assert settings["graph_max_m"] == bench.GRAPH_EVERY_M and settings["rotate_mb"] == 0.1
+    kernels = {r["kernel"] for r in report["results"]}
+    assert kernels == {"cublas_fp16", "torch_int_mm_w8a8", "tinygemm_int4_g128", "torch_bsr_50", "torch_bsr_75",
+                       "torch_bsr_90", "ours_w8a8", "ours_w4a16_g128", "ours_dds_50", "ours_dds_75", "ours_dds_90",
+                       "ours_dds_w8a8_50", "ours_dds_w8a8_90"}
+    assert len(report["results"]) == 13 * 2
+    for r in report["results"]:
+        assert "error" not in r, r
+        assert r["ms"] > 0 and r["ratio_vs_cublas"] > 0 and r["K"] == 128 and r["N"] == 64
+        assert r["graph"] is False and r["sets"] >= 1
+    by_kernel = {(r["kernel"], r["M"]): r for r in report["results"]}
+    for m in (1, 16):
+        assert by_kernel[("ours_dds_90", m)]["rel_err"] < 1e-2 and "ratio_vs_torch_bsr" in by_kernel[("ours_dds_90", m)]
+        assert by_kernel[("torch_bsr_90", m)]["rel_err"] < 1e-2  # the anchor's CPU branch, against fp32
+        assert all("ratio_vs_anchor" in by_kernel[(name, m)] for name in ("ours_w8a8", "ours_w4a16_g128"))
+    names = {t["target"] for t in report["targets"]}
+    assert any("DDS 90%" in n and "M<=16" in n for n in names)
+    assert all(t["met"] in (True, False, None) for t in report["targets"])
+    text = md.read_text()
+    assert "## Targets" in text and "| 128x64 | 16 |" in text
+
+
+def test_markdown_from_json_needs_no_timing(tmp_path):
+    report = {
+        "environment": {"gpu": "test GPU", "torch": "x", "triton": "y", "cuda": "z", "date": "d"},
+        "results": [
+            {"kernel": "cublas_fp16", "K": 4096, "N": 4096, "M": 1, "ms": 0.02},
+            {"kernel": "ours_dds_90", "K": 4096, "N": 4096, "M": 1, "sparsity": 90, "ms": 0.004},
+            {"kernel": "torch_bsr_90", "K": 4096, "N": 4096, "M": 1, "sparsity": 90, "ms": 0.01},
+            {"kernel": "ours_dds_50", "K": 4096, "N": 4096, "M": 1, "sparsity": 50, "error": "boom"},
+        ],
+    }
+    bench.add_ratios(report["results"])
+    report["targets"] = bench.evaluate_targets(report["results"])
+    src, md = tmp_path / "in.json", tmp_path / "out.md"
+    src.write_text(json.dumps(report))
+    bench.main(["--from-json", str(src), "--markdown", str(md)])
+    text = md.read_text()
+    met = {t["target"]: t for t in report["targets"]}
+    assert met["DDS 90% vs cuBLAS fp16, M<=16"]["met"] is True  # 0.02 / 0.004 = 5x >= 4x
+    assert met["DDS 90% vs torch bsr_dense_mm, every shape and M"]["met"] is True
+    assert met["DDS 50% vs cuBLAS fp16, M<=16"]["met"] is None  # only an error cell
+    assert "test GPU" in text and "5.00x" in text and "boom" in text
+
+
+def test_kernel_filter_keeps_cublas_for_the_ratios(tmp_path):
+    report = bench.main(["--cpu-check", "--no-progress", "--shapes", "128x64", "--m", "1", "--kernels", "ours_dds_9*"])
+    assert [r["kernel"] for r in report["results"]] == ["cublas_fp16", "ours_dds_90"]
+
+
+def test_no_graph_is_recorded_in_the_settings():
+    report = bench.main(["--cpu-check", "--no-progress", "--shapes", "128x64", "--m", "1", "--kernels", "cublas_fp16",
+                         "--no-graph"])
+    assert report["environment"]["settings"]["graph_max_m"] == 0
+
+
+@pytest.mark.parametrize("argv", [["--shapes", "4096by4096"], ["--m", "1,x"], ["--graph-max-m", "64"]])
+def test_bad_options_are_refused(argv):
+    with pytest.raises(SystemExit):
+        bench.main([*argv, "--cpu-check"])
