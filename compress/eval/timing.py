@@ -18,6 +18,7 @@ All functions return milliseconds.
 """
 from __future__ import annotations
 
+import itertools
 import logging
 import statistics
 import time
@@ -102,18 +103,18 @@ def total_ms(work: Callable[[], Any], device: torch.device, count: int) -> float
     return event_ms(lambda: [work() for _ in range(count)])
 
 
-def rotation_ms(calls: Sequence[Callable[[], Any]], use_graph: bool, warmup_ms: float, rep_ms: float
-                ) -> tuple[float, bool]:
+def rotation_ms(calls: Sequence[Callable[[], Any]], use_graph: bool, warmup_ms: float, rep_ms: float,
+                device: torch.device | None = None) -> tuple[float, bool]:
     """``(ms per call, graph used)`` over the rotation ``calls`` (one call per input set).
 
     With ``use_graph`` the whole rotation is one CUDA graph replayed under ``do_bench``; a capture
     that fails (some anchors cannot be captured) is logged and the calls are timed eagerly in turn.
-    On the CPU: the median of three host-timed rounds.
+    On the CPU (``device``, by default CUDA when there is one): the median of three host-timed rounds.
     """
-    if not torch.cuda.is_available():
-        calls[0]()  # warm-up
-        samples = [host_ms(calls[i % len(calls)]) for i in range(3 * len(calls))]
-        return statistics.median(samples), False
+    device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type != "cuda":
+        rotation = itertools.cycle(calls)
+        return median_ms(lambda: next(rotation)(), device, warmup=1, repeats=3 * len(calls)), False
     from triton.testing import do_bench
 
     for call in calls:  # compilation and first-call work outside the timing and the capture

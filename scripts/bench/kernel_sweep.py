@@ -31,7 +31,6 @@ the plumbing, not speed.
 from __future__ import annotations
 
 import fnmatch
-import itertools
 import math
 import time
 from dataclasses import dataclass
@@ -41,7 +40,7 @@ import torch
 from tqdm import tqdm
 
 import compress_kernels
-from compress.eval.timing import median_ms, rotation_ms
+from compress.eval.timing import rotation_ms
 from compress_kernels import reference
 from scripts.bench import anchors
 
@@ -55,7 +54,6 @@ BSR_BLOCK = 32
 MAX_SETS = 128
 CHECK_ROWS = 64  # rows of x checked against the fp32 reference (keeps the reference cheap)
 CPU_ROTATE_MB = 0.1
-CPU_ROUNDS = 3  # host-timed passes over the rotation in the CPU check
 
 
 # ---- weights -------------------------------------------------------------------------------------
@@ -243,13 +241,9 @@ def fits_in_memory(k, n, m, device) -> bool:
 
 
 def time_rotation(calls, opts: SweepOptions) -> tuple[float, bool]:
-    """``(ms per call, graph used)``: :func:`rotation_ms` on the GPU; in the CPU check (also on a GPU
-    host) the median of host-timed calls taken in rotation order."""
-    if opts.cpu:
-        rotation = itertools.cycle(calls)
-        ms = median_ms(lambda: next(rotation)(), torch.device("cpu"), warmup=1, repeats=CPU_ROUNDS * len(calls))
-        return ms, False
-    return rotation_ms(calls, opts.graphs, opts.warmup_ms, opts.rep_ms)
+    """``(ms per call, graph used)``: :func:`rotation_ms`; the CPU check times host calls (also on a GPU host)."""
+    device = torch.device("cpu") if opts.cpu else None
+    return rotation_ms(calls, opts.graphs, opts.warmup_ms, opts.rep_ms, device=device)
 
 
 def bench_point(spec, weight_sets, k, n, m, opts, device, gen) -> dict:

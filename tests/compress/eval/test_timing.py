@@ -20,7 +20,7 @@ def test_total_ms_runs_count_calls():
 def test_rotation_ms_on_cpu_visits_every_set():
     seen = []
     calls = [lambda i=i: seen.append(i) for i in range(3)]
-    ms, graphed = timing.rotation_ms(calls, use_graph=True, warmup_ms=1, rep_ms=1)
+    ms, graphed = timing.rotation_ms(calls, use_graph=True, warmup_ms=1, rep_ms=1, device=torch.device("cpu"))
     assert not graphed and ms >= 0 and set(seen) == {0, 1, 2}
 
 

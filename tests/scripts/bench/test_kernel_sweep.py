@@ -70,4 +70,4 @@ def test_cpu_rotation_times_every_call_in_turn():
     calls = [lambda i=i: seen.append(i) for i in range(3)]
     ms, graphed = sweep.time_rotation(calls, sweep.SweepOptions(kernels=[], shapes=[], ms=[], cpu=True))
     assert ms >= 0 and graphed is False
-    assert seen == [0] + [1, 2, 0] * sweep.CPU_ROUNDS  # one warm-up call, then the rotation in order
+    assert seen == [0] + [1, 2, 0] * 3  # one warm-up call, then three rounds of the rotation in order
