@@ -1,10 +1,10 @@
 """W4A16 with the weight as the register operand of the tensor cores: swapped nibble pairs.
 
-Same operands and contract as :mod:`kernels.w4a16` (``qweight`` (K/8, N) int32, nibble ``j`` of word
+Same operands and contract as the other W4A16 paths (``qweight`` (K/8, N) int32, nibble ``j`` of word
 ``qweight[r, n]`` is ``q[8r + j, n]`` in two's complement; ``scales`` (K/G, N); fp32 accumulation),
 for G = 128 or per channel with K a multiple of 128. It computes the transposed product::
 
-    y^T[n, m] = sum_t scales[t, n] * sum_{p < 4} sum_{r < 16, e < 2} q[kt + 8r + 2p + e, n] * x[m, kt + 8r + 2p + e]
+    y^T[n, m] = sum_t sum_{p < 4} sum_{r < 16, e < 2} (q[kt + 8r + 2p + e, n] * scales[t, n]) * x[m, kt + 8r + 2p + e]
 
 over 128-deep K tiles ``kt`` (one scale row each). For each nibble pair p the (BLOCK_N, 32) tile
 whose column 2r + e is nibble 2p + e of word ``kt/8 + r`` is the *left* operand of a 32-deep
@@ -12,7 +12,7 @@ whose column 2r + e is nibble 2p + e of word ``kt/8 + r`` is the *left* operand 
 in the packed (BLOCK_N, 16) words up to a join of two nibble planes, and the two values a thread
 holds side by side in the dot's register layout are the two nibbles of one word, so Triton loads the
 words from shared memory straight into that layout and unpacks them there
-(:func:`kernels.w4a16_gemv.nibble_planes`): on Hopper the dot is a wgmma whose A operand is in
+(:func:`compress_kernels.common.int4.nibble_planes`): on Hopper the dot is a wgmma whose A operand is in
 registers, so the unpacked weight never goes through shared memory, and the weight fills the
 instruction's 64-row side whatever M is. x, the small operand, is wgmma's B, read from shared memory.
 (Single nibble planes as 16-deep dots measured slower: each thread then needs words of two rows
@@ -25,17 +25,17 @@ them side by side, so a pass first writes x with each 128-column tile in pair or
     xp[m, kt + 32 p + 2 r + e] = x[m, kt + 8 r + 2 p + e]
 
 after which pair p's columns are the contiguous xp[:, kt + 32 p : kt + 32 p + 32]. The pass and the
-kernel are a PDL pair (:mod:`kernels._pdl`): the kernel may launch while the pass finishes and waits
+kernel are a PDL pair (:mod:`compress_kernels.common.pdl`): the kernel may launch while the pass finishes and waits
 before its first read of xp.
 
 16-bit scales are read as int32 words, two channels each (``SCALE_HALVES``): a 2-byte load per
 thread cannot go through ``cp.async``, and Triton then loads the row synchronously in the loop.
-``SCALE_FIRST`` multiplies the unpacked weights by their scale in x's dtype and sums every dot into
-one accumulator (the dequantize-then-multiply order of the large-M paths); otherwise each K tile's
-exact integer product is scaled in fp32. Token rows past M are wrapped copies of real rows whose
-results are not stored. K splits: the fp32 partials go through :mod:`kernels._splitk` (summed by the
-last split of a tile in the kernel, or by a second launch). Under ``TRITON_INTERPRET=1`` with bf16
-the operands are fp32 copies (``FP32_OPERANDS``, exact for these values), as in :mod:`kernels.w4a16`.
+The unpacked weights are multiplied by their scale in x's dtype and every dot sums into one
+accumulator (the dequantize-then-multiply order of the large-M paths). Token rows past M are wrapped
+copies of real rows whose results are not stored. K splits: the fp32 partials go through
+:mod:`compress_kernels.common.splitk` (summed by the last split of a tile in the kernel, or by a
+second launch). Under ``TRITON_INTERPRET=1`` with bf16 the operands are fp32 copies
+(``FP32_OPERANDS``, exact for these values) and the nibbles come from plain shifts.
 """
 from __future__ import annotations
 
@@ -43,12 +43,12 @@ import torch
 import triton
 import triton.language as tl
 
-from compress_kernels._pdl import launch_options, let_dependents_launch, pdl_enabled, wait_for_inputs
-from compress_kernels._splitk import splitk_reduce, tiled_split_launch, write_tile
-from compress_kernels._tiles import split_k_range, weight_columns
-from compress_kernels.w4a16_gemv import nibble_planes
-
-PLANE_TILE = 128  # K tile: 16 packed words, 4 nibble pairs of 32 channels
+from compress_kernels.common.checks import interpreting
+from compress_kernels.common.int4 import nibble_planes
+from compress_kernels.common.pdl import launch_options, let_dependents_launch, pdl_enabled, wait_for_inputs
+from compress_kernels.common.splitk import splitk_reduce, tiled_split_launch, write_tile
+from compress_kernels.common.tiles import split_k_range, weight_columns
+from compress_kernels.w4a16.dispatch import PAIR_TILE, wgmma_supports
 
 
 @triton.jit
@@ -73,7 +73,7 @@ def permute_pairs(x2: torch.Tensor, use_pdl: bool = False) -> torch.Tensor:
     m, k = x2.shape
     xp = torch.empty((m, k), dtype=x2.dtype, device=x2.device)
     block_m = 16
-    _permute_pairs_kernel[(triton.cdiv(m, block_m), k // PLANE_TILE)](
+    _permute_pairs_kernel[(triton.cdiv(m, block_m), k // PAIR_TILE)](
         x2, xp, m, x2.stride(0), x2.stride(1), xp.stride(0), BLOCK_M=block_m, USE_PDL=use_pdl, num_warps=4,
         **launch_options(use_pdl))
     return xp
@@ -109,7 +109,7 @@ def _w4a16_wgmma_kernel(
     M, N, K, group_size,
     stride_xm, stride_qk, stride_qn, stride_sg, stride_sn, stride_os, stride_om, stride_ym,
     SPLIT_K, ADD_BIAS: tl.constexpr, REDUCE_SPLIT: tl.constexpr, EVEN_N: tl.constexpr,
-    SCALE_FIRST: tl.constexpr, SCALE_HALVES: tl.constexpr, S_DTYPE: tl.constexpr, USE_PDL: tl.constexpr,
+    SCALE_HALVES: tl.constexpr, S_DTYPE: tl.constexpr, USE_PDL: tl.constexpr,
     ASM_UNPACK: tl.constexpr, FP32_OPERANDS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     tiles_m = tl.cdiv(M, BLOCK_M)
@@ -133,33 +133,19 @@ def _w4a16_wgmma_kernel(
     for kt in range(k_first, k_last, 128):
         packed = tl.load(q_ptrs)
         w0, w1, w2, w3, w4, w5, w6, w7 = nibble_planes(packed, w_dtype, ASM_UNPACK)
-        if SCALE_FIRST:  # dequantized in x's dtype, summed straight into acc
-            scale = _scale_row(s_ptrs + (kt // group_size) * stride_sg, SCALE_HALVES, S_DTYPE, cols)
-            scale = scale.to(w_dtype)[:, None]  # (BN, 1)
-            acc = _pair_dot(acc, w0 * scale, w1 * scale, x_ptrs, 0, FP32_OPERANDS)
-            acc = _pair_dot(acc, w2 * scale, w3 * scale, x_ptrs, 1, FP32_OPERANDS)
-            acc = _pair_dot(acc, w4 * scale, w5 * scale, x_ptrs, 2, FP32_OPERANDS)
-            acc = _pair_dot(acc, w6 * scale, w7 * scale, x_ptrs, 3, FP32_OPERANDS)
-        else:  # exact integer products per K tile, scaled in fp32
-            part = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-            part = _pair_dot(part, w0, w1, x_ptrs, 0, FP32_OPERANDS)
-            part = _pair_dot(part, w2, w3, x_ptrs, 1, FP32_OPERANDS)
-            part = _pair_dot(part, w4, w5, x_ptrs, 2, FP32_OPERANDS)
-            part = _pair_dot(part, w6, w7, x_ptrs, 3, FP32_OPERANDS)
-            scale = _scale_row(s_ptrs + (kt // group_size) * stride_sg, SCALE_HALVES, S_DTYPE, cols)
-            scale = scale.to(tl.float32)  # (BN,)
-            acc += part * scale[:, None]
+        # dequantized in x's dtype, summed straight into acc
+        scale = _scale_row(s_ptrs + (kt // group_size) * stride_sg, SCALE_HALVES, S_DTYPE, cols)
+        scale = scale.to(w_dtype)[:, None]  # (BN, 1)
+        acc = _pair_dot(acc, w0 * scale, w1 * scale, x_ptrs, 0, FP32_OPERANDS)
+        acc = _pair_dot(acc, w2 * scale, w3 * scale, x_ptrs, 1, FP32_OPERANDS)
+        acc = _pair_dot(acc, w4 * scale, w5 * scale, x_ptrs, 2, FP32_OPERANDS)
+        acc = _pair_dot(acc, w6 * scale, w7 * scale, x_ptrs, 3, FP32_OPERANDS)
         q_ptrs += 16 * stride_qk
         x_ptrs += 128
 
     let_dependents_launch(USE_PDL)
     write_tile(tl.trans(acc), out_ptr, cnt_ptr, y_ptr, bias_ptr, cols, offs_m, offs_n, M, N, stride_os, stride_om,
                stride_ym, tl.program_id(0), pid_k, REDUCE_SPLIT, ADD_BIAS)
-
-
-def supports(k: int, group_size: int) -> bool:
-    """Whether this kernel serves the layer: 128-deep K tiles inside one scale group."""
-    return k % PLANE_TILE == 0 and group_size % PLANE_TILE == 0
 
 
 def _scale_operand(scales: torch.Tensor):
@@ -172,15 +158,19 @@ def _scale_operand(scales: torch.Tensor):
     return scales.float(), False, tl.float32  # a layout the int32 view cannot read: one conversion pass
 
 
-def launch_wgmma(x2, qweight, scales, group_size, bias, y, cfg, interpreting: bool) -> None:
+def launch_wgmma(x2, qweight, scales, group_size, bias, y, cfg) -> None:
     """Permute x into pair order, then run the kernel into ``y`` (M, N). ``cfg`` is a
-    :class:`kernels.w4a16.TileConfig` (block_m tokens, block_n channels, split_k, warps, stages)."""
+    :class:`compress_kernels.w4a16.dispatch.TileConfig` (block_m tokens, block_n channels, split_k,
+    warps, stages)."""
     m, k = x2.shape
     n = qweight.shape[1]
-    if not supports(k, group_size) or cfg.block_k != PLANE_TILE:
-        raise ValueError(f"config: the wgmma path needs block_k = {PLANE_TILE}, K and group_size multiples of "
-                         f"{PLANE_TILE}, got block_k={cfg.block_k}, K={k}, group_size={group_size}")
-    use_pdl = pdl_enabled(x2.device, pair=True)
+    if not wgmma_supports(k, group_size) or cfg.block_k != PAIR_TILE or cfg.scale_after_dot:
+        raise ValueError(f"config: the wgmma path needs block_k = {PAIR_TILE}, K and group_size multiples of "
+                         f"{PAIR_TILE} and the scales applied before the dot (scale_after_dot False), got "
+                         f"block_k={cfg.block_k}, K={k}, group_size={group_size}, "
+                         f"scale_after_dot={cfg.scale_after_dot}")
+    interpret = interpreting()
+    use_pdl = pdl_enabled(x2.device)
     xp = permute_pairs(x2, use_pdl)
     s_view, halves, s_dtype = _scale_operand(scales)
     grid, in_kernel, out, counters = tiled_split_launch(y, m, n, cfg.block_m, cfg.block_n, cfg.split_k)
@@ -190,9 +180,9 @@ def launch_wgmma(x2, qweight, scales, group_size, bias, y, cfg, interpreting: bo
         xp.stride(0), qweight.stride(0), qweight.stride(1), s_view.stride(0), s_view.stride(1),
         m * n if cfg.split_k > 1 else 0, out.stride(-2), y.stride(0),
         cfg.split_k, ADD_BIAS=bias is not None and (cfg.split_k == 1 or in_kernel),
-        REDUCE_SPLIT=cfg.split_k if in_kernel else 1, EVEN_N=n % cfg.block_n == 0, SCALE_FIRST=not cfg.scale_after_dot,
+        REDUCE_SPLIT=cfg.split_k if in_kernel else 1, EVEN_N=n % cfg.block_n == 0,
         SCALE_HALVES=halves, S_DTYPE=s_dtype, USE_PDL=use_pdl,
-        ASM_UNPACK=cfg.asm_unpack and not interpreting, FP32_OPERANDS=interpreting and x2.dtype == torch.bfloat16,
+        ASM_UNPACK=not interpret, FP32_OPERANDS=interpret and x2.dtype == torch.bfloat16,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         **launch_options(use_pdl),
     )

@@ -1,36 +1,32 @@
 """W8A8 for one token row per program: quantize the row in the kernel, int8 x int8 on CUDA cores.
 
-Same contract as :mod:`kernels.w8a8` (``x`` (M, K) fp16/bf16, ``w_q`` (N, K) int8, ``w_scale`` (N,)
-fp32, dynamic or static activation scale)::
+Same contract as the quantize pass + GEMM path (``compress_kernels.reference.w8a8_matmul_ref``;
+``x`` (M, K) fp16/bf16, ``w_q`` (N, K) int8, ``w_scale`` (N,) fp32, dynamic or static activation
+scale)::
 
     s_x[m]     = max_k |x[m, k]| / 127      (IEEE division; 0 -> 1)   or the static scale (0 -> 1)
     xq[m, k]   = rint(clamp(x[m, k] / s_x[m], -128, 127))              rint = round half to even
     acc[m, n]  = sum_k xq[m, k] * w_q[n, k]                            exact, int32
     y[m, n]    = (acc[m, n] * s_x[m]) * w_scale[n] (+ bias[n])         fp32, stored in x's dtype
 
-Why: at M = 1 the matmul is a stream of int8 weights. The tiled kernel pads the row to a 16-row
-tensor-core tile and needs a separate quantize launch; at M = 1 a layer with N = 4096 gives its
-16x64 tiles only 64 programs. Here program (row, n tile, k split) owns BLOCK_N outputs of one row:
+Why: at M = 1 the matmul is a stream of int8 weights. The tensor-core GEMM pads the row to a 16-row
+tile and needs a separate quantize launch. Here program (row, n tile, k split) owns BLOCK_N outputs
+of one row:
 
-1. scale: it reduces its row of x to ``s_x`` itself (:func:`kernels.w8a8_fused.row_scales`, the
-   same absmax and division as the pre-pass kernel). One row, so this is K values read from L2,
-   not the 16 padded rows the fused tensor-core kernel had to quantize per N tile. The first
-   weight tile is loaded before this pass, so its DRAM latency overlaps the scale's.
+1. scale: it reduces its row of x to ``s_x`` itself
+   (:func:`compress_kernels.common.quantize.row_scales`, the quantize pass's absmax and division):
+   K values read from L2. The first weight tile is loaded before this pass, so its DRAM latency
+   overlaps the scale's.
 2. main loop over its K slice: loads a (BLOCK_N, BLOCK_K) int8 weight tile (contiguous along K)
    and BLOCK_K values of x, quantizes those to the reference's integers
-   (:func:`kernels.w8a8_fused.quantize_int8_recip`, exact) and accumulates ``w * xq`` in int32 per
-   (n, k) lane; the lanes are summed once at the end. Integer sums are exact in any order.
-3. epilogue: the tiled kernel's operations in its order, so with SPLIT_K = 1 the output has the
-   same bits as the two-launch path. With SPLIT_K > 1 each split dequantizes its partial sum and the
-   last split of each (row, tile) to finish adds the fp32 partials in split order and the bias
-   (:mod:`kernels._splitk`, "the last split reduces": one launch, deterministic), as the tiled
-   kernel's split-K reduce does.
-
-``pick_config`` takes it unsplit (:func:`kernels.w8a8.row_gemv_config`: 8 outputs per program, so
-N / 8 programs, each walking all of K in 1024- or 512-deep steps) at M = 1 on every layer and at
-M <= 4 on small ones; on an H100 that beat the split tiles (:func:`kernels.w8a8.gemv_config`, which
-relied on many resident programs: :func:`kernels._tiles.resident_split_k`) at every shape measured
-(docs/kernels-notes.md, "Whole K per program at small M").
+   (:func:`compress_kernels.common.quantize.quantize_int8_recip`, exact) and accumulates
+   ``w * xq`` in int32 per (n, k) lane; the lanes are summed once at the end. Integer sums are
+   exact in any order.
+3. epilogue: the GEMM's operations in its order, so unsplit (as the dispatch table runs it: 8
+   outputs per program, all of K in 1024- or 512-deep steps) the output has the same bits as the
+   quantize pass + GEMM path. With SPLIT_K > 1 (a tuning neighbour) each split dequantizes its
+   partial sum and the last split of each (row, tile) to finish adds the fp32 partials in split
+   order and the bias (:mod:`compress_kernels.common.splitk`): one launch, deterministic.
 """
 from __future__ import annotations
 
@@ -38,10 +34,9 @@ import torch
 import triton
 import triton.language as tl
 
-from compress_kernels._pdl import launch_options, let_dependents_launch, pdl_enabled, wait_for_inputs
-from compress_kernels._splitk import last_split_buffers, last_split_reduces
-from compress_kernels._tiles import split_k_range
-from compress_kernels.w8a8_fused import quantize_int8_recip, row_scales
+from compress_kernels.common.quantize import quantize_int8_recip, row_scales
+from compress_kernels.common.splitk import last_split_buffers, last_split_reduces
+from compress_kernels.common.tiles import split_k_range
 
 SCALE_BLOCK_MAX = 4096  # x values per load of the scale pass (one row of K <= 4096: a single step)
 
@@ -73,7 +68,7 @@ def _w8a8_gemv_kernel(
     stride_xm, stride_xk, stride_wn, stride_wk, stride_om,
     SPLIT_K: tl.constexpr, STATIC: tl.constexpr, STATIC_PER_ROW: tl.constexpr, HAS_BIAS: tl.constexpr,
     EVEN_K: tl.constexpr, EVEN_SCALE_K: tl.constexpr, EVEN_N: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SCALE_BLOCK: tl.constexpr, USE_PDL: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SCALE_BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -90,7 +85,6 @@ def _w8a8_gemv_kernel(
     w_ptrs = w_ptr + cols[:, None] * stride_wn + (k_first + offs_k)[None, :] * stride_wk  # (BN, BK)
     x_ptrs = x_ptr + row.to(tl.int64) * stride_xm + (k_first + offs_k) * stride_xk  # (BK,)
     w_first = _load_weight_tile(w_ptrs, k_first, k_last, offs_k, EVEN_K)  # in flight during the scale pass
-    wait_for_inputs(USE_PDL)  # with PDL: x may still be being written until here; the weights are not
 
     s_x = row_scales(x_ptr, static_ptr, rows, M, K, stride_xm, stride_xk,
                      STATIC, STATIC_PER_ROW, EVEN_SCALE_K, 1, SCALE_BLOCK)  # (1,)
@@ -104,7 +98,6 @@ def _w8a8_gemv_kernel(
         x_ptrs += BLOCK_K * stride_xk
         w = _load_weight_tile(w_ptrs, k0, k_last, offs_k, EVEN_K)
         acc = _accumulate(acc, w, x_ptrs, k0, k_last, offs_k, recip, EVEN_K)
-    let_dependents_launch(USE_PDL)
 
     total = tl.sum(acc, axis=1)  # (BN,) int32, exact
     s_w = tl.load(sw_ptr + cols)
@@ -118,7 +111,7 @@ def _w8a8_gemv_kernel(
         tl.store(out_ptr + row.to(tl.int64) * stride_om + offs_n, y.to(out_ptr.dtype.element_ty), mask=offs_n < N)
 
 
-def launch_gemv(x2, w_q, w_scale, bias, x_scale, cfg, y) -> torch.Tensor:
+def launch_gemv(x2, w_q, w_scale, bias, x_scale, cfg, y) -> None:
     """Write ``w8a8(x2)`` into ``y`` (M, N) in one launch whatever the K split.
 
     Inputs are validated by the caller; ``cfg`` has ``block_n``, ``block_k``, ``split_k``,
@@ -131,7 +124,6 @@ def launch_gemv(x2, w_q, w_scale, bias, x_scale, cfg, y) -> torch.Tensor:
     workspace, counters = last_split_buffers(y, cfg.split_k, m, n, m * grid[1])
     static = x_scale.reshape(-1).contiguous() if x_scale is not None else w_scale  # placeholder when dynamic
     scale_block = min(triton.next_power_of_2(k), SCALE_BLOCK_MAX)
-    use_pdl = pdl_enabled(x2.device)
     _w8a8_gemv_kernel[grid](
         x2, w_q, static, w_scale, bias if bias is not None else w_scale, y, workspace, counters,
         m, n, k,
@@ -139,6 +131,5 @@ def launch_gemv(x2, w_q, w_scale, bias, x_scale, cfg, y) -> torch.Tensor:
         cfg.split_k, STATIC=x_scale is not None, STATIC_PER_ROW=x_scale is not None and x_scale.numel() > 1,
         HAS_BIAS=bias is not None, EVEN_K=k % (cfg.block_k * cfg.split_k) == 0, EVEN_SCALE_K=k % scale_block == 0,
         EVEN_N=n % cfg.block_n == 0, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SCALE_BLOCK=scale_block,
-        USE_PDL=use_pdl, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_options(use_pdl),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
-    return y

@@ -37,7 +37,7 @@ def check_activation(x) -> None:
     if x.device.type not in ("cuda", "meta") and not interpreting():  # meta: shape inference only
         raise ValueError(
             f"x: expected a CUDA tensor (or TRITON_INTERPRET=1 for CPU tests), got device {x.device}; "
-            "use kernels.reference on the CPU"
+            "use compress_kernels.reference on the CPU"
         )
 
 
@@ -49,6 +49,7 @@ def check_same_device(x: torch.Tensor, **others) -> None:
 
 
 def check_shape(name: str, t: torch.Tensor, expected: tuple[int, ...]) -> None:
+    """``t`` has exactly the shape ``expected``."""
     if tuple(t.shape) != tuple(expected):
         raise ValueError(f"{name}: expected shape {tuple(expected)}, got {tuple(t.shape)}")
 
@@ -60,3 +61,29 @@ def check_bias(bias, n: int, x: torch.Tensor) -> None:
     check_tensor("bias", bias, (x.dtype, torch.float32), ndim=1)
     check_shape("bias", bias, (n,))
     check_same_device(x, bias=bias)
+
+
+def check_x_scale(x, x_scale) -> None:
+    """``x_scale`` is None or a static float32 scale on x's device: one element or one per token (M,)."""
+    if x_scale is None:
+        return
+    check_tensor("x_scale", x_scale, (torch.float32,))
+    check_same_device(x, x_scale=x_scale)
+    m = x.numel() // x.shape[-1]
+    if x_scale.numel() != 1 and tuple(x_scale.shape) != (m,):
+        raise ValueError(f"x_scale: expected a scalar or shape ({m},) (one per token), got {tuple(x_scale.shape)}")
+
+
+def check_quantized(xq, s_x, out_dtype) -> None:
+    """``xq`` (M, K) int8 (CUDA, or CPU when interpreting), ``s_x`` (M,) float32 on its device, and an
+    fp16 / bf16 ``out_dtype``: the input of the GEMMs that start from per-token int8 activations."""
+    check_tensor("xq", xq, (torch.int8,), ndim=2)
+    if xq.device.type != "cuda" and not interpreting():
+        raise ValueError(f"xq: expected a CUDA tensor (or TRITON_INTERPRET=1 for CPU tests), got device {xq.device}")
+    if xq.shape[1] == 0:
+        raise ValueError("xq: expected K >= 1 input features, got K = 0")
+    check_tensor("s_x", s_x, (torch.float32,), ndim=1)
+    check_shape("s_x", s_x, (xq.shape[0],))
+    check_same_device(xq, s_x=s_x)
+    if out_dtype not in ACTIVATION_DTYPES:
+        raise TypeError(f"out_dtype: expected torch.float16 or torch.bfloat16, got {out_dtype}")

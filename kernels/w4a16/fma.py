@@ -1,6 +1,6 @@
 """W4A16 kernel for one token row per program: CUDA-core FMAs on the packed tile, no tensor cores.
 
-Same operands and contract as :mod:`kernels.w4a16` (``qweight`` (K/8, N) int32, nibble ``j`` of word
+Same operands and contract as the other W4A16 paths (``qweight`` (K/8, N) int32, nibble ``j`` of word
 ``qweight[r, n]`` is ``q[8r + j, n]`` in two's complement; ``scales`` (K/G, N); fp32 accumulation)::
 
     y[m, n] = sum_g scales[g, n] * sum_{k in group g} x[m, k] * q[k, n]      (+ bias[n])
@@ -8,55 +8,44 @@ Same operands and contract as :mod:`kernels.w4a16` (``qweight`` (K/8, N) int32, 
 Why: at M = 1 a matmul is a stream of packed weights. The tensor-core kernels must write every
 unpacked weight tile to shared memory and read it back in the instruction's operand layout: 16 KB of
 shared-memory traffic each way per 4 KB of weights read from DRAM. On an H200 that round trip held
-them near 1 TB/s while a kernel that only loads the same tiles reached 3.4 TB/s (docs/kernels-notes.md).
-Here each thread keeps its part of the (BLOCK_K/8, BLOCK_N) packed tile in registers and, for each
-nibble plane j, builds fp32 values exactly from their bits, in place (no shift per nibble), and
-multiply-adds them with the matching x values:
-
-    u = word ^ 0x88888888                          # each nibble q -> q + 8, in 0..15
-    p = j (j < 5), else j - 3 on u >> 12           # nibble j's position, 4p <= 16: inside the mantissa
-    w = bits_as_fp32((u | 0x4B000000) & (0xF << 4p | 0x4B000000)) - (2^23 + 8 * 16^p)   # = q * 16^p
-    part[r, n] += (x[m, k0 + 8r + j] * 16^-p) * w[r, n]                     # = x * q (powers of two)
-
-three instructions per nibble (and, subtract, fma; the or is once per word). A bf16 x below ~1e-33
-loses bits when scaled by 16^-p (fp32 subnormal range), far under anything that moves a sum of fp32
-products.
+them near 1 TB/s while a kernel that only loads the same tiles reached 3.4 TB/s. Here each thread
+keeps its part of the (BLOCK_K/8, BLOCK_N) packed tile in registers and multiply-adds exact fp32
+nibble values with the matching x values, three instructions per nibble
+(:func:`compress_kernels.common.int4.tile_partial`).
 
 ``part`` holds one K tile (inside one scale group, whose row is ``k >> GROUP_SHIFT``), so it is
 scaled once per tile into ``acc``; the K rows of ``acc`` are summed once at the end. x comes in as one
 (BLOCK_K/8, 8) tile per step, split into its 8 columns in registers. The kernel is bound by DRAM
 latency, so each step first issues the loads of the next tile (weights, x, scales) and then
 multiplies the current one: the loads are in flight during the FMAs (on an H100 this took the decode
-layers 10-20% below the version that loaded and then waited; docs/kernels-notes.md). The launcher
-splits K so that ~4 programs per SM each stream a run of tiles (``kernels._tiles.prefetch_split_k``).
+layers 10-20% below loading and then waiting). The dispatch table splits K so that ~4 programs per SM
+each stream a run of tiles (:func:`compress_kernels.w4a16.dispatch.fma_split_k`).
 Grid: (M, N / BLOCK_N, SPLIT_K) with the token row fastest, so programs that share a weight tile run
 together and the tile comes from DRAM once.
 With SPLIT_K > 1 the last split of each (row, tile) to finish sums the fp32 partials in split order
-and adds the bias (:mod:`kernels._splitk`, "the last split reduces"): one launch, deterministic.
-The FMA count grows with M, so the launcher uses this kernel only at M = 1 (from M = 2 the nibble-plane
-tiles of :mod:`kernels.w4a16` measured faster on an H100: 8192x28672 M = 2 75 vs 94 us).
+and adds the bias (:mod:`compress_kernels.common.splitk`, "the last split reduces"): one launch,
+deterministic. The FMA count grows with M, so the table takes this kernel only at M = 1 (from M = 2
+the nibble-plane tiles were faster on an H100: 8192x28672 M = 2 75 vs 94 us).
 """
 from __future__ import annotations
 
 import triton
 import triton.language as tl
 
-from compress_kernels._pdl import launch_options, let_dependents_launch, pdl_enabled, wait_for_inputs
-from compress_kernels._splitk import last_split_buffers, last_split_reduces
-from compress_kernels._tiles import split8, split_k_range, weight_columns
+from compress_kernels.common.int4 import tile_partial
+from compress_kernels.common.splitk import last_split_buffers, last_split_reduces
+from compress_kernels.common.tiles import split_k_range, weight_columns
 
 
 @triton.jit
 def _load_tile(q_ptrs, x_ptrs, s_ptrs, kt, k_last, K, offs_r, offs_j, stride_qk, stride_xk, stride_sg,
-               GROUP_SHIFT: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_K: tl.constexpr, WAIT: tl.constexpr):
+               GROUP_SHIFT: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_K: tl.constexpr):
     """The packed (BLOCK_K/8, BLOCK_N) tile at channel ``kt``, its x values as (BLOCK_K/8, 8) (row r,
     column j: channel kt + 8r + j) and its scales; zeros past ``k_last`` (a whole tile past it loads
-    nothing: the prefetch after the last tile). ``WAIT``: with PDL, the packed tile is loaded before
-    ``griddepcontrol.wait`` (weights are never written by the kernel before), x after it."""
+    nothing: the prefetch after the last tile)."""
     q_ptrs = q_ptrs + (kt // 8) * stride_qk
     x_ptrs = x_ptrs + kt * stride_xk
     packed = tl.load(q_ptrs, mask=(kt // 8 + offs_r)[:, None] < k_last // 8, other=0)  # constant along N
-    wait_for_inputs(WAIT)
     if EVEN_K:  # whole tiles: the mask is constant along j too, so x loads stay 16 bytes wide
         xt = tl.load(x_ptrs, mask=(kt + 8 * offs_r)[:, None] < k_last, other=0.0)
     else:
@@ -68,51 +57,13 @@ def _load_tile(q_ptrs, x_ptrs, s_ptrs, kt, k_last, K, offs_r, offs_j, stride_qk,
 
 
 @triton.jit
-def _nibble_columns(xt, ROWS: tl.constexpr):
-    """The 8 columns of ``xt`` (ROWS, 8) as (ROWS,) tensors, j = 0..7."""
-    return split8(tl.reshape(xt, (ROWS, 2, 2, 2)))
-
-
-@triton.jit
-def _nibble_product(u_lo, u_hi, xj, j: tl.constexpr):
-    """``x[8r + j] * q[8r + j, n]`` for nibble plane ``j``, from the biased words (see the module docstring)."""
-    if j < 5:  # nibble j sits at bits 4j..4j+3 <= 19: inside the fp32 mantissa where it is
-        src = u_lo
-        p: tl.constexpr = j
-    else:
-        src = u_hi
-        p: tl.constexpr = j - 3
-    bits = src & ((0xF << (4 * p)) | 0x4B000000)  # fp32 2^23 + (q + 8) * 16^p, exact
-    w = bits.to(tl.float32, bitcast=True) - (8388608.0 + 8.0 * (1 << (4 * p)))  # q * 16^p, exact
-    return (xj * (1.0 / (1 << (4 * p))))[:, None] * w  # x * 16^-p: a power of two, exact
-
-
-@triton.jit
-def _tile_partial(packed, xt, BLOCK_K: tl.constexpr):
-    """sum_j x[kt + 8r + j] * q[kt + 8r + j, n] for one packed tile: (BLOCK_K/8, BLOCK_N) fp32, unscaled."""
-    u = (packed ^ -0x77777778).to(tl.uint32, bitcast=True)  # 0x88888888: each nibble q -> q + 8 in 0..15
-    u_lo = u | 0x4B000000  # exponent bits of 2^23 set once per word; the and below keeps them
-    u_hi = (u >> 12) | 0x4B000000  # nibbles 5..7 moved to bit positions 8..19
-    x0, x1, x2, x3, x4, x5, x6, x7 = _nibble_columns(xt, BLOCK_K // 8)
-    part = _nibble_product(u_lo, u_hi, x0, 0)
-    part += _nibble_product(u_lo, u_hi, x1, 1)
-    part += _nibble_product(u_lo, u_hi, x2, 2)
-    part += _nibble_product(u_lo, u_hi, x3, 3)
-    part += _nibble_product(u_lo, u_hi, x4, 4)
-    part += _nibble_product(u_lo, u_hi, x5, 5)
-    part += _nibble_product(u_lo, u_hi, x6, 6)
-    part += _nibble_product(u_lo, u_hi, x7, 7)
-    return part
-
-
-@triton.jit
 def _w4a16_fma_kernel(
     x_ptr, qw_ptr, s_ptr, bias_ptr, out_ptr,  # x (M, K), qweight (K/8, N), scales (K/G, N), bias (N,), out (M, N)
     ws_ptr, cnt_ptr,  # SPLIT_K > 1: fp32 partials (SPLIT_K, M, N), int32 ticket counters (M * N / BLOCK_N,)
     M, N, K,
     stride_xm, stride_xk, stride_qk, stride_qn, stride_sg, stride_sn, stride_om,
     GROUP_SHIFT: tl.constexpr, SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     row = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -129,14 +80,12 @@ def _w4a16_fma_kernel(
 
     acc = tl.zeros((BLOCK_K // 8, BLOCK_N), dtype=tl.float32)
     packed, xt, scale = _load_tile(q_ptrs, x_ptrs, s_ptrs, k_first, k_last, K, offs_r, offs_j,
-                                   stride_qk, stride_xk, stride_sg, GROUP_SHIFT, EVEN_K, BLOCK_K, USE_PDL)
+                                   stride_qk, stride_xk, stride_sg, GROUP_SHIFT, EVEN_K, BLOCK_K)
     for k0 in range(k_first, k_last, BLOCK_K):  # the next tile's loads are in flight during this one's FMAs
         next_packed, next_xt, next_scale = _load_tile(q_ptrs, x_ptrs, s_ptrs, k0 + BLOCK_K, k_last, K, offs_r, offs_j,
-                                                      stride_qk, stride_xk, stride_sg, GROUP_SHIFT, EVEN_K, BLOCK_K,
-                                                      False)
-        acc += _tile_partial(packed, xt, BLOCK_K) * scale[None, :]
+                                                      stride_qk, stride_xk, stride_sg, GROUP_SHIFT, EVEN_K, BLOCK_K)
+        acc += tile_partial(packed, xt, BLOCK_K) * scale[None, :]
         packed, xt, scale = next_packed, next_xt, next_scale
-    let_dependents_launch(USE_PDL)
 
     y = tl.sum(acc, axis=0)  # (BN,)
     if SPLIT_K > 1:  # store the partial; the last split of this (row, tile) to arrive reduces
@@ -148,7 +97,7 @@ def _w4a16_fma_kernel(
         tl.store(out_ptr + row.to(tl.int64) * stride_om + offs_n, y.to(out_ptr.dtype.element_ty), mask=offs_n < N)
 
 
-def _group_shift(group_size: int, k: int) -> int:
+def group_shift(group_size: int, k: int) -> int:
     """log2 of the scale group (the launcher allows 32, 64, 128), or -1 for one group per channel."""
     if group_size == k:
         return -1
@@ -163,13 +112,11 @@ def launch_fma(x2, qweight, scales, group_size, bias, y, cfg) -> None:
     n = qweight.shape[1]
     grid = (m, triton.cdiv(n, cfg.block_n), cfg.split_k)
     workspace, counters = last_split_buffers(y, cfg.split_k, m, n, m * grid[1])
-    use_pdl = pdl_enabled(x2.device)
     _w4a16_fma_kernel[grid](
         x2, qweight, scales, bias if bias is not None else scales, y, workspace, counters,
         m, n, k,
         x2.stride(0), x2.stride(1), qweight.stride(0), qweight.stride(1), scales.stride(0), scales.stride(1),
-        y.stride(0), _group_shift(group_size, k), cfg.split_k, HAS_BIAS=bias is not None,
+        y.stride(0), group_shift(group_size, k), cfg.split_k, HAS_BIAS=bias is not None,
         EVEN_K=k % (cfg.block_k * cfg.split_k) == 0, EVEN_N=n % cfg.block_n == 0,
-        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, USE_PDL=use_pdl, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages, **launch_options(use_pdl),
+        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )

@@ -1,10 +1,10 @@
-"""Large-M fallback of the block-sparse launchers: write the BSR weight out dense, then a dense GEMM.
+"""Large-M path of the block-sparse ops: write the BSR weight out dense, then a dense GEMM.
 
-At large M the block kernels (:mod:`kernels.bsr`, :mod:`kernels.bsr_w8a8`) run at about a third of a
-dense GEMM's rate: their 32-wide output tiles re-read every gathered tile of x once per block row
-(docs/benchmarks/kernels.md). On a layer that keeps a large share of its blocks it is then faster to
-rebuild the dense (N, K) weight and call cuBLAS (fp16/bf16) or the dense W8A8 kernels (int8);
-:func:`densifies` makes that choice from the shapes and nnz alone (CUDA-graph safe).
+At large M the block kernels run at about a third of a dense GEMM's rate: their 32-wide output tiles
+re-read every gathered tile of x once per block row. On a layer that keeps a large share of its blocks
+it is then faster to rebuild the dense (N, K) weight and call cuBLAS (fp16/bf16) or the dense W8A8
+kernels (int8); :func:`compress_kernels.bsr.dispatch.densifies` makes that choice from the shapes and
+nnz alone (CUDA-graph safe).
 
 :func:`bsr_to_dense` is one Triton launch: program (r, c) writes block (r, c) of the dense matrix,
 the stored block if block row r holds column c, else zeros. It finds the block by comparing c with
@@ -22,20 +22,10 @@ import torch
 import triton
 import triton.language as tl
 
+from compress_kernels.bsr.dispatch import MAX_GRID_Y
 from compress_kernels.reference import BSR_BLOCK
 
-DENSIFY_MIN_M = 2048  # from this many rows of x, on layers keeping at least
-DENSIFY_MIN_DENSITY = 0.4  # this share of their blocks, the launchers go dense
 SCAN = 64  # col_indices read per step while looking for a block column
-MAX_GRID_Y = 65535  # CUDA's limit on the second grid dimension (block columns here)
-
-
-def densifies(m: int, n: int, k: int, nnz: int) -> bool:
-    """Whether a block-sparse launcher writes the weight out dense and runs a dense GEMM instead
-    (never for K beyond MAX_GRID_Y block columns: the block kernels take those)."""
-    if k // BSR_BLOCK > MAX_GRID_Y:
-        return False
-    return m >= DENSIFY_MIN_M and nnz >= DENSIFY_MIN_DENSITY * (n // BSR_BLOCK) * (k // BSR_BLOCK)
 
 
 @triton.jit

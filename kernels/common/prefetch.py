@@ -4,14 +4,13 @@
 bring ``size`` contiguous bytes at ``addr`` into L2 and returns at once: no registers, no shared
 memory, no completion to wait for. Both ``addr`` and ``size`` must be multiples of 16.
 
-Use: the DDS one-row kernel (:mod:`kernels.bsr`) reads the stored blocks of one block row, a
+Use: the DDS one-row kernel (:mod:`compress_kernels.bsr.gemv`) reads the stored blocks of one block row, a
 contiguous range of ``values``, through a chain of dependent steps (block index, then the x
 columns it names). One prefetch of the first ``PREFETCH_BYTES`` of that range, issued by thread 0 of
 one program per block row before its loop, starts those DRAM reads at once. On an H100 8 KB took
 1-5% off 9 of 10 layer / sparsity cells at M = 1 and was 3% slower on the tenth (8192x28672 at 50%,
-so layers above 128 Mi weights do without); larger prefetches were slower, and so were 64 rows of
-1-16 KB each ahead of the W8A8 16-row GEMM (measured in the commit that added this module, then
-removed; docs/kernels-notes.md, "W8A8 and DDS at small M: L2 prefetch").
+so layers above 128 Mi weights do without); larger prefetches were slower, and so were prefetches
+ahead of the W8A8 16-row GEMM and of the DDS tile kernel.
 
 :func:`prefetch_range` clamps the size to the bytes left in the range (rounded down to 16), so a
 prefetch never reaches past the tensor. The launcher decides whether a prefetch is legal
@@ -23,7 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
-from compress_kernels._checks import interpreting
+from compress_kernels.common.checks import interpreting
+from compress_kernels.common.device import hopper_or_newer
 
 # from thread 0 of the program only: every thread would otherwise ask for the same range
 PREFETCH_ONCE_ASM = tl.constexpr(
@@ -34,9 +34,7 @@ PREFETCH_ONCE_ASM = tl.constexpr(
 def prefetch_allowed(t: torch.Tensor) -> bool:
     """True when ranges of the contiguous tensor ``t`` can be bulk-prefetched: a CUDA tensor on sm_90
     or later whose data pointer is a multiple of 16 bytes, outside the interpreter."""
-    if interpreting() or t.device.type != "cuda" or not t.is_contiguous():
-        return False
-    if torch.cuda.get_device_capability(t.device)[0] < 9:
+    if interpreting() or not t.is_contiguous() or not hopper_or_newer(t.device):
         return False
     return t.data_ptr() % 16 == 0
 

@@ -1,7 +1,7 @@
 """W8A8 GEMM on quantized inputs with TMA tile loads (Hopper tensor descriptors), for large M.
 
-Same contract as the pre-pass GEMM of :mod:`kernels.w8a8` (``xq`` (M, K) int8 and ``s_x`` (M,) from
-the quantize pass, ``w_q`` (N, K) int8, ``w_scale`` (N,) fp32)::
+Same contract as the pointer-loaded GEMM of :mod:`compress_kernels.w8a8.gemm` (``xq`` (M, K) int8 and
+``s_x`` (M,) from the quantize pass, ``w_q`` (N, K) int8, ``w_scale`` (N,) fp32)::
 
     acc[m, n] = sum_k xq[m, k] * w_q[n, k]        (int32, exact)
     y[m, n]   = acc[m, n] * s_x[m] * w_scale[n] (+ bias[n])      fp32, stored in y's dtype
@@ -12,7 +12,7 @@ past M, N and K, so the kernel computes no per-element addresses or masks in its
 box is K-major like ``w_q`` and enters the dot transposed. No split-K: this path is for large M,
 where the output tiles alone fill the GPU. A descriptor needs 16-byte aligned base pointers and row
 strides (K a multiple of 16 for int8, unit stride along K); :func:`tma_ready` checks that, and the
-caller falls back to the pointer kernel otherwise. Triton's interpreter runs descriptors too, so
+dispatch table takes the pointer kernel otherwise. Triton's interpreter runs descriptors too, so
 the CPU tests cover the indexing and the zero fill.
 """
 from __future__ import annotations
@@ -22,8 +22,9 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from compress_kernels._pdl import launch_options, let_dependents_launch, pdl_enabled, wait_for_inputs
-from compress_kernels._tiles import grouped_tile
+from compress_kernels.common.device import hopper_or_newer
+from compress_kernels.common.pdl import launch_options, let_dependents_launch, pdl_enabled, wait_for_inputs
+from compress_kernels.common.tiles import grouped_tile
 
 
 @triton.jit
@@ -57,21 +58,29 @@ def _w8a8_tma_kernel(
     tl.store(y_ptrs, y.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
 
 
-def tma_ready(xq: torch.Tensor, w_q: torch.Tensor) -> bool:
+def tma_ready(w_q: torch.Tensor, xq: torch.Tensor | None = None) -> bool:
     """Whether both int8 operands can be described for TMA: a GPU of compute capability >= 9.0 (or
-    the interpreter), unit stride along K, 16-byte aligned base pointers and row strides."""
-    if xq.device.type == "cuda" and torch.cuda.get_device_capability(xq.device)[0] < 9:
+    the interpreter), unit stride along K, 16-byte aligned base pointers and row strides. ``xq``
+    None: the quantize pass will allocate it, contiguous (aligned when K is a multiple of 16)."""
+    if w_q.device.type == "cuda" and not hopper_or_newer(w_q.device):
         return False
-    return all(t.stride(1) == 1 and t.stride(0) % 16 == 0 and t.data_ptr() % 16 == 0 for t in (xq, w_q))
+    if xq is None:
+        return w_q.shape[1] % 16 == 0 and _describable(w_q)
+    return _describable(xq) and _describable(w_q)
 
 
-def launch_tma(xq, s_x, w_q, w_scale, bias, cfg, y) -> torch.Tensor:
+def _describable(t: torch.Tensor) -> bool:
+    """Unit stride along the last dim, 16-byte aligned base pointer and row stride (int8 elements)."""
+    return t.stride(1) == 1 and t.stride(0) % 16 == 0 and t.data_ptr() % 16 == 0
+
+
+def launch_tma(xq, s_x, w_q, w_scale, bias, cfg, y) -> None:
     """``y`` (M, N) <- the dequantized product of ``xq`` and ``w_q`` with ``cfg``'s tiles (no split-K)."""
     m, k = xq.shape
     n = w_q.shape[0]
     x_desc = TensorDescriptor.from_tensor(xq, [cfg.block_m, cfg.block_k])
     w_desc = TensorDescriptor.from_tensor(w_q, [cfg.block_n, cfg.block_k])
-    use_pdl = pdl_enabled(xq.device, pair=True)
+    use_pdl = pdl_enabled(xq.device)
     grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n),)
     _w8a8_tma_kernel[grid](
         x_desc, w_desc, s_x, w_scale, bias if bias is not None else w_scale, y,
@@ -80,4 +89,3 @@ def launch_tma(xq, s_x, w_q, w_scale, bias, cfg, y) -> torch.Tensor:
         GROUP_M=cfg.group_m, USE_PDL=use_pdl, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         **launch_options(use_pdl),
     )
-    return y

@@ -1,7 +1,7 @@
 """Second pass of the split-K matmuls: sum fp32 partial products, add the bias, cast to the output dtype.
 
-At small M a matmul has too few output tiles to keep every SM streaming weights, so the launchers in
-:mod:`kernels.w8a8` and :mod:`kernels.w4a16` can cut K into ``SPLIT_K`` slices. Each slice writes its
+At small M a matmul has too few output tiles to keep every SM streaming weights, so the W8A8 and
+W4A16 tile kernels can cut K into ``SPLIT_K`` slices (:func:`split_k_for` sizes the split). Each slice writes its
 fp32 partial result ``partial[s, m, n]`` (already dequantized, so the slices add linearly) into a
 workspace of shape (SPLIT_K, M, N); this kernel then computes
 
@@ -89,6 +89,18 @@ def write_tile(acc, out_ptr, cnt_ptr, y_ptr, bias_ptr, cols, offs_m, offs_n, M, 
         tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
+def split_k_for(m: int, n: int, k: int, cfg, sms: int) -> int:
+    """Smallest power-of-two K split giving a program per SM (``sms``), 1 if none needed, at most 16
+    and never more splits than K tiles. ``cfg`` is any tile config with ``block_m``, ``block_n`` and
+    ``block_k``."""
+    tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
+    k_tiles = triton.cdiv(k, cfg.block_k)
+    split = 1
+    while tiles * split < sms and split * 2 <= k_tiles and split < 16:
+        split *= 2
+    return split
+
+
 def splitk_reduce(partial: torch.Tensor, bias: torch.Tensor | None, y: torch.Tensor) -> None:
     """Write ``partial.sum(0) (+ bias)`` into ``y`` (M, N); ``partial`` is contiguous (SPLIT_K, M, N) fp32."""
     split_k, m, n = partial.shape
@@ -150,7 +162,7 @@ def reduces_in_kernel(split_k: int, block_m: int) -> bool:
     """Whether a split tensor-core GEMM sums its partials itself (the last split of a tile) rather than
     in a second launch. On an H100 the in-kernel sum was 1-4% faster for 16-row tiles (W4A16, M = 16)
     but up to 25% slower for 64-row ones (M = 64: one program then reads SPLIT_K 64-row partials alone,
-    where the second launch spreads them over the GPU); docs/kernels-notes.md."""
+    where the second launch spreads them over the GPU)."""
     return split_k > 1 and block_m <= IN_KERNEL_MAX_ROWS
 
 
