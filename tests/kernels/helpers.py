@@ -1,11 +1,14 @@
-"""Shared test helpers for the kernel tests: random quantized operands and the error metric.
+"""Shared test helpers for the kernel tests: random quantized and block-sparse operands, the error metric.
 
-``pack_int4`` is written here independently of ``compress`` (``kernels`` must not depend on it): it
-packs q (K, N) in [-8, 7] as ``qweight[k // 8, n] |= (q[k, n] & 0xF) << (4 * (k % 8))``.
+``pack_int4`` is written here independently of ``compress`` (``compress_kernels`` must not depend on
+it): it packs q (K, N) in [-8, 7] as ``qweight[k // 8, n] |= (q[k, n] & 0xF) << (4 * (k % 8))``.
 """
 from __future__ import annotations
 
 import torch
+
+BSR_BLOCK = 32
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # CPU: the Triton interpreter (tests/conftest.py)
 
 
 def rel_error(y: torch.Tensor, ref: torch.Tensor) -> float:
@@ -37,3 +40,42 @@ def random_int8_weight(n: int, k: int, device="cpu"):
     w_q = torch.randint(-127, 128, (n, k), dtype=torch.int8, device=device)
     w_scale = torch.rand(n, device=device) * 0.01 + 0.001
     return w_q, w_scale
+
+
+def block_sparse_dense(n, k, sparsity, dtype, device="cpu", empty_rows=(), seed=0):
+    """Dense (n, k) weight with round(sparsity * blocks) absent 32x32 blocks (and whole empty block rows)."""
+    gen = torch.Generator().manual_seed(seed)
+    rows, cols = n // BSR_BLOCK, k // BSR_BLOCK
+    keep = torch.ones(rows * cols)
+    keep[torch.randperm(rows * cols, generator=gen)[: round(sparsity * rows * cols)]] = 0
+    keep = keep.reshape(rows, cols)
+    for r in empty_rows:
+        keep[r] = 0
+    mask = keep.repeat_interleave(BSR_BLOCK, 0).repeat_interleave(BSR_BLOCK, 1)
+    w = torch.randn(n, k, generator=gen) * mask / k**0.5
+    return w.to(device=device, dtype=dtype)
+
+
+def bsr_parts(w_dense, index_dtype=torch.int64):
+    """BSR parts as the inference module keeps them: plain dense tensors (clones).
+
+    Tensors returned straight by ``.values()`` of a sparse tensor trip Dynamo's automatic-dynamic
+    bookkeeping (IndexError in torch/_dynamo/pgo.py, torch 2.13), so the module stores copies.
+    """
+    bsr = w_dense.to_sparse_bsr((BSR_BLOCK, BSR_BLOCK))
+    return (bsr.crow_indices().to(index_dtype).clone(), bsr.col_indices().to(index_dtype).clone(),
+            bsr.values().clone())
+
+
+def check_w4a16_config(dtype, m, k, n, g, cfg, tol, device=DEVICE):
+    """W4A16 ``launch`` with ``cfg`` on random inputs (a bias for odd M) against the reference; returns y."""
+    from compress_kernels import reference
+    from compress_kernels.w4a16.op import launch
+
+    x = torch.randn(m, k, device=device).to(dtype)
+    qweight, _, scales = random_int4_weight(k, n, g, device=device)
+    bias = torch.randn(n, device=device).to(dtype) if m % 2 else None
+    y = launch(x, qweight, scales, g, bias, config=cfg)
+    assert y.shape == (m, n) and y.dtype == dtype
+    assert rel_error(y, reference.w4a16_matmul_ref(x, qweight, scales, g, bias)) <= tol
+    return y

@@ -1,35 +1,23 @@
-"""Tests for kernels/w4a16_wholek.py (the whole K strip per program) against kernels.reference.
+"""W4A16's whole-K-strip kernel (compress_kernels/w4a16/wholek.py) against compress_kernels.reference.
 
-CPU: Triton interpreter; GPU: marked ``gpu``. Tolerances as in test_w4a16.py (fp16 <= 2e-3, bf16 <= 1e-2:
-the output is cast to x's dtype); the integer-valued case below is exact.
+CPU: the Triton interpreter; GPU: marked ``gpu``. Tolerances: fp16 <= 2e-3, bf16 <= 1e-2 (the output
+is cast to x's dtype); the integer-valued case below is exact.
 """
 from __future__ import annotations
 
 import pytest
 import torch
 
-from compress_kernels import reference
-from compress_kernels.w4a16 import TileConfig, launch
-from compress_kernels.w4a16_wholek import WHOLEK_MAX_K, wholek_block_k
-from tests.kernels.helpers import pack_int4, random_int4_weight, rel_error
+from compress_kernels.w4a16.dispatch import TileConfig, wholek_block_k
+from compress_kernels.w4a16.op import launch
+from tests.kernels.helpers import DEVICE, check_w4a16_config, pack_int4, random_int4_weight
 
 TOL = {torch.float16: 2e-3, torch.bfloat16: 1e-2}
 DTYPES = (torch.float16, torch.bfloat16)
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def wholek(k: int, block_n: int, num_warps: int = 4) -> TileConfig:
     return TileConfig(1, block_n, wholek_block_k(k), num_warps=num_warps, path="wholek")
-
-
-def check_against_reference(dtype, m, k, n, g, cfg, device=DEVICE):
-    x = torch.randn(m, k, device=device).to(dtype)
-    qweight, _, scales = random_int4_weight(k, n, g, device=device)
-    bias = torch.randn(n, device=device).to(dtype) if m % 2 else None  # odd M with bias, even without
-    y = launch(x, qweight, scales, g, bias, config=cfg)
-    assert y.shape == (m, n) and y.dtype == dtype
-    assert rel_error(y, reference.w4a16_matmul_ref(x, qweight, scales, g, bias)) <= TOL[dtype]
-    return y
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -44,7 +32,7 @@ def check_against_reference(dtype, m, k, n, g, cfg, device=DEVICE):
     ],
 )
 def test_matches_reference(dtype, m, k, n, g, block_n):
-    check_against_reference(dtype, m, k, n, g, wholek(k, block_n))
+    check_w4a16_config(dtype, m, k, n, g, wholek(k, block_n), TOL[dtype])
 
 
 @pytest.mark.parametrize("first", [0, 1])  # -8 in the even or the odd nibble positions: both ends everywhere
@@ -87,15 +75,10 @@ def test_bad_configs_raise(cfg, words):
         launch(torch.randn(1, 128, device=DEVICE).half(), qweight, scales, 32, config=cfg)
 
 
-def test_block_k_holds_k():
-    assert [wholek_block_k(k) for k in (8, 64, 384, 1024, 1032)] == [64, 64, 512, 1024, 2048]
-    assert wholek_block_k(WHOLEK_MAX_K) == WHOLEK_MAX_K
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("k,n,g,block_n,warps", [(4096, 4096 + 8, 128, 16, 4), (1024, 1024, 32, 8, 2),
                                                  (4096, 11008, 4096, 32, 8), (384, 1152, 128, 16, 4)])
 @pytest.mark.parametrize("m", [1, 2])
 def test_gpu_full_size(dtype, k, n, g, block_n, warps, m):
-    check_against_reference(dtype, m, k, n, g, wholek(k, block_n, warps), device="cuda")
+    check_w4a16_config(dtype, m, k, n, g, wholek(k, block_n, warps), TOL[dtype], device="cuda")
