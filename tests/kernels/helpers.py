@@ -42,7 +42,7 @@ def random_int8_weight(n: int, k: int, device="cpu"):
     return w_q, w_scale
 
 
-def block_sparse_dense(n, k, sparsity, dtype, device="cpu", empty_rows=(), seed=0):
+def block_sparse_dense(n, k, sparsity, dtype, device=DEVICE, empty_rows=(), seed=0):
     """Dense (n, k) weight with round(sparsity * blocks) absent 32x32 blocks (and whole empty block rows)."""
     gen = torch.Generator().manual_seed(seed)
     rows, cols = n // BSR_BLOCK, k // BSR_BLOCK
@@ -79,3 +79,24 @@ def check_w4a16_config(dtype, m, k, n, g, cfg, tol, device=DEVICE):
     assert y.shape == (m, n) and y.dtype == dtype
     assert rel_error(y, reference.w4a16_matmul_ref(x, qweight, scales, g, bias)) <= tol
     return y
+
+
+def int8_block_sparse(n, k, sparsity, device=DEVICE, empty_rows=(), seed=0):
+    """(BSR parts with int8 values, w_scale (n,), the dense int8 weight with its absent blocks zero)."""
+    gen = torch.Generator().manual_seed(seed)
+    rows, cols = n // BSR_BLOCK, k // BSR_BLOCK
+    keep = torch.ones(rows * cols, dtype=torch.bool)
+    keep[torch.randperm(rows * cols, generator=gen)[: round(sparsity * rows * cols)]] = False
+    keep = keep.reshape(rows, cols)
+    for r in empty_rows:
+        keep[r] = False
+    w_q = torch.randint(-127, 128, (n, k), generator=gen, dtype=torch.int8)
+    w_q *= keep.repeat_interleave(BSR_BLOCK, 0).repeat_interleave(BSR_BLOCK, 1).to(torch.int8)
+    blocks = w_q.reshape(rows, BSR_BLOCK, cols, BSR_BLOCK).permute(0, 2, 1, 3)  # (R, C, 32, 32)
+    crow = torch.zeros(rows + 1, dtype=torch.int32)
+    crow[1:] = keep.sum(1).cumsum(0)
+    r_idx, c_idx = keep.nonzero(as_tuple=True)
+    values = blocks[r_idx, c_idx].contiguous()
+    w_scale = torch.rand(n, generator=gen) * 1e-2 + 1e-3
+    parts = (crow.to(device), c_idx.to(torch.int32).to(device), values.to(device))
+    return parts, w_scale.to(device), w_q.to(device)

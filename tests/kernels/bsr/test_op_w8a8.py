@@ -1,4 +1,4 @@
-"""Tests of the sparse W8A8 kernel (kernels/bsr_w8a8.py) against ``kernels.reference.bsr_w8a8_matmul_ref``.
+"""DDS + W8A8's public launchers (compress_kernels/bsr/op_w8a8.py) against ``compress_kernels.reference``.
 
 The kernel computes the reference's integers exactly and its epilogue does the same fp32 operations
 in the same order, so fp16 outputs are compared bit for bit and bf16 ones within one bf16 ulp (Triton's
@@ -10,36 +10,11 @@ import torch
 
 import compress_kernels as kernels
 from compress_kernels import reference
-from compress_kernels.bsr import BsrConfig
-from compress_kernels.bsr_densify import DENSIFY_MIN_M
-from compress_kernels.bsr_w8a8 import launch, pick_config
+from compress_kernels.bsr.dispatch import DENSIFY_MIN_M
 from compress_kernels.w8a8 import w8a8_matmul
-from tests.kernels.helpers import rel_error
+from tests.kernels.helpers import DEVICE, int8_block_sparse, rel_error
 
-BLOCK = 32
 DTYPES = (torch.float16, torch.bfloat16)
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def int8_block_sparse(n, k, sparsity, device=DEVICE, empty_rows=(), seed=0):
-    """(BSR parts with int8 values, w_scale (n,), the dense int8 weight with its absent blocks zero)."""
-    gen = torch.Generator().manual_seed(seed)
-    rows, cols = n // BLOCK, k // BLOCK
-    keep = torch.ones(rows * cols, dtype=torch.bool)
-    keep[torch.randperm(rows * cols, generator=gen)[: round(sparsity * rows * cols)]] = False
-    keep = keep.reshape(rows, cols)
-    for r in empty_rows:
-        keep[r] = False
-    w_q = torch.randint(-127, 128, (n, k), generator=gen, dtype=torch.int8)
-    w_q *= keep.repeat_interleave(BLOCK, 0).repeat_interleave(BLOCK, 1).to(torch.int8)
-    blocks = w_q.reshape(rows, BLOCK, cols, BLOCK).permute(0, 2, 1, 3)  # (R, C, 32, 32)
-    crow = torch.zeros(rows + 1, dtype=torch.int32)
-    crow[1:] = keep.sum(1).cumsum(0)
-    r_idx, c_idx = keep.nonzero(as_tuple=True)
-    values = blocks[r_idx, c_idx].contiguous()
-    w_scale = torch.rand(n, generator=gen) * 1e-2 + 1e-3
-    parts = (crow.to(device), c_idx.to(torch.int32).to(device), values.to(device))
-    return parts, w_scale.to(device), w_q.to(device)
 
 
 def assert_same_output(y, ref):
@@ -88,33 +63,6 @@ def test_static_scale(kind):
     assert_same_output(y, reference.bsr_w8a8_matmul_ref(x, *parts, w_scale, n, None, x_scale))
 
 
-@pytest.mark.parametrize("config", [BsrConfig("gemm", 16, 16, 2, 4, 2), BsrConfig("gemm", 64, 32, 1, 4, 3)])
-def test_other_tiles(config):
-    n, k, m = 96, 160, 33
-    parts, w_scale, _ = int8_block_sparse(n, k, 0.3)
-    x = torch.randn(m, k, device=DEVICE).half()
-    y = torch.empty(m, n, device=DEVICE, dtype=torch.float16)
-    launch(x, *parts, w_scale, None, None, y, config)
-    assert_same_output(y, reference.bsr_w8a8_matmul_ref(x, *parts, w_scale, n))
-
-
-def test_pick_config_buckets():
-    nnz = 128 * 64  # 4096x4096 at 50%: 128 block rows of 64 stored blocks
-    assert [pick_config(m, 4096, 4096, nnz).block_m for m in (1, 16, 17, 32, 33, 256, 257)] == [16, 16, 32, 32, 64, 64, 128]
-    assert pick_config(1, 4096, 4096, nnz).split == 8  # few long block rows: shared by 8 programs
-    assert pick_config(16, 8192, 8192, 256 * 128).split == 4
-    assert pick_config(1, 4096, 4096, 128 * 12).split == 1  # short rows (90%): no split
-    assert pick_config(1, 28672, 8192, 896 * 128).split == 1  # many block rows fill the GPU already
-    assert pick_config(64, 4096, 4096, nnz).split == 4 and pick_config(64, 8192, 8192, 256 * 128).split == 1
-    assert pick_config(64, 1152, 384, 36 * 6).block_m == 16  # MiniLM-size layers: 16-row tiles
-    assert pick_config(512, 1152, 384, 36 * 6).block_m == 64 and pick_config(512, 4096, 4096, nnz).block_m == 128
-    assert pick_config(2048, 1024, 1024, 32 * 16).block_m == 128  # enough programs with 128-row tiles
-    with pytest.raises(ValueError, match="'gemm' BsrConfig"):
-        launch(torch.zeros(1, 32, device=DEVICE).half(), *int8_block_sparse(32, 32, 0.0)[0],
-               torch.ones(32, device=DEVICE), None, None, torch.empty(1, 32, device=DEVICE).half(),
-               BsrConfig("gemv", 1, 8, 16, 4, 3))
-
-
 def test_custom_op_fake_and_schema():
     n, k = 64, 64
     parts, w_scale, _ = int8_block_sparse(n, k, 0.5)
@@ -131,8 +79,6 @@ def test_compile_fullgraph_traces_launcher():
                        backend="aot_eager")
     assert torch.equal(fn(x), reference.bsr_w8a8_matmul_ref(x, *parts, w_scale, n) * 2)
 
-
-# ---- bad input ---------------------------------------------------------------------------------
 
 def test_rejects_float_values():
     parts, w_scale, _ = int8_block_sparse(32, 64, 0.0)
@@ -162,25 +108,6 @@ def test_rejects_k_not_a_multiple_of_32():
         kernels.bsr_w8a8_matmul_parts(torch.randn(2, 48, device=DEVICE).half(), *parts, w_scale, 32)
 
 
-@pytest.mark.parametrize("split", [2, 3, 4])
-@pytest.mark.parametrize("m", [1, 20])
-def test_split_block_rows(split, m):
-    """Shares of a block row sum dequantized fp32 partials (as the dense kernel's split-K): the
-    reference's result up to fp32 rounding, the bias added once, empty block rows and shares give zeros."""
-    n, k = 128, 512
-    parts, w_scale, _ = int8_block_sparse(n, k, 0.3, empty_rows=(2,), seed=split)
-    x = torch.randn(m, k, device=DEVICE).half()
-    bias = torch.randn(n, device=DEVICE).half()
-    y = torch.empty(m, n, device=DEVICE, dtype=torch.float16)
-    launch(x, *parts, w_scale, bias, None, y, BsrConfig("gemm", 16, 32, 2, 4, 3, split=split))
-    ref = reference.bsr_w8a8_matmul_ref(x, *parts, w_scale, n, bias)
-    assert rel_error(y, ref) <= 1e-3
-    assert torch.equal(y[:, 64:96], bias[64:96].expand(m, 32))  # block row 2 is empty: the bias alone
-    again = torch.empty_like(y)
-    launch(x, *parts, w_scale, bias, None, again, BsrConfig("gemm", 16, 32, 2, 4, 3, split=split))
-    assert torch.equal(again, y)  # the counters were left zeroed: a second launch reduces the same way
-
-
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(("m", "sparsity"), [(5, 0.5), (40, 0.0), (DENSIFY_MIN_M, 0.5)])
 def test_quantized_input_equals_parts(dtype, m, sparsity):
@@ -205,8 +132,6 @@ def test_quantized_input_rejects_mismatched_scales():
     with pytest.raises(ValueError, match="w_scale: expected shape \\(64,\\)"):
         kernels.bsr_w8a8_matmul_quantized(xq, torch.ones(4, device=DEVICE), *parts, w_scale[:32], 64)
 
-
-# ---- GPU, full size --------------------------------------------------------------------------------
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -1,16 +1,13 @@
-"""Tests of kernels/bsr_densify.py: the dense matrix of BSR parts, and the launchers' large-M dense path."""
+"""The weight written out dense (compress_kernels/bsr/densify.py), and both ops' large-M dense path."""
 import pytest
 import torch
 
 import compress_kernels as kernels
 from compress_kernels import reference
-from compress_kernels.bsr_densify import DENSIFY_MIN_M, bsr_to_dense, densifies
+from compress_kernels.bsr.densify import bsr_to_dense
+from compress_kernels.bsr.dispatch import DENSIFY_MIN_M, densifies
 from compress_kernels.w8a8 import w8a8_matmul
-from tests.kernels.helpers import rel_error
-from tests.kernels.test_bsr import block_sparse_dense, parts
-from tests.kernels.test_bsr_w8a8 import int8_block_sparse
-
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+from tests.kernels.helpers import DEVICE, block_sparse_dense, bsr_parts, int8_block_sparse, rel_error
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.int8])
@@ -19,28 +16,16 @@ def test_bsr_to_dense_rebuilds_the_matrix(dtype, sparsity):
     n, k = 96, 160  # 3 block rows x 5 block columns
     w = block_sparse_dense(n, k, sparsity, torch.float32, empty_rows=(1,)) * 50
     w = w.round().clamp(-127, 127).to(dtype)
-    crow, col, values = parts(w)
+    crow, col, values = bsr_parts(w)
     assert torch.equal(bsr_to_dense(crow, col, values, n, k), w)
 
 
 def test_bsr_to_dense_long_rows_and_unsorted_columns():
     n, k = 32, 32 * 150  # one block row of 150 blocks: more than one SCAN step
     w = block_sparse_dense(n, k, 0.3, torch.float16)
-    crow, col, values = parts(w, torch.int32)
+    crow, col, values = bsr_parts(w, torch.int32)
     order = torch.randperm(col.shape[0])
     assert torch.equal(bsr_to_dense(crow, col[order].contiguous(), values[order].contiguous(), n, k), w)
-
-
-def test_densifies_only_large_m_on_dense_enough_layers():
-    blocks = (4096 // 32) ** 2
-    assert densifies(DENSIFY_MIN_M, 4096, 4096, blocks // 2)  # 50% of the blocks kept
-    assert not densifies(DENSIFY_MIN_M - 1, 4096, 4096, blocks // 2)
-    assert not densifies(8192, 4096, 4096, blocks // 4)  # 75% sparse: the block kernel is faster
-    huge_k = 32 * 70000  # more block columns than a grid dimension holds: the block kernel
-    assert not densifies(8192, 32, huge_k, 70000)
-    with pytest.raises(ValueError, match="in_features: expected at most"):
-        bsr_to_dense(torch.zeros(2, dtype=torch.int32), torch.zeros(0, dtype=torch.int32),
-                     torch.zeros(0, 32, 32), 32, huge_k)
 
 
 @pytest.mark.parametrize("sparsity", [0.3, 0.9])
@@ -49,7 +34,7 @@ def test_dds_large_m_matches_reference_on_either_path(sparsity):
     stays on the block kernel); both give the reference's product, a float32 bias and an empty row."""
     n, k = 128, 64
     w = block_sparse_dense(n, k, sparsity, torch.float16, empty_rows=(1,))
-    crow, col, values = parts(w)
+    crow, col, values = bsr_parts(w)
     x = torch.randn(2, DENSIFY_MIN_M // 2, k, device=DEVICE).half()
     bias = torch.randn(n, device=DEVICE)
     assert densifies(DENSIFY_MIN_M, n, k, col.shape[0]) == (sparsity == 0.3)
@@ -73,11 +58,10 @@ def test_sparse_w8a8_large_m_equals_dense_w8a8():
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_gpu_full_size_and_cuda_graph():
     n = k = 4096
     w = block_sparse_dense(n, k, 0.5, torch.float16)
-    crow, col, values = parts(w, torch.int32)
+    crow, col, values = bsr_parts(w, torch.int32)
     assert torch.equal(bsr_to_dense(crow, col, values, n, k), w)
     x = torch.randn(DENSIFY_MIN_M, k, device="cuda").half()
     graph = torch.cuda.CUDAGraph()
@@ -87,3 +71,9 @@ def test_gpu_full_size_and_cuda_graph():
     x.copy_(torch.randn_like(x))
     graph.replay()
     assert rel_error(y, torch.nn.functional.linear(x, w)) <= 1e-3
+
+
+def test_more_block_columns_than_a_grid_holds_are_refused():
+    with pytest.raises(ValueError, match="in_features: expected at most"):
+        bsr_to_dense(torch.zeros(2, dtype=torch.int32), torch.zeros(0, dtype=torch.int32),
+                     torch.zeros(0, 32, 32), 32, 32 * 70000)
