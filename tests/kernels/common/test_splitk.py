@@ -1,12 +1,16 @@
-"""Ticket counters of the one-launch split-K kernels: eager buffers, capture slices, graph replays."""
+"""Split-K (compress_kernels/common/splitk.py): the split rule, the ticket counters of the one-launch
+split-K kernels (eager buffers, capture slices, graph replays) and the two ways of summing the splits."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from compress_kernels import _splitk
-from compress_kernels.w4a16 import TileConfig, launch
-from tests.kernels.helpers import random_int4_weight
+from compress_kernels.common import splitk as _splitk
+from compress_kernels.w4a16.dispatch import TileConfig
+from compress_kernels.w4a16.op import launch
+from compress_kernels.w8a8.dispatch import TileConfig as W8Config
+from compress_kernels.w8a8.op import launch as w8a8_launch
+from tests.kernels.helpers import DEVICE, random_int4_weight, random_int8_weight
 
 
 @pytest.fixture
@@ -99,10 +103,7 @@ def test_tiled_split_launch_grid_and_buffers():
 def test_in_kernel_and_second_launch_reduce_give_the_same_bits(kind, monkeypatch):
     """The last split's in-kernel sum and the separate reduce pass add the same partials in the same
     order: with the in-kernel sum switched off (IN_KERNEL_MAX_ROWS = 0) the output is bit-identical."""
-    from compress_kernels import w8a8
-    from tests.kernels.helpers import random_int8_weight
-
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = DEVICE
     m, k, n = 5, 192, 96
     x = torch.randn(m, k, device=device).half()
     bias = torch.randn(n, device=device).half()
@@ -111,7 +112,15 @@ def test_in_kernel_and_second_launch_reduce_give_the_same_bits(kind, monkeypatch
         run = lambda: launch(x, qweight, scales, 32, bias, TileConfig(16, 32, 32, split_k=3, scale_after_dot=True))  # noqa: E731
     else:
         w_q, w_scale = random_int8_weight(n, k, device=device)
-        run = lambda: w8a8.launch(x, w_q, w_scale, bias, None, w8a8.TileConfig(16, 32, 32, split_k=3))  # noqa: E731
+        run = lambda: w8a8_launch(x, w_q, w_scale, bias, None, W8Config(16, 32, 32, split_k=3))  # noqa: E731
     in_kernel = run()
     monkeypatch.setattr(_splitk, "IN_KERNEL_MAX_ROWS", 0)
     assert torch.equal(run(), in_kernel)
+
+
+def test_split_k_for_gives_a_program_per_sm():
+    cfg = W8Config(32, 64, 256)
+    assert _splitk.split_k_for(64, 4096, 4096, cfg, 132) == 2  # 2 x 64 = 128 tiles: one split more
+    assert _splitk.split_k_for(64, 4096, 4096, cfg, 128) == 1  # already a tile per SM
+    assert _splitk.split_k_for(1, 64, 512, cfg, 132) == 2  # never more splits than the 2 K tiles
+    assert _splitk.split_k_for(1, 64, 2**20, cfg, 10**6) == 16  # at most 16

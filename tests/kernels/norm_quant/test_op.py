@@ -1,4 +1,4 @@
-"""Tests of LayerNorm / RMSNorm / GELU with per-token int8 output (kernels/norm_quant.py).
+"""LayerNorm / RMSNorm / GELU with per-token int8 output (compress_kernels/norm_quant/op.py and its kernels).
 
 ``y`` is compared with the reference within fp32 rounding (sums in another order; Triton's
 interpreter casts fp32 -> bf16 by truncation), and ``xq`` / ``s_x`` must be exactly
@@ -11,10 +11,9 @@ import torch
 import compress_kernels as kernels
 from compress_kernels import reference
 from compress_kernels.norm_quant import MAX_ROW
-from tests.kernels.helpers import rel_error
+from tests.kernels.helpers import DEVICE, rel_error
 
 DTYPES = (torch.float16, torch.bfloat16)
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = {torch.float16: 1e-3, torch.bfloat16: 1e-2}
 
 
