@@ -30,7 +30,6 @@ of one row:
 """
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 

@@ -9,6 +9,14 @@ import torch
 
 BSR_BLOCK = 32
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # CPU: the Triton interpreter (tests/conftest.py)
+DTYPES = (torch.float16, torch.bfloat16)
+# ||y - ref|| / ||ref|| of W4A16 against the reference, which dequantizes to fp32: the paths that
+# dequantize before the tensor-core product round the weight to x's dtype (fp16: 2^-11, bf16: 2^-8 per
+# weight) and the output is cast to x's dtype (Triton's interpreter truncates fp32 -> bf16)
+W4A16_TOL = {torch.float16: 2e-3, torch.bfloat16: 1e-2}
+# ... and of W8A8, whose paths compute the reference's integers exactly: only the fp32 rounding order of
+# the epilogue and the output cast differ (the interpreter truncates to bf16: one bf16 ulp = 2^-8)
+W8A8_TOL = {torch.float16: 1e-3, torch.bfloat16: 1e-2}
 
 
 def rel_error(y: torch.Tensor, ref: torch.Tensor) -> float:

@@ -10,10 +10,8 @@ from compress_kernels import reference
 from compress_kernels.w4a16.dequant import dequantize
 from compress_kernels.w4a16.dispatch import TileConfig
 from compress_kernels.w4a16.op import launch
-from tests.kernels.helpers import DEVICE, random_int4_weight, rel_error
+from tests.kernels.helpers import DEVICE, DTYPES, W4A16_TOL, random_int4_weight, rel_error
 
-TOL = {torch.float16: 2e-3, torch.bfloat16: 1e-2}
-DTYPES = (torch.float16, torch.bfloat16)
 
 
 @pytest.mark.parametrize("k,g", [(192, 32), (256, 128), (200, 200)])  # G = K = 200: a masked tail
@@ -32,4 +30,4 @@ def test_dequant_path_matches_reference(dtype, with_bias):
     qweight, _, scales = random_int4_weight(k, n, g, scale_dtype=dtype, device=DEVICE)
     bias = torch.randn(n, device=DEVICE) if with_bias else None
     y = launch(x, qweight, scales, g, bias, config=TileConfig(0, 0, 0, path="dequant"))
-    assert rel_error(y, reference.w4a16_matmul_ref(x, qweight, scales, g, bias)) <= TOL[dtype]
+    assert rel_error(y, reference.w4a16_matmul_ref(x, qweight, scales, g, bias)) <= W4A16_TOL[dtype]

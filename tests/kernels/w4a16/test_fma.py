@@ -1,6 +1,6 @@
 """W4A16's one-row CUDA-core kernel (compress_kernels/w4a16/fma.py): K splits summed by the last split in
 the kernel, empty splits, wrapped columns. CPU: the Triton interpreter; GPU: marked ``gpu``.
-Tolerances: fp16 <= 2e-3, bf16 <= 1e-2 (the output cast to x's dtype).
+Tolerances: ``W4A16_TOL`` (tests/kernels/helpers.py).
 """
 from __future__ import annotations
 
@@ -11,10 +11,8 @@ from compress_kernels import reference
 from compress_kernels.common.splitk import tile_counters
 from compress_kernels.w4a16.dispatch import TileConfig
 from compress_kernels.w4a16.op import launch
-from tests.kernels.helpers import DEVICE, check_w4a16_config, random_int4_weight, rel_error
+from tests.kernels.helpers import DEVICE, DTYPES, W4A16_TOL, check_w4a16_config, random_int4_weight, rel_error
 
-TOL = {torch.float16: 2e-3, torch.bfloat16: 1e-2}
-DTYPES = (torch.float16, torch.bfloat16)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -28,7 +26,7 @@ DTYPES = (torch.float16, torch.bfloat16)
     ],
 )
 def test_matches_reference(dtype, m, n, g, cfg):
-    check_w4a16_config(dtype, m, 192, n, g, cfg, TOL[dtype])
+    check_w4a16_config(dtype, m, 192, n, g, cfg, W4A16_TOL[dtype])
 
 
 def test_fma_last_split_reduces_and_leaves_counters_zeroed():
@@ -40,7 +38,7 @@ def test_fma_last_split_reduces_and_leaves_counters_zeroed():
     first = launch(x, qweight, scales, g, bias, config=cfg)
     assert not tile_counters(x.device, 4).any()  # every ticket counter back at zero
     assert torch.equal(launch(x, qweight, scales, g, bias, config=cfg), first)  # and the next call is right too
-    assert rel_error(first, reference.w4a16_matmul_ref(x, qweight, scales, g, bias)) <= TOL[torch.float16]
+    assert rel_error(first, reference.w4a16_matmul_ref(x, qweight, scales, g, bias)) <= W4A16_TOL[torch.float16]
 
 
 @pytest.mark.gpu
@@ -57,6 +55,6 @@ def test_gpu_fma_full_size(dtype, m, cfg):
     qweight, _, scales = random_int4_weight(k, n, g, device="cuda")
     bias = torch.randn(n, device="cuda").to(dtype)
     y = launch(x, qweight, scales, g, bias, config=cfg)
-    assert rel_error(y, reference.w4a16_matmul_ref(x, qweight, scales, g, bias)) <= TOL[dtype]
+    assert rel_error(y, reference.w4a16_matmul_ref(x, qweight, scales, g, bias)) <= W4A16_TOL[dtype]
     for _ in range(3):  # in-kernel split reduction: the same bits whichever split arrives last
         assert torch.equal(launch(x, qweight, scales, g, bias, config=cfg), y)

@@ -1,9 +1,6 @@
 """W4A16's public launcher (compress_kernels/w4a16/op.py) against compress_kernels.reference.
 
-CPU: the Triton interpreter; GPU: marked ``gpu``. Tolerances (||y - ref|| / ||ref||): the reference dequantizes to fp32; the paths that dequantize
-before the tensor-core product round the weight to x's dtype (fp16: 2^-11, bf16: 2^-8 per weight)
-and the output is cast to x's dtype (Triton's interpreter truncates fp32 -> bf16): fp16 <= 2e-3,
-bf16 <= 1e-2.
+CPU: the Triton interpreter; GPU: marked ``gpu``. Tolerances: ``W4A16_TOL`` (tests/kernels/helpers.py).
 """
 from __future__ import annotations
 
@@ -13,10 +10,8 @@ import torch
 from compress_kernels import reference
 from compress_kernels.w4a16.dispatch import TileConfig, pick
 from compress_kernels.w4a16.op import launch, w4a16_matmul
-from tests.kernels.helpers import DEVICE, pack_int4, random_int4_weight, rel_error
+from tests.kernels.helpers import DEVICE, DTYPES, W4A16_TOL, pack_int4, random_int4_weight, rel_error
 
-TOL = {torch.float16: 2e-3, torch.bfloat16: 1e-2}
-DTYPES = (torch.float16, torch.bfloat16)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -30,7 +25,7 @@ def test_matches_reference(dtype, m, k, n, group_size):
     y = w4a16_matmul(x, qweight, scales, g, bias)
     ref = reference.w4a16_matmul_ref(x, qweight, scales, g, bias)
     assert y.shape == (m, n) and y.dtype == dtype
-    assert rel_error(y, ref) <= TOL[dtype]
+    assert rel_error(y, ref) <= W4A16_TOL[dtype]
 
 
 def test_per_channel_group_with_k_not_a_tile_multiple():
@@ -40,7 +35,7 @@ def test_per_channel_group_with_k_not_a_tile_multiple():
     for cfg in (None, TileConfig(16, 32, 64, split_k=2, scale_after_dot=True), TileConfig(16, 32, 64, split_k=2),
                 TileConfig(0, 0, 0, path="dequant"), TileConfig(1, 32, 64, split_k=2, path="fma")):
         y = launch(x, qweight, scales, k, config=cfg)
-        assert rel_error(y, reference.w4a16_matmul_ref(x, qweight, scales, k)) <= TOL[torch.float16]
+        assert rel_error(y, reference.w4a16_matmul_ref(x, qweight, scales, k)) <= W4A16_TOL[torch.float16]
 
 
 @pytest.mark.parametrize("m,cfg", [(1, TileConfig(1, 16, 32, split_k=2, path="fma")), (1, None), (4, None)])
@@ -66,7 +61,7 @@ def test_empty_and_batched_inputs():
     y = w4a16_matmul(x, qweight, scales, 32)
     assert y.shape == (2, 3, 24)
     ref = reference.w4a16_matmul_ref(x.reshape(6, 64), qweight, scales, 32).reshape(2, 3, 24)
-    assert rel_error(y, ref) <= TOL[torch.bfloat16]
+    assert rel_error(y, ref) <= W4A16_TOL[torch.bfloat16]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -77,7 +72,7 @@ def test_default_planes_with_16_bit_scales_match_reference(dtype):
     x = torch.randn(m, k, device=DEVICE).to(dtype)
     qweight, _, scales = random_int4_weight(k, n, g, scale_dtype=dtype, device=DEVICE)
     y = w4a16_matmul(x, qweight, scales, g)
-    assert rel_error(y, reference.w4a16_matmul_ref(x, qweight, scales, g)) <= TOL[dtype]
+    assert rel_error(y, reference.w4a16_matmul_ref(x, qweight, scales, g)) <= W4A16_TOL[dtype]
 
 
 def test_unknown_path_is_refused_with_the_known_ones():
@@ -136,7 +131,7 @@ def test_gpu_full_size(dtype, m, group_size):
     qweight, _, scales = random_int4_weight(k, n, group_size, device="cuda")
     bias = torch.randn(n, device="cuda").to(dtype)
     y = w4a16_matmul(x, qweight, scales, group_size, bias)
-    assert rel_error(y, reference.w4a16_matmul_ref(x, qweight, scales, group_size, bias)) <= TOL[dtype]
+    assert rel_error(y, reference.w4a16_matmul_ref(x, qweight, scales, group_size, bias)) <= W4A16_TOL[dtype]
 
 
 @pytest.mark.gpu

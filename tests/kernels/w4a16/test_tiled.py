@@ -1,10 +1,7 @@
 """W4A16's tensor-core tiles (compress_kernels/w4a16/tiled.py): scales after or before the dot, the K
 tile as nibble planes, the next scale row loaded ahead, split-K summed in the kernel or by a second
 launch, masked K tails and wrapped columns. CPU: the Triton interpreter; GPU: marked ``gpu``.
-Tolerances (||y - ref|| / ||ref||): the reference dequantizes to fp32; the paths that dequantize
-before the tensor-core product round the weight to x's dtype (fp16: 2^-11, bf16: 2^-8 per weight)
-and the output is cast to x's dtype (Triton's interpreter truncates fp32 -> bf16): fp16 <= 2e-3,
-bf16 <= 1e-2.
+Tolerances: ``W4A16_TOL`` (tests/kernels/helpers.py).
 """
 from __future__ import annotations
 
@@ -14,10 +11,8 @@ import torch
 from compress_kernels import reference
 from compress_kernels.w4a16.dispatch import TileConfig
 from compress_kernels.w4a16.op import launch
-from tests.kernels.helpers import DEVICE, check_w4a16_config, random_int4_weight, rel_error
+from tests.kernels.helpers import DEVICE, DTYPES, W4A16_TOL, check_w4a16_config, random_int4_weight, rel_error
 
-TOL = {torch.float16: 2e-3, torch.bfloat16: 1e-2}
-DTYPES = (torch.float16, torch.bfloat16)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -36,7 +31,7 @@ def test_plain_tiles_match_reference(dtype, cfg):
     qweight, _, scales = random_int4_weight(k, n, g, scale_dtype=dtype, device=DEVICE)  # scales in x's dtype
     bias = torch.randn(n, device=DEVICE)
     y = launch(x, qweight, scales, g, bias, config=cfg)
-    assert rel_error(y, reference.w4a16_matmul_ref(x, qweight, scales, g, bias)) <= TOL[dtype]
+    assert rel_error(y, reference.w4a16_matmul_ref(x, qweight, scales, g, bias)) <= W4A16_TOL[dtype]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -56,7 +51,7 @@ def test_plain_tiles_match_reference(dtype, cfg):
     ],
 )
 def test_nibble_planes_match_reference(dtype, m, k, g, cfg):
-    check_w4a16_config(dtype, m, k, 80, g, cfg, TOL[dtype])
+    check_w4a16_config(dtype, m, k, 80, g, cfg, W4A16_TOL[dtype])
 
 
 def test_nibble_planes_reject_tiles_shallower_than_one_dot():
@@ -78,4 +73,4 @@ def test_gpu_nibble_planes_full_size(dtype, m):
     for block_n, split in ((64, 4), (128, 3)):  # 3 splits: a ragged last one
         cfg = TileConfig(16 if m <= 16 else 64, block_n, 128, split_k=split, num_stages=4, scale_after_dot=True,
                          planes=True)
-        assert rel_error(launch(x, qweight, scales, g, bias, config=cfg), ref) <= TOL[dtype]
+        assert rel_error(launch(x, qweight, scales, g, bias, config=cfg), ref) <= W4A16_TOL[dtype]

@@ -1,9 +1,6 @@
 """W4A16's swapped nibble pairs on wgmma (compress_kernels/w4a16/wgmma.py): the x permutation, 16-bit
 scales read in pairs, split-K, and configs the kernel cannot take refused. CPU: the Triton
-interpreter; GPU: marked ``gpu``. Tolerances (||y - ref|| / ||ref||): the reference dequantizes to fp32; the paths that dequantize
-before the tensor-core product round the weight to x's dtype (fp16: 2^-11, bf16: 2^-8 per weight)
-and the output is cast to x's dtype (Triton's interpreter truncates fp32 -> bf16): fp16 <= 2e-3,
-bf16 <= 1e-2.
+interpreter; GPU: marked ``gpu``. Tolerances: ``W4A16_TOL`` (tests/kernels/helpers.py).
 """
 from __future__ import annotations
 
@@ -14,10 +11,8 @@ from compress_kernels import reference
 from compress_kernels.w4a16.dispatch import TileConfig, pick
 from compress_kernels.w4a16.op import launch, w4a16_matmul
 from compress_kernels.w4a16.wgmma import permute_pairs
-from tests.kernels.helpers import DEVICE, check_w4a16_config, random_int4_weight, rel_error
+from tests.kernels.helpers import DEVICE, DTYPES, W4A16_TOL, check_w4a16_config, random_int4_weight, rel_error
 
-TOL = {torch.float16: 2e-3, torch.bfloat16: 1e-2}
-DTYPES = (torch.float16, torch.bfloat16)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -32,7 +27,7 @@ DTYPES = (torch.float16, torch.bfloat16)
     ],
 )
 def test_wgmma_planes_match_reference(dtype, m, k, g, cfg):
-    check_w4a16_config(dtype, m, k, 80, g, cfg, TOL[dtype])
+    check_w4a16_config(dtype, m, k, 80, g, cfg, W4A16_TOL[dtype])
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -46,7 +41,7 @@ def test_wgmma_reads_16_bit_scales_in_pairs_or_converts_them(dtype, n, sliced):
     qweight, scales = (qweight[:, 1:], scales[:, 1:]) if sliced else (qweight, scales)
     bias = torch.randn(n, device=DEVICE).to(dtype)
     y = launch(x, qweight, scales, g, bias, config=TileConfig(16, 32, 128, split_k=2, path="wgmma"))
-    assert rel_error(y, reference.w4a16_matmul_ref(x, qweight, scales, g, bias)) <= TOL[dtype]
+    assert rel_error(y, reference.w4a16_matmul_ref(x, qweight, scales, g, bias)) <= W4A16_TOL[dtype]
 
 
 def test_permute_pairs_puts_each_nibble_pair_side_by_side():
@@ -84,7 +79,7 @@ def test_gpu_wgmma_pairs_full_size(dtype, m):
     ref = reference.w4a16_matmul_ref(x, qweight, scales, g, bias)
     for block_m, block_n, split in ((32, 64, 1), (64, 128, 3), (128, 128, 4)):  # 3 splits: a ragged last one
         cfg = TileConfig(block_m, block_n, 128, split_k=split, path="wgmma")
-        assert rel_error(launch(x, qweight, scales, g, bias, config=cfg), ref) <= TOL[dtype]
+        assert rel_error(launch(x, qweight, scales, g, bias, config=cfg), ref) <= W4A16_TOL[dtype]
 
 
 @pytest.mark.gpu
@@ -100,4 +95,4 @@ def test_gpu_wgmma_default_path_in_a_cuda_graph():
     static_x.copy_(torch.randn(m, k, device="cuda").half())
     graph.replay()
     torch.testing.assert_close(static_y, w4a16_matmul(static_x, qweight, scales, 128), rtol=0, atol=0)
-    assert rel_error(static_y, reference.w4a16_matmul_ref(static_x, qweight, scales, 128)) <= TOL[torch.float16]
+    assert rel_error(static_y, reference.w4a16_matmul_ref(static_x, qweight, scales, 128)) <= W4A16_TOL[torch.float16]

@@ -1,7 +1,7 @@
 """W4A16's whole-K-strip kernel (compress_kernels/w4a16/wholek.py) against compress_kernels.reference.
 
-CPU: the Triton interpreter; GPU: marked ``gpu``. Tolerances: fp16 <= 2e-3, bf16 <= 1e-2 (the output
-is cast to x's dtype); the integer-valued case below is exact.
+CPU: the Triton interpreter; GPU: marked ``gpu``. Tolerances: ``W4A16_TOL`` (tests/kernels/helpers.py);
+the integer-valued case below is exact.
 """
 from __future__ import annotations
 
@@ -10,10 +10,8 @@ import torch
 
 from compress_kernels.w4a16.dispatch import TileConfig, wholek_block_k
 from compress_kernels.w4a16.op import launch
-from tests.kernels.helpers import DEVICE, check_w4a16_config, pack_int4, random_int4_weight
+from tests.kernels.helpers import DEVICE, DTYPES, W4A16_TOL, check_w4a16_config, pack_int4, random_int4_weight
 
-TOL = {torch.float16: 2e-3, torch.bfloat16: 1e-2}
-DTYPES = (torch.float16, torch.bfloat16)
 
 
 def wholek(k: int, block_n: int, num_warps: int = 4) -> TileConfig:
@@ -32,7 +30,7 @@ def wholek(k: int, block_n: int, num_warps: int = 4) -> TileConfig:
     ],
 )
 def test_matches_reference(dtype, m, k, n, g, block_n):
-    check_w4a16_config(dtype, m, k, n, g, wholek(k, block_n), TOL[dtype])
+    check_w4a16_config(dtype, m, k, n, g, wholek(k, block_n), W4A16_TOL[dtype])
 
 
 @pytest.mark.parametrize("first", [0, 1])  # -8 in the even or the odd nibble positions: both ends everywhere
@@ -81,4 +79,4 @@ def test_bad_configs_raise(cfg, words):
                                                  (4096, 11008, 4096, 32, 8), (384, 1152, 128, 16, 4)])
 @pytest.mark.parametrize("m", [1, 2])
 def test_gpu_full_size(dtype, k, n, g, block_n, warps, m):
-    check_w4a16_config(dtype, m, k, n, g, wholek(k, block_n, warps), TOL[dtype], device="cuda")
+    check_w4a16_config(dtype, m, k, n, g, wholek(k, block_n, warps), W4A16_TOL[dtype], device="cuda")

@@ -9,9 +9,8 @@ import torch
 from compress_kernels import reference
 from compress_kernels.w8a8.dispatch import TileConfig
 from compress_kernels.w8a8.op import launch
-from tests.kernels.helpers import DEVICE, random_int8_weight, rel_error
+from tests.kernels.helpers import DEVICE, W8A8_TOL, random_int8_weight, rel_error
 
-TOL = {torch.float16: 1e-3, torch.bfloat16: 1e-2}
 
 
 @pytest.mark.parametrize("k", [256, 200])  # 200: K not a multiple of BLOCK_K * SPLIT_K (masked tails)
@@ -22,7 +21,7 @@ def test_split_k_path(k):
     bias = torch.randn(n, device=DEVICE)  # fp32 bias is allowed too
     cfg = TileConfig(16, 32, 32, split_k=4)
     y = launch(x, w_q, w_scale, bias, config=cfg)
-    assert rel_error(y, reference.w8a8_matmul_ref(x, w_q, w_scale, bias)) <= TOL[torch.float16]
+    assert rel_error(y, reference.w8a8_matmul_ref(x, w_q, w_scale, bias)) <= W8A8_TOL[torch.float16]
 
 
 @pytest.mark.parametrize("cfg", [TileConfig(16, 32, 32, split_k=3), TileConfig(32, 32, 32, split_k=3)],
@@ -34,4 +33,4 @@ def test_split_k_with_bias_matches_reference(cfg):
     w_q, w_scale = random_int8_weight(n, k, DEVICE)
     bias = torch.randn(n, device=DEVICE).half()
     y = launch(x, w_q, w_scale, bias, config=cfg)
-    assert rel_error(y, reference.w8a8_matmul_ref(x, w_q, w_scale, bias)) <= TOL[torch.float16]
+    assert rel_error(y, reference.w8a8_matmul_ref(x, w_q, w_scale, bias)) <= W8A8_TOL[torch.float16]

@@ -1,7 +1,7 @@
 """W8A8's one-row kernel (compress_kernels/w8a8/gemv.py): the row quantized in the kernel gives the
 reference's integers, and unsplit the output has the bits of the quantize pass + GEMM path.
 
-CPU: the Triton interpreter; GPU: marked ``gpu``. Tolerances as in test_op.py.
+CPU: the Triton interpreter; GPU: marked ``gpu``. Tolerances: ``W8A8_TOL`` (tests/kernels/helpers.py).
 """
 from __future__ import annotations
 
@@ -12,10 +12,8 @@ from compress_kernels import reference
 from compress_kernels.common.splitk import tile_counters
 from compress_kernels.w8a8.dispatch import TileConfig, gemv_tile
 from compress_kernels.w8a8.op import launch
-from tests.kernels.helpers import DEVICE, random_int8_weight, rel_error
+from tests.kernels.helpers import DEVICE, DTYPES, W8A8_TOL, random_int8_weight, rel_error
 
-TOL = {torch.float16: 1e-3, torch.bfloat16: 1e-2}
-DTYPES = (torch.float16, torch.bfloat16)
 GEMV = TileConfig(1, 32, 32, path="gemv")
 TILES = TileConfig(16, 32, 32)  # the quantize pass + GEMM path
 
@@ -58,7 +56,7 @@ def test_gemv_unsplit_has_the_two_launch_bits(dtype, m, k, n, with_bias):
     gemv = launch(x, w_q, w_scale, bias, config=GEMV)
     prepass = launch(x, w_q, w_scale, bias, config=TILES)
     assert gemv.dtype == dtype and torch.equal(gemv, prepass)
-    assert rel_error(gemv, reference.w8a8_matmul_ref(x, w_q, w_scale, bias)) <= TOL[dtype]
+    assert rel_error(gemv, reference.w8a8_matmul_ref(x, w_q, w_scale, bias)) <= W8A8_TOL[dtype]
 
 
 @pytest.mark.parametrize("split_k", [2, 3])
@@ -70,7 +68,7 @@ def test_gemv_split_k_reduces_in_the_kernel(split_k):
     cfg = GEMV._replace(split_k=split_k)
     first = launch(x, w_q, w_scale, bias, config=cfg)
     assert torch.equal(launch(x, w_q, w_scale, bias, config=cfg), first)  # deterministic
-    assert rel_error(first, reference.w8a8_matmul_ref(x, w_q, w_scale, bias)) <= TOL[torch.float16]
+    assert rel_error(first, reference.w8a8_matmul_ref(x, w_q, w_scale, bias)) <= W8A8_TOL[torch.float16]
     assert not tile_counters(x.device, m * 2).any(), "every ticket counter is left at zero"
 
 

@@ -1,9 +1,6 @@
 """W8A8's public launchers (compress_kernels/w8a8/op.py) against compress_kernels.reference.
 
-CPU: the Triton interpreter; GPU: marked ``gpu``. Tolerances (||y - ref|| / ||ref||): every path
-computes the reference's integers exactly, so the only differences are fp32 rounding order in the
-epilogue and the output cast: fp16 <= 1e-3; bf16 <= 1e-2 (Triton's interpreter casts fp32 -> bf16 by
-truncation, one bf16 ulp = 2^-8).
+CPU: the Triton interpreter; GPU: marked ``gpu``. Tolerances: ``W8A8_TOL`` (tests/kernels/helpers.py).
 """
 from __future__ import annotations
 
@@ -13,10 +10,8 @@ import torch
 from compress_kernels import reference
 from compress_kernels.w8a8.dispatch import TileConfig, pick
 from compress_kernels.w8a8.op import launch, w8a8_matmul, w8a8_matmul_quantized
-from tests.kernels.helpers import DEVICE, random_int8_weight, rel_error
+from tests.kernels.helpers import DEVICE, DTYPES, W8A8_TOL, random_int8_weight, rel_error
 
-TOL = {torch.float16: 1e-3, torch.bfloat16: 1e-2}
-DTYPES = (torch.float16, torch.bfloat16)
 GPU_TOL = {torch.float16: 1e-3, torch.bfloat16: 4e-3}
 
 
@@ -30,7 +25,7 @@ def test_matches_reference(dtype, m, k, n, with_bias):
     y = w8a8_matmul(x, w_q, w_scale, bias)
     ref = reference.w8a8_matmul_ref(x, w_q, w_scale, bias)
     assert y.shape == (m, n) and y.dtype == dtype
-    assert rel_error(y, ref) <= TOL[dtype]
+    assert rel_error(y, ref) <= W8A8_TOL[dtype]
 
 
 @pytest.mark.parametrize("kind", ["scalar", "python_float", "per_row"])
@@ -47,7 +42,7 @@ def test_static_scale(kind):
         x_scale[1] = 0.0  # a zero static scale behaves as 1, never NaN
     xs = torch.as_tensor(x_scale, dtype=torch.float32, device=DEVICE)
     y = w8a8_matmul(x, w_q, w_scale, x_scale=x_scale)
-    assert rel_error(y, reference.w8a8_matmul_ref(x, w_q, w_scale, x_scale=xs)) <= TOL[torch.float16]
+    assert rel_error(y, reference.w8a8_matmul_ref(x, w_q, w_scale, x_scale=xs)) <= W8A8_TOL[torch.float16]
 
 
 def test_zero_rows_give_zero_outputs():
@@ -67,14 +62,14 @@ def test_empty_and_batched_inputs():
     x = torch.randn(2, 3, 64, device=DEVICE).half()
     y = w8a8_matmul(x, w_q, w_scale)
     assert y.shape == (2, 3, 24)
-    assert rel_error(y, reference.w8a8_matmul_ref(x, w_q, w_scale)) <= TOL[torch.float16]
+    assert rel_error(y, reference.w8a8_matmul_ref(x, w_q, w_scale)) <= W8A8_TOL[torch.float16]
 
 
 def test_strided_activation():
     w_q, w_scale = random_int8_weight(32, 64, DEVICE)
     x = torch.randn(64, 7, device=DEVICE).half().t()  # (7, 64), column-major
     y = w8a8_matmul(x, w_q, w_scale)
-    assert rel_error(y, reference.w8a8_matmul_ref(x, w_q, w_scale)) <= TOL[torch.float16]
+    assert rel_error(y, reference.w8a8_matmul_ref(x, w_q, w_scale)) <= W8A8_TOL[torch.float16]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -98,8 +93,8 @@ def test_quantized_input_equals_w8a8_matmul(dtype, m, k, n):
     xq, s_x = reference.quantize_per_token(x)
     y = w8a8_matmul_quantized(xq, s_x, w_q, w_scale, bias, dtype)
     assert y.shape == (m, n) and y.dtype == dtype
-    assert rel_error(y, reference.w8a8_matmul_quantized_ref(xq, s_x, w_q, w_scale, bias, dtype)) <= TOL[dtype]
-    assert rel_error(y, reference.w8a8_matmul_ref(x, w_q, w_scale, bias)) <= TOL[dtype]
+    assert rel_error(y, reference.w8a8_matmul_quantized_ref(xq, s_x, w_q, w_scale, bias, dtype)) <= W8A8_TOL[dtype]
+    assert rel_error(y, reference.w8a8_matmul_ref(x, w_q, w_scale, bias)) <= W8A8_TOL[dtype]
     if pick(m, n, k, DEVICE).path != "gemv":
         assert torch.equal(y, w8a8_matmul(x, w_q, w_scale, bias))
 

@@ -11,10 +11,8 @@ from compress_kernels import reference
 from compress_kernels.w8a8.dispatch import TileConfig
 from compress_kernels.w8a8.op import launch
 from compress_kernels.w8a8.tma import tma_ready
-from tests.kernels.helpers import DEVICE, random_int8_weight, rel_error
+from tests.kernels.helpers import DEVICE, DTYPES, W8A8_TOL, random_int8_weight, rel_error
 
-TOL = {torch.float16: 1e-3, torch.bfloat16: 1e-2}
-DTYPES = (torch.float16, torch.bfloat16)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -27,7 +25,7 @@ def test_tma_tiles_equal_the_pointer_kernel(dtype, m, k, n, with_bias):
     plain = launch(x, w_q, w_scale, bias, config=cfg)
     tma = launch(x, w_q, w_scale, bias, config=cfg._replace(path="tma"))
     assert torch.equal(tma, plain)  # the same exact integers and the same epilogue
-    assert rel_error(tma, reference.w8a8_matmul_ref(x, w_q, w_scale, bias)) <= TOL[dtype]
+    assert rel_error(tma, reference.w8a8_matmul_ref(x, w_q, w_scale, bias)) <= W8A8_TOL[dtype]
 
 
 def test_operands_tma_cannot_describe_are_refused():
