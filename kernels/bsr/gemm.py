@@ -103,6 +103,8 @@ def launch_gemm(x2, crow_indices, col_indices, values, bias, y, cfg) -> None:
     """The tile kernel with ``cfg`` on validated operands: ``x2`` (M, K) with unit column stride, ``y`` (M, N)."""
     m = x2.shape[0]
     n = y.shape[1]
+    if cfg.prefetch:
+        raise ValueError(f"config: the tile kernel prefetches nothing (prefetch 0; the one-row kernel does), got {cfg}")
     grid = (n // cfg.block_n, triton.cdiv(m, cfg.block_m), cfg.split)
     workspace, counters = last_split_buffers(y, cfg.split, m, n, grid[0] * grid[1])
     _bsr_gemm_kernel[grid](

@@ -45,6 +45,13 @@ def test_split_block_rows_reduce_in_kernel_and_leave_counters_zeroed():
     assert torch.equal(again, y)  # partials summed in share order: the same bits every time
 
 
+def test_prefetch_is_refused():
+    crow, col, values = bsr_parts(block_sparse_dense(32, 32, 0.0, torch.float16))
+    with pytest.raises(ValueError, match="the tile kernel prefetches nothing"):
+        launch_gemm(torch.zeros(16, 32, device=DEVICE).half(), crow, col, values, None,
+                    torch.empty(16, 32, device=DEVICE).half(), BsrConfig("gemm", 16, 32, 1, 4, 3, prefetch=8192))
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("m,sparsity", [(16, 0.9), (64, 0.5), (64, 0.9)])
 def test_full_size_split_block_rows(m, sparsity):
