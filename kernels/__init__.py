@@ -1,21 +1,26 @@
-"""Triton kernels for compressed linear layers: W8A8, W4A16 and DDS (block-sparse weights).
+"""Triton kernels for compressed linear layers (import name ``compress_kernels``): W8A8, W4A16 and DDS.
 
-Public launchers (see docs/architecture.md for the full contract):
+One package per op, each with its dispatch table (``dispatch.py``: from the shapes to the kernel and
+tiles that run, one commented row per case), its launcher, validation and ``torch.library`` custom op
+(``op.py``) and one module per kernel; ``common/`` holds what several ops share. docs/kernels.md
+explains each kernel, each table and the current figures.
 
-* ``w8a8_matmul(x, w_q, w_scale, bias=None, x_scale=None)``
-* ``w4a16_matmul(x, qweight, scales, group_size, bias=None)``
-* ``bsr_matmul(x, weight, bias=None)`` and ``bsr_matmul_parts(x, crow, col, values, out_features, bias=None)``
-* ``bsr_w8a8_matmul_parts(x, crow, col, values_int8, w_scale, out_features, bias=None, x_scale=None)``
-* ``layer_norm_quantize(x, weight, bias, eps, x_scale=None)``, ``rms_norm_quantize(x, weight, eps,
-  x_scale=None)`` and ``gelu_quantize(x, x_scale=None)``:
-  ``(y, xq, s_x)``, the op's output and its per-token int8 copy (rows of at most
-  ``NORM_QUANT_MAX_ROW`` features), for
-  ``w8a8_matmul_quantized(xq, s_x, w_q, w_scale, bias, out_dtype)`` and
-  ``bsr_w8a8_matmul_quantized(xq, s_x, crow, col, values_int8, w_scale, out_features, bias, out_dtype)``
+    reference    the pure-PyTorch contract of every op (imports without Triton)
+    w8a8/        w8a8_matmul(x, w_q, w_scale, bias=None, x_scale=None),
+                 w8a8_matmul_quantized(xq, s_x, w_q, w_scale, bias=None, out_dtype=torch.float16)
+    w4a16/       w4a16_matmul(x, qweight, scales, group_size, bias=None)
+    bsr/         bsr_matmul(x, weight, bias=None), bsr_matmul_parts(x, crow, col, values, out_features, bias=None),
+                 bsr_w8a8_matmul_parts(x, crow, col, values_int8, w_scale, out_features, bias=None, x_scale=None),
+                 bsr_w8a8_matmul_quantized(xq, s_x, crow, col, values_int8, w_scale, out_features, bias, out_dtype)
+    norm_quant/  layer_norm_quantize(x, weight, bias, eps, x_scale=None), rms_norm_quantize(x, weight, eps,
+                 x_scale=None), gelu_quantize(x, x_scale=None): ``(y, xq, s_x)``, the op's output and its
+                 per-token int8 copy (rows of at most ``NORM_QUANT_MAX_ROW`` features)
+    common/      checks, device facts, tiles, split-K, PDL, L2 prefetch, int8 quantize, int4 unpack
 
-The pure-PyTorch references in :mod:`kernels.reference` import without Triton. This package never
-imports ``compress``.
+``interpreting()`` says whether Triton runs its CPU interpreter (``TRITON_INTERPRET=1``), where the
+launchers accept CPU tensors. This package never imports ``compress``.
 """
+from compress_kernels.common.checks import interpreting
 from compress_kernels.reference import (
     bsr_matmul_ref,
     bsr_w8a8_matmul_quantized_ref,
@@ -39,8 +44,7 @@ except ImportError:  # pragma: no cover - Triton ships with every Linux install 
     TRITON_AVAILABLE = False
 
 if TRITON_AVAILABLE:
-    from compress_kernels.bsr import bsr_matmul, bsr_matmul_parts
-    from compress_kernels.bsr_w8a8 import bsr_w8a8_matmul_parts, bsr_w8a8_matmul_quantized
+    from compress_kernels.bsr import bsr_matmul, bsr_matmul_parts, bsr_w8a8_matmul_parts, bsr_w8a8_matmul_quantized
     from compress_kernels.norm_quant import MAX_ROW as NORM_QUANT_MAX_ROW
     from compress_kernels.norm_quant import gelu_quantize, layer_norm_quantize, rms_norm_quantize
     from compress_kernels.w4a16 import w4a16_matmul
@@ -48,7 +52,7 @@ if TRITON_AVAILABLE:
 else:  # pragma: no cover
 
     def _missing(*_args, **_kwargs):
-        raise ImportError("the kernels need Triton: pip install triton (Linux), or use kernels.reference")
+        raise ImportError("the kernels need Triton: pip install triton (Linux), or use compress_kernels.reference")
 
     w8a8_matmul = w4a16_matmul = bsr_matmul = bsr_matmul_parts = bsr_w8a8_matmul_parts = _missing
     w8a8_matmul_quantized = bsr_w8a8_matmul_quantized = layer_norm_quantize = gelu_quantize = _missing
@@ -67,6 +71,7 @@ __all__ = [
     "bsr_w8a8_matmul_ref",
     "gelu_quantize",
     "gelu_quantize_ref",
+    "interpreting",
     "layer_norm_quantize",
     "layer_norm_quantize_ref",
     "quantize_per_token",
@@ -78,6 +83,5 @@ __all__ = [
     "w4a16_matmul_ref",
     "w8a8_matmul",
     "w8a8_matmul_quantized",
-    "w8a8_matmul_quantized_ref",
     "w8a8_matmul_ref",
 ]

@@ -1,8 +1,9 @@
-"""Pure-PyTorch references for the three kernels (imports without Triton).
+"""Pure-PyTorch references for every op of the package (imports without Triton).
 
-These functions are the numerical contract of ``../DESIGN`` written as code. Each Triton kernel in
-this package must compute the same integers and the same output (to fp32 accumulation order), and
-the CPU fallback of the inference modules in ``compress`` calls them directly.
+These functions are the numerical contract of the kernels written as code (docs/kernels.md). Each
+Triton kernel in this package must compute the same integers and the same output (to fp32
+accumulation order), and the CPU fallback of the inference modules in ``compress`` calls them
+directly.
 
 Notation: ``x`` activations (..., K) fp16/bf16; weight ``W`` (N, K) as in ``nn.Linear``;
 ``y = x @ W.T (+ bias)`` in ``x``'s dtype.
@@ -18,6 +19,7 @@ division so the quantized values are 0 and nothing is NaN or Inf.
   ``W[n, k] = q[k, n] * scales[k // G, n]``; fp32 accumulation.
 * DDS: ``W`` as ``torch.sparse_bsr`` with 32x32 blocks; absent blocks are zero.
 * Sparse W8A8: W8A8 with the int8 weight ``W_q`` in BSR parts (int8 ``values``); absent blocks are zero.
+* LayerNorm / RMSNorm / GELU + quantize: the op's output in x's dtype and ``quantize_per_token`` of it.
 """
 from __future__ import annotations
 

@@ -1,11 +1,22 @@
-"""Shared test helpers for the kernel tests: random quantized operands and the error metric.
+"""Shared test helpers for the kernel tests: random quantized and block-sparse operands, the error metric.
 
-``pack_int4`` is written here independently of ``compress`` (``kernels`` must not depend on it): it
-packs q (K, N) in [-8, 7] as ``qweight[k // 8, n] |= (q[k, n] & 0xF) << (4 * (k % 8))``.
+``pack_int4`` is written here independently of ``compress`` (``compress_kernels`` must not depend on
+it): it packs q (K, N) in [-8, 7] as ``qweight[k // 8, n] |= (q[k, n] & 0xF) << (4 * (k % 8))``.
 """
 from __future__ import annotations
 
 import torch
+
+BSR_BLOCK = 32
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # CPU: the Triton interpreter (tests/conftest.py)
+DTYPES = (torch.float16, torch.bfloat16)
+# ||y - ref|| / ||ref|| of W4A16 against the reference, which dequantizes to fp32: the paths that
+# dequantize before the tensor-core product round the weight to x's dtype (fp16: 2^-11, bf16: 2^-8 per
+# weight) and the output is cast to x's dtype (Triton's interpreter truncates fp32 -> bf16)
+W4A16_TOL = {torch.float16: 2e-3, torch.bfloat16: 1e-2}
+# ... and of W8A8, whose paths compute the reference's integers exactly: only the fp32 rounding order of
+# the epilogue and the output cast differ (the interpreter truncates to bf16: one bf16 ulp = 2^-8)
+W8A8_TOL = {torch.float16: 1e-3, torch.bfloat16: 1e-2}
 
 
 def rel_error(y: torch.Tensor, ref: torch.Tensor) -> float:
@@ -37,3 +48,63 @@ def random_int8_weight(n: int, k: int, device="cpu"):
     w_q = torch.randint(-127, 128, (n, k), dtype=torch.int8, device=device)
     w_scale = torch.rand(n, device=device) * 0.01 + 0.001
     return w_q, w_scale
+
+
+def block_sparse_dense(n, k, sparsity, dtype, device=DEVICE, empty_rows=(), seed=0):
+    """Dense (n, k) weight with round(sparsity * blocks) absent 32x32 blocks (and whole empty block rows)."""
+    gen = torch.Generator().manual_seed(seed)
+    rows, cols = n // BSR_BLOCK, k // BSR_BLOCK
+    keep = torch.ones(rows * cols)
+    keep[torch.randperm(rows * cols, generator=gen)[: round(sparsity * rows * cols)]] = 0
+    keep = keep.reshape(rows, cols)
+    for r in empty_rows:
+        keep[r] = 0
+    mask = keep.repeat_interleave(BSR_BLOCK, 0).repeat_interleave(BSR_BLOCK, 1)
+    w = torch.randn(n, k, generator=gen) * mask / k**0.5
+    return w.to(device=device, dtype=dtype)
+
+
+def bsr_parts(w_dense, index_dtype=torch.int64):
+    """BSR parts as the inference module keeps them: plain dense tensors (clones).
+
+    Tensors returned straight by ``.values()`` of a sparse tensor trip Dynamo's automatic-dynamic
+    bookkeeping (IndexError in torch/_dynamo/pgo.py, torch 2.13), so the module stores copies.
+    """
+    bsr = w_dense.to_sparse_bsr((BSR_BLOCK, BSR_BLOCK))
+    return (bsr.crow_indices().to(index_dtype).clone(), bsr.col_indices().to(index_dtype).clone(),
+            bsr.values().clone())
+
+
+def check_w4a16_config(dtype, m, k, n, g, cfg, tol, device=DEVICE):
+    """W4A16 ``launch`` with ``cfg`` on random inputs (a bias for odd M) against the reference; returns y."""
+    from compress_kernels import reference
+    from compress_kernels.w4a16.op import launch
+
+    x = torch.randn(m, k, device=device).to(dtype)
+    qweight, _, scales = random_int4_weight(k, n, g, device=device)
+    bias = torch.randn(n, device=device).to(dtype) if m % 2 else None
+    y = launch(x, qweight, scales, g, bias, config=cfg)
+    assert y.shape == (m, n) and y.dtype == dtype
+    assert rel_error(y, reference.w4a16_matmul_ref(x, qweight, scales, g, bias)) <= tol
+    return y
+
+
+def int8_block_sparse(n, k, sparsity, device=DEVICE, empty_rows=(), seed=0):
+    """(BSR parts with int8 values, w_scale (n,), the dense int8 weight with its absent blocks zero)."""
+    gen = torch.Generator().manual_seed(seed)
+    rows, cols = n // BSR_BLOCK, k // BSR_BLOCK
+    keep = torch.ones(rows * cols, dtype=torch.bool)
+    keep[torch.randperm(rows * cols, generator=gen)[: round(sparsity * rows * cols)]] = False
+    keep = keep.reshape(rows, cols)
+    for r in empty_rows:
+        keep[r] = False
+    w_q = torch.randint(-127, 128, (n, k), generator=gen, dtype=torch.int8)
+    w_q *= keep.repeat_interleave(BSR_BLOCK, 0).repeat_interleave(BSR_BLOCK, 1).to(torch.int8)
+    blocks = w_q.reshape(rows, BSR_BLOCK, cols, BSR_BLOCK).permute(0, 2, 1, 3)  # (R, C, 32, 32)
+    crow = torch.zeros(rows + 1, dtype=torch.int32)
+    crow[1:] = keep.sum(1).cumsum(0)
+    r_idx, c_idx = keep.nonzero(as_tuple=True)
+    values = blocks[r_idx, c_idx].contiguous()
+    w_scale = torch.rand(n, generator=gen) * 1e-2 + 1e-3
+    parts = (crow.to(device), c_idx.to(torch.int32).to(device), values.to(device))
+    return parts, w_scale.to(device), w_q.to(device)

@@ -1,4 +1,4 @@
-"""Tests for kernels/reference.py: the numerical contract itself, checked by hand-built values."""
+"""Tests for compress_kernels/reference.py: the numerical contract itself, checked by hand-built values."""
 from __future__ import annotations
 
 import torch

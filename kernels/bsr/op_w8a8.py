@@ -1,0 +1,99 @@
+"""DDS + W8A8: per-token int8 activations x 32x32 block-sparse int8 weights: validation, launchers, custom op.
+
+The two compressions of a layer pruned into blocks *and* quantized to W8A8, served together: the
+weight is stored as BSR parts like the fp16 DDS op (:mod:`compress_kernels.bsr.op`) but with int8
+``values``, plus ``w_scale`` (N,) float32 per output channel. Math (the W8A8 contract of
+``compress_kernels.reference`` with ``W_q`` the BSR matrix, absent blocks zero)::
+
+    xq, s_x    = per-token quantization of x (the dense W8A8 quantize pass)
+    acc[m, n]  = sum_k xq[m, k] * W_q[n, k]                      int32, exact
+    y[m, n]    = acc[m, n] * s_x[m] * w_scale[n] (+ bias[n])     fp32 -> x's dtype
+
+Which kernel runs is decided by :func:`compress_kernels.bsr.dispatch.pick_w8a8`: the quantize pass
+then the sparse int8 tiles (:mod:`compress_kernels.bsr.gemm_w8a8`), or, at large M on dense enough
+layers, the int8 weight written out dense for the dense W8A8 kernels (the same integers, so the dense
+kernels' output). ``bsr_w8a8_matmul_parts`` validates and calls the custom op
+``torch.ops.compress_kernels.bsr_w8a8_matmul`` (with a fake implementation, so callers compile and
+capture in CUDA graphs: the launch depends on shapes only). ``bsr_w8a8_matmul_quantized`` starts from
+an input already quantized per token and runs only the GEMM.
+"""
+from __future__ import annotations
+
+import torch
+
+from compress_kernels.bsr.densify import bsr_to_dense
+from compress_kernels.bsr.dispatch import BsrConfig, pick_w8a8
+from compress_kernels.bsr.gemm_w8a8 import launch_gemm_w8a8
+from compress_kernels.bsr.op import check_parts
+from compress_kernels.common.checks import check_quantized, check_same_device, check_shape, check_tensor, check_x_scale
+from compress_kernels.common.quantize import quantize_rows
+from compress_kernels.w8a8.op import launch as launch_dense_w8a8
+from compress_kernels.w8a8.op import w8a8_matmul_quantized
+
+
+def launch(x2, crow_indices, col_indices, values, w_scale, out_features: int, bias=None, x_scale=None,
+           config: BsrConfig | None = None) -> torch.Tensor:
+    """Run validated ``x2`` (M, K) through the picked path (or ``config``); returns (M, out_features)."""
+    m, k = x2.shape
+    config = config or pick_w8a8(m, out_features, k, col_indices.shape[0], x2.device)
+    if config.kernel == "dense":  # large M: the dense W8A8 kernels on the dense int8 weight
+        w_q = bsr_to_dense(crow_indices, col_indices, values, out_features, k)
+        return launch_dense_w8a8(x2 if x2.stride(-1) == 1 else x2.contiguous(), w_q, w_scale, bias, x_scale)
+    y = torch.empty((m, out_features), dtype=x2.dtype, device=x2.device)
+    if m > 0:
+        xq, s_x = quantize_rows(x2, x_scale)
+        launch_gemm_w8a8(xq, s_x, crow_indices, col_indices, values, w_scale.contiguous(), bias, y, config)
+    return y
+
+
+@torch.library.custom_op("compress_kernels::bsr_w8a8_matmul", mutates_args=())
+def _bsr_w8a8_op(
+    x: torch.Tensor, crow_indices: torch.Tensor, col_indices: torch.Tensor, values: torch.Tensor,
+    w_scale: torch.Tensor, out_features: int, bias: torch.Tensor | None, x_scale: torch.Tensor | None,
+) -> torch.Tensor:
+    k = x.shape[-1]
+    y = launch(x.reshape(-1, k), crow_indices, col_indices, values, w_scale, out_features, bias, x_scale)
+    return y.reshape(*x.shape[:-1], out_features)
+
+
+@_bsr_w8a8_op.register_fake
+def _bsr_w8a8_fake(x, crow_indices, col_indices, values, w_scale, out_features, bias, x_scale):
+    return x.new_empty((*x.shape[:-1], out_features))
+
+
+def bsr_w8a8_matmul_quantized(xq, s_x, crow_indices, col_indices, values, w_scale, out_features, bias=None,
+                              out_dtype=torch.float16):
+    """:func:`bsr_w8a8_matmul_parts` from an input already quantized per token (e.g. by
+    ``compress_kernels.norm_quant``): ``xq`` (M, K) int8, ``s_x`` (M,) float32 -> (M, N) in ``out_dtype``."""
+    check_quantized(xq, s_x, out_dtype)
+    x_like = xq.new_empty((0, xq.shape[1]), dtype=out_dtype)  # check_parts checks against an activation's K, dtype
+    check_parts(x_like, crow_indices, col_indices, values, out_features, bias, value_dtype=torch.int8)
+    check_tensor("w_scale", w_scale, (torch.float32,), ndim=1)
+    check_shape("w_scale", w_scale, (out_features,))
+    check_same_device(xq, w_scale=w_scale, values=values)
+    m, k = xq.shape
+    xq, s_x, w_scale = xq.contiguous(), s_x.contiguous(), w_scale.contiguous()
+    config = pick_w8a8(m, out_features, k, col_indices.shape[0], xq.device)
+    if config.kernel == "dense":  # large M: the dense W8A8 GEMM
+        w_q = bsr_to_dense(crow_indices, col_indices, values, out_features, k)
+        return w8a8_matmul_quantized(xq, s_x, w_q, w_scale, bias, out_dtype)
+    y = torch.empty((m, out_features), dtype=out_dtype, device=xq.device)
+    if m > 0:
+        launch_gemm_w8a8(xq, s_x, crow_indices, col_indices, values, w_scale, bias, y, config)
+    return y
+
+
+def bsr_w8a8_matmul_parts(x, crow_indices, col_indices, values, w_scale, out_features, bias=None, x_scale=None):
+    """``y = dequant(quant(x) @ W_q.T) (+ bias)`` for ``W_q`` (out_features, K) int8 in BSR parts.
+
+    ``x`` (..., K) fp16/bf16; ``crow_indices`` (N/32 + 1,) and ``col_indices`` (nnz,) int32/int64;
+    ``values`` (nnz, 32, 32) int8; ``w_scale`` (N,) float32; ``bias`` (N,) in x's dtype or float32;
+    ``x_scale`` None (dynamic per-token scales) or a static float32 scale (one element or (M,)).
+    """
+    check_parts(x, crow_indices, col_indices, values, out_features, bias, value_dtype=torch.int8)
+    check_tensor("w_scale", w_scale, (torch.float32,), ndim=1)
+    check_shape("w_scale", w_scale, (out_features,))
+    check_same_device(x, w_scale=w_scale)
+    check_x_scale(x, x_scale)
+    return torch.ops.compress_kernels.bsr_w8a8_matmul(x, crow_indices, col_indices, values, w_scale, out_features,
+                                                      bias, x_scale)

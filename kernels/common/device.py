@@ -1,0 +1,53 @@
+"""Facts about the device a launch runs on, read from the device: SM count, L2 size, Hopper features.
+
+The dispatch tables size their grids by the SM count (e.g. "at least two programs per SM"), and the
+tuning sweeps rotate enough input sets to exceed L2. Both come from
+``torch.cuda.get_device_properties`` (``multi_processor_count``, ``L2_cache_size``), read once per
+device and cached. Without a CUDA device (Triton's CPU interpreter, ``meta`` tensors) they are an
+H100 SXM's: 132 SMs and 50 MiB of L2, the GPU every table was tuned on, so a CPU test sees the
+same picks as the H100 (the H200 has the same SM count and L2).
+
+:func:`hopper_or_newer`: compute capability 9.0 or later, which programmatic dependent launch,
+TMA descriptors and the bulk L2 prefetch need.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+H100_SM_COUNT = 132
+H100_L2_BYTES = 50 * 2**20
+
+
+@functools.lru_cache(maxsize=None)
+def _properties(index: int) -> tuple[int, int, int]:
+    """(SM count, L2 bytes, compute capability major) of CUDA device ``index``."""
+    props = torch.cuda.get_device_properties(index)
+    return props.multi_processor_count, props.L2_cache_size, props.major
+
+
+def _cuda_index(device) -> int | None:
+    """The CUDA device index of ``device`` (a torch.device or its name), None when it is not CUDA."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return None
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+def sm_count(device) -> int:
+    """Streaming multiprocessors of ``device`` (:data:`H100_SM_COUNT` when it is not a CUDA device)."""
+    index = _cuda_index(device)
+    return H100_SM_COUNT if index is None else _properties(index)[0]
+
+
+def l2_bytes(device) -> int:
+    """L2 cache bytes of ``device`` (:data:`H100_L2_BYTES` when it is not a CUDA device)."""
+    index = _cuda_index(device)
+    return H100_L2_BYTES if index is None else _properties(index)[1]
+
+
+def hopper_or_newer(device) -> bool:
+    """True for a CUDA device of compute capability 9.0 or later (False off CUDA)."""
+    index = _cuda_index(device)
+    return index is not None and _properties(index)[2] >= 9

@@ -1,0 +1,8 @@
+"""Kernel sweeps on a GPU: each times the dispatch table's pick and its neighbouring configs for chosen
+shapes and M, checks them against the reference and writes JSON rows (python -m scripts.tune.<op>).
+
+sweep    what the sweeps share: options, neighbours, timing (compress.eval.timing), the rows
+w8a8     W8A8 (compress_kernels.w8a8)
+w4a16    W4A16 (compress_kernels.w4a16)
+bsr      DDS and, with --int8, DDS + W8A8 (compress_kernels.bsr)
+"""

@@ -1,0 +1,41 @@
+"""Device facts (compress_kernels/common/device.py): read from the device once, H100 values off CUDA."""
+import types
+
+import pytest
+import torch
+
+from compress_kernels.common import device
+
+
+def test_off_cuda_the_facts_are_an_h100s():
+    for name in ("cpu", "meta", torch.device("cpu")):
+        assert device.sm_count(name) == device.H100_SM_COUNT == 132
+        assert device.l2_bytes(name) == device.H100_L2_BYTES == 50 * 2**20
+        assert not device.hopper_or_newer(name)
+
+
+def test_cuda_facts_come_from_the_device_properties_once(monkeypatch):
+    calls = []
+
+    def properties(index):
+        calls.append(index)
+        return types.SimpleNamespace(multi_processor_count=78, L2_cache_size=40 * 2**20, major=8)
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", properties)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    device._properties.cache_clear()
+    try:
+        assert device.sm_count("cuda:3") == 78 and device.l2_bytes("cuda:3") == 40 * 2**20
+        assert not device.hopper_or_newer("cuda:3")
+        assert device.sm_count("cuda") == 78  # no index: the current device
+        assert calls == [3, 1]  # cached per device
+    finally:
+        device._properties.cache_clear()
+
+
+@pytest.mark.gpu
+def test_gpu_facts_match_torch():
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    assert device.sm_count("cuda") == props.multi_processor_count
+    assert device.l2_bytes("cuda") == props.L2_cache_size
+    assert device.hopper_or_newer("cuda") == (props.major >= 9)
