@@ -223,7 +223,7 @@ def test_minilm_bsr_layout_is_exact(minilm_activations):
 def test_kernel_dispatch_under_the_triton_interpreter(make, monkeypatch):
     """The forward's kernel branch (run on CPU by TRITON_INTERPRET=1) agrees with the reference branch."""
     import compress_kernels
-    from compress_kernels._checks import interpreting
+    from compress_kernels import interpreting
 
     if not compress_kernels.TRITON_AVAILABLE or not interpreting():
         pytest.skip("needs the project's Triton kernels and TRITON_INTERPRET=1 (set by conftest without a GPU)")
