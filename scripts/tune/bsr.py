@@ -73,9 +73,14 @@ def weight_sets(k: int, n: int, m: int, sparsity: int, dtype, int8: bool, device
     return sets, fp16
 
 
-def sweep_case(k: int, n: int, m: int, sparsity: int, args, device) -> list[dict]:
+def sweep_case(k: int, n: int, m: int, args, device) -> list[dict]:
+    """The rows of one shape and M at every ``--sparsity``."""
     if k % BSR_BLOCK or n % BSR_BLOCK:
         raise SystemExit(f"--shapes: expected K and N multiples of {BSR_BLOCK}, got {k}x{n}")
+    return [row for sparsity in args.sparsity for row in sweep_sparsity(k, n, m, sparsity, args, device)]
+
+
+def sweep_sparsity(k: int, n: int, m: int, sparsity: int, args, device) -> list[dict]:
     dtype = sweep.DTYPES[args.dtype]
     sets, fp16 = weight_sets(k, n, m, sparsity, dtype, args.int8, device, args)
     nnz = sets[0][2].shape[0]
@@ -100,18 +105,14 @@ def percent(text: str) -> list[int]:
     return values
 
 
-def main(argv=None) -> list[dict]:
-    parser = sweep.argument_parser(__doc__.splitlines()[0], "4096x4096,4096x11008,11008x4096,8192x8192",
-                                   "1,16,64,256,2048")
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sparsity", type=percent, default=percent("50,90"), help="percent of blocks absent")
     parser.add_argument("--int8", action="store_true", help="sweep DDS + W8A8 (int8 blocks) instead of DDS")
-    args = parser.parse_args(argv)
-    sweep.check_common(args)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    rows = [row for k, n in args.shapes for s in args.sparsity for m in args.m
-            for row in sweep_case(k, n, m, s, args, device)]
-    sweep.report(rows, args)
-    return rows
+
+
+def main(argv=None) -> list[dict]:
+    return sweep.run(__doc__.splitlines()[0], "4096x4096,4096x11008,11008x4096,8192x8192", "1,16,64,256,2048",
+                     sweep_case, argv, add_arguments)
 
 
 if __name__ == "__main__":

@@ -70,6 +70,21 @@ def argument_parser(description: str, shapes: str, ms: str) -> argparse.Argument
     return parser
 
 
+def run(description: str, shapes: str, ms: str, sweep_case: Callable, argv=None,
+        add_arguments: Callable[[argparse.ArgumentParser], None] | None = None) -> list[dict]:
+    """A sweep's command line: parse ``argv`` (the common options, ``add_arguments``' own), then
+    ``sweep_case(k, n, m, args, device)`` for every shape and M, report the rows and return them."""
+    parser = argument_parser(description, shapes, ms)
+    if add_arguments is not None:
+        add_arguments(parser)
+    args = parser.parse_args(argv)
+    check_common(args)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    rows = [row for k, n in args.shapes for m in args.m for row in sweep_case(k, n, m, args, device)]
+    report(rows, args)
+    return rows
+
+
 def check_common(args: argparse.Namespace) -> None:
     """Refuse option values no sweep can run with (argparse types check the lists)."""
     if args.max_sets < 1:

@@ -71,18 +71,15 @@ def group_size(text: str) -> int:
     return value
 
 
-def main(argv=None) -> list[dict]:
-    parser = sweep.argument_parser(__doc__.splitlines()[0], "4096x4096,4096x11008,11008x4096,8192x28672",
-                                   "1,2,16,64,256")
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--group", type=group_size, default=128, help="32, 64, 128 or 0 = per channel (default 128)")
     parser.add_argument("--scales", choices=("fp32", "act"), default="fp32",
                         help="scale dtype: fp32 or the activations' dtype (default fp32)")
-    args = parser.parse_args(argv)
-    sweep.check_common(args)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    rows = [row for k, n in args.shapes for m in args.m for row in sweep_case(k, n, m, args, device)]
-    sweep.report(rows, args)
-    return rows
+
+
+def main(argv=None) -> list[dict]:
+    return sweep.run(__doc__.splitlines()[0], "4096x4096,4096x11008,11008x4096,8192x28672", "1,2,16,64,256",
+                     sweep_case, argv, add_arguments)
 
 
 if __name__ == "__main__":

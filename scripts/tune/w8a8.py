@@ -56,14 +56,8 @@ def sweep_case(k: int, n: int, m: int, args, device) -> list[dict]:
 
 
 def main(argv=None) -> list[dict]:
-    parser = sweep.argument_parser(__doc__.splitlines()[0], "4096x4096,4096x11008,11008x4096,8192x28672",
-                                   "1,16,64,256,2048")
-    args = parser.parse_args(argv)
-    sweep.check_common(args)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    rows = [row for k, n in args.shapes for m in args.m for row in sweep_case(k, n, m, args, device)]
-    sweep.report(rows, args)
-    return rows
+    return sweep.run(__doc__.splitlines()[0], "4096x4096,4096x11008,11008x4096,8192x28672", "1,16,64,256,2048",
+                     sweep_case, argv)
 
 
 if __name__ == "__main__":
