@@ -6,7 +6,7 @@ output of a LayerNorm (query/key/value, the first MLP layer) or of a GELU (the s
 a Llama-style block two of four read an RMSNorm's (query/key/value, gate/up). The
 kernel computing that output already holds each row, so it can write the int8 copy as well
 (:mod:`kernels.norm_quant`), and the layer then runs only its GEMM: one launch fewer per layer, the
-launch that made W8A8 slower than fp16 on small models (docs/kernels-notes.md).
+launch that made W8A8 slower than fp16 on small models (docs/journal.md).
 
 :func:`link_quantized_inputs` finds the pairs by running one forward pass with hooks. A producer
 (an ``nn.LayerNorm`` over the last dimension, the RMSNorm of ``transformers``' Llama, Mistral and

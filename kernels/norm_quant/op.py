@@ -14,7 +14,7 @@ exactly ``compress_kernels.reference.quantize_per_token(y)``. ``y`` itself match
 rounded where ``torch.rsqrt`` may not be), not bit for bit.
 
 Plain launchers (not ``torch.library`` ops): callers run them eagerly or under CUDA-graph capture;
-``compress.input_quant`` does not use them under ``torch.compile``.
+``compress.nn.input_quant`` does not use them under ``torch.compile``.
 """
 from __future__ import annotations
 

@@ -111,7 +111,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(argv=None) -> list[dict]:
-    return sweep.run(__doc__.splitlines()[0], "4096x4096,4096x11008,11008x4096,8192x8192", "1,16,64,256,2048",
+    return sweep.run("bsr", __doc__.splitlines()[0], "4096x4096,4096x11008,11008x4096,8192x8192", "1,16,64,256,2048",
                      sweep_case, argv, add_arguments)
 
 

@@ -56,9 +56,9 @@ def parse_shapes(text: str) -> list[tuple[int, int]]:
     return shapes
 
 
-def argument_parser(description: str, shapes: str, ms: str) -> argparse.ArgumentParser:
+def argument_parser(op: str, description: str, shapes: str, ms: str) -> argparse.ArgumentParser:
     """The options every sweep takes; ``shapes`` and ``ms`` are the defaults of ``--shapes`` and ``--m``."""
-    parser = argparse.ArgumentParser(description=description)
+    parser = argparse.ArgumentParser(prog=f"python -m scripts.tune.{op}", description=description)
     parser.add_argument("--shapes", type=parse_shapes, default=parse_shapes(shapes), help=f"KxN,... (default {shapes})")
     parser.add_argument("--m", type=parse_ints, default=parse_ints(ms), help=f"token counts M (default {ms})")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="fp16", help="activation dtype (default fp16)")
@@ -70,11 +70,11 @@ def argument_parser(description: str, shapes: str, ms: str) -> argparse.Argument
     return parser
 
 
-def run(description: str, shapes: str, ms: str, sweep_case: Callable, argv=None,
+def run(op: str, description: str, shapes: str, ms: str, sweep_case: Callable, argv=None,
         add_arguments: Callable[[argparse.ArgumentParser], None] | None = None) -> list[dict]:
-    """A sweep's command line: parse ``argv`` (the common options, ``add_arguments``' own), then
+    """The command line of the sweep ``python -m scripts.tune.<op>``: parse ``argv`` (the common options, ``add_arguments``' own), then
     ``sweep_case(k, n, m, args, device)`` for every shape and M, report the rows and return them."""
-    parser = argument_parser(description, shapes, ms)
+    parser = argument_parser(op, description, shapes, ms)
     if add_arguments is not None:
         add_arguments(parser)
     args = parser.parse_args(argv)

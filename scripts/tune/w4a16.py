@@ -78,7 +78,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(argv=None) -> list[dict]:
-    return sweep.run(__doc__.splitlines()[0], "4096x4096,4096x11008,11008x4096,8192x28672", "1,2,16,64,256",
+    return sweep.run("w4a16", __doc__.splitlines()[0], "4096x4096,4096x11008,11008x4096,8192x28672", "1,2,16,64,256",
                      sweep_case, argv, add_arguments)
 
 

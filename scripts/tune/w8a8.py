@@ -56,7 +56,7 @@ def sweep_case(k: int, n: int, m: int, args, device) -> list[dict]:
 
 
 def main(argv=None) -> list[dict]:
-    return sweep.run(__doc__.splitlines()[0], "4096x4096,4096x11008,11008x4096,8192x28672", "1,16,64,256,2048",
+    return sweep.run("w8a8", __doc__.splitlines()[0], "4096x4096,4096x11008,11008x4096,8192x28672", "1,16,64,256,2048",
                      sweep_case, argv)
 
 

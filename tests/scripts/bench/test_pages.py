@@ -176,3 +176,17 @@ def test_two_runs_for_one_seed_are_refused(root):
 
 def test_committed_pages_equal_what_the_committed_json_gives():
     assert pages.stale_pages(pages.REPO_ROOT) == [], f"run `{pages.COMMAND}` and commit the pages"
+
+
+def test_figures_block_of_the_kernels_doc_is_rewritten_in_place():
+    doc = f"# Kernels\n\nintro\n\n{pages.BLOCK_BEGIN}\nold figures\n{pages.BLOCK_END}\n\n## After\n"
+    text = pages.with_figures(doc, kernel_report("GPU A"))
+    assert text.startswith("# Kernels\n\nintro\n\n") and text.endswith(f"{pages.BLOCK_END}\n\n## After\n")
+    assert "old figures" not in text
+    assert "| 4096x4096 | 10.7 (1.50x) |" in text  # ours_w8a8 at M = 1: 16 us / 1.5
+    assert pages.with_figures(text, kernel_report("GPU A")) == text  # idempotent
+
+
+def test_figures_block_without_markers_is_refused():
+    with pytest.raises(ValueError, match="expected one line"):
+        pages.with_figures("# Kernels\nno markers\n", kernel_report("GPU A"))

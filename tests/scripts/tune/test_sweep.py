@@ -34,7 +34,7 @@ def test_set_count_spans_l2_within_the_cap():
 
 
 def test_a_case_gives_a_row_per_config_and_flags_a_wrong_output(tmp_path):
-    args = sweep.argument_parser("test", "8x8", "1").parse_args(["--warmup-ms", "0", "--rep-ms", "1",
+    args = sweep.argument_parser("w8a8", "test", "8x8", "1").parse_args(["--warmup-ms", "0", "--rep-ms", "1",
                                                                   "--out", str(tmp_path / "rows.json")])
     x, w = torch.randn(2, 8).half(), torch.randn(4, 8).half()
     good, wrong = TileConfig(16, 16, 16), TileConfig(16, 32, 16)
@@ -48,7 +48,7 @@ def test_a_case_gives_a_row_per_config_and_flags_a_wrong_output(tmp_path):
 
 
 def test_a_config_that_fails_is_a_row_with_its_error():
-    args = sweep.argument_parser("test", "8x8", "1").parse_args(["--warmup-ms", "0", "--rep-ms", "1"])
+    args = sweep.argument_parser("w8a8", "test", "8x8", "1").parse_args(["--warmup-ms", "0", "--rep-ms", "1"])
     x, w = torch.randn(2, 8).half(), torch.randn(4, 8).half()
 
     def run(cfg, s):
