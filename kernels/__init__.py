@@ -83,5 +83,6 @@ __all__ = [
     "w4a16_matmul_ref",
     "w8a8_matmul",
     "w8a8_matmul_quantized",
+    "w8a8_matmul_quantized_ref",
     "w8a8_matmul_ref",
 ]
