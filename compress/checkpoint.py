@@ -34,7 +34,8 @@ alive (the pid in the name) are left alone; saving one path from two processes a
 supported. After a successful save or recovery no hidden ``.NAME.*`` entry remains.
 
 Modes are the usual ones: directories ``0o777 & ~umask``, files ``0o666 & ~umask`` (the temporary
-directory is made with ``os.mkdir``, not ``tempfile.mkdtemp``, whose 0700 would stay on the result).
+directory is made with ``os.mkdir``, not ``tempfile.mkdtemp``, whose 0700 would stay on the result;
+safetensors writes its file 0600, so the files are given the directory's mode less the execute bits).
 
 Loading refuses, with a clear error, a directory whose manifest is missing or of another version,
 whose safetensors file does not match its checksum, or whose tensors differ in name, dtype or shape
@@ -59,6 +60,7 @@ import pathlib
 import re
 import secrets
 import shutil
+import stat
 import sys
 
 import torch
@@ -242,6 +244,15 @@ def _new_hidden_dir(target: pathlib.Path, kind: str) -> pathlib.Path:
             continue
 
 
+def _normal_file_modes(directory: pathlib.Path) -> None:
+    """Files in ``directory`` get 0o666 & ~umask: the directory's own mode (made 0o777 & ~umask by
+    ``os.mkdir``) without execute bits. safetensors writes 0600 whatever the umask."""
+    mode = stat.S_IMODE(directory.stat().st_mode) & 0o666
+    for entry in directory.iterdir():
+        if entry.is_file() and not entry.is_symlink():
+            os.chmod(entry, mode)
+
+
 def _hidden_name(target: pathlib.Path, kind: str) -> pathlib.Path:
     return target.with_name(f".{target.name}.{kind}-{os.getpid()}-{secrets.token_hex(4)}")
 
@@ -343,6 +354,7 @@ def save_compressed(model: nn.Module, path, overwrite: bool = False) -> pathlib.
     swapped = False
     try:
         _write_directory(model, temporary)
+        _normal_file_modes(temporary)
         _fsync_path(temporary)
         if not target.exists():
             os.rename(temporary, target)
