@@ -303,17 +303,25 @@ def _split_option(args: list[str], name: str) -> tuple[list[str], list[str]]:
     return values, rest
 
 
+def _unpickler_detail(message: str) -> str:
+    """The one line of torch's multi-paragraph weights_only refusal that says what was refused."""
+    tail = message.split("WeightsUnpickler error:", 1)[-1]
+    line = next((line.strip() for line in tail.splitlines() if line.strip()), "refused by weights_only=True")
+    return line.split(" was not an allowed global")[0]
+
+
 def load_lightning_checkpoint(path) -> dict:
     """A Lightning checkpoint read with ``torch.load(weights_only=True)``: tensors and plain data only,
     so a pickled object that would run code is refused (and its code does not run)."""
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as error:
-        lines = [line.strip() for line in str(error).splitlines() if "Unsupported" in line or "error:" in line]
-        detail = lines[0].removeprefix("WeightsUnpickler error: ").split(" was not an allowed global")[0] if lines else ""
-        raise ValueError(f"{path}: refused to load: the checkpoint holds a pickled object that is not plain data "
-                         f"({detail or 'not allowed by weights_only=True'}); checkpoints are loaded without "
-                         "running any code they hold") from None
+        detail = _unpickler_detail(str(error))
+        if detail.startswith("Unsupported global"):
+            raise ValueError(f"{path}: refused to load: the checkpoint holds a pickled object that is not plain data "
+                             f"({detail}); checkpoints are loaded without running any code they hold") from None
+        raise ValueError(f"{path}: expected a Lightning checkpoint written by torch.save, got a file that "
+                         f"torch.load(weights_only=True) refuses ({detail})") from None
     except (RuntimeError, EOFError, KeyError, ValueError, OSError) as error:
         raise ValueError(f"{path}: expected a Lightning checkpoint written by torch.save, got an unreadable file "
                          f"({type(error).__name__}: {error})") from None
