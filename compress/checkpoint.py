@@ -159,7 +159,7 @@ def _write_directory(model: nn.Module, directory: pathlib.Path) -> None:
     _write_json(directory / MANIFEST, manifest)  # written last: a directory without it is incomplete
 
 
-def _entry(model: nn.Module) -> None:
+def _check_saveable(model: nn.Module) -> None:
     """Checks that ``model`` can be saved: an nn.Module after convert, not fused."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"model: expected an nn.Module, got {type(model).__name__}")
@@ -346,27 +346,22 @@ def save_compressed(model: nn.Module, path, overwrite: bool = False) -> pathlib.
 
     ``path`` must be new, an empty directory, or (with ``overwrite=True``) a checkpoint of ours;
     anything else is refused before anything is written (see the module docstring)."""
-    _entry(model)
+    _check_saveable(model)
     target = check_save_target(path, overwrite)
     target.parent.mkdir(parents=True, exist_ok=True)
-    temporary = _new_hidden_dir(target, "tmp")
-    backup = None
-    swapped = False
+    temporary = _new_hidden_dir(target, "tmp")  # the new checkpoint; after an exchange, the old one
+    backup = None  # the fallback's ``.NAME.old-*``: the old checkpoint while the path is empty
     try:
         _write_directory(model, temporary)
         _normal_file_modes(temporary)
         _fsync_path(temporary)
         if not target.exists():
             os.rename(temporary, target)
-            swapped = True
             temporary = None
-        elif _exchange_directories(temporary, target):
-            swapped = True  # ``temporary`` now holds the old checkpoint
-        else:
+        elif not _exchange_directories(temporary, target):
             backup = _hidden_name(target, "old")
             os.rename(target, backup)
             os.rename(temporary, target)
-            swapped = True
             temporary = None
         _fsync_path(target.parent)
         if temporary is not None:
@@ -377,12 +372,15 @@ def save_compressed(model: nn.Module, path, overwrite: bool = False) -> pathlib.
             backup = None
         _fsync_path(target.parent)
     except BaseException:
-        if not swapped and backup is not None and backup.exists() and not os.path.lexists(target):
+        if backup is not None and not os.path.lexists(target):
             with contextlib.suppress(OSError):
                 os.rename(backup, target)  # put the old checkpoint back at once
                 backup = None
-        for leftover in (temporary, backup):
-            if leftover is not None:
+        # the temporary is never the only copy of the old checkpoint; a backup is removed only when the
+        # path holds the new one (else :func:`recover` puts it back later)
+        leftovers = [temporary, backup if os.path.lexists(target) else None]
+        for leftover in leftovers:
+            if leftover is not None and os.path.lexists(leftover):
                 with contextlib.suppress(OSError):
                     _remove(leftover)
         raise

@@ -322,3 +322,23 @@ def test_renameat2_exchange_swaps_two_directories_or_reports_unsupported(tmp_pat
     if not checkpoint._exchange_directories(tmp_path / "a", tmp_path / "b"):
         pytest.skip("renameat2(RENAME_EXCHANGE) is not supported here; the fallback is tested above")
     assert (tmp_path / "b" / "x").read_text() == "a" and list((tmp_path / "a").iterdir()) == []
+
+
+def test_when_putting_the_old_checkpoint_back_fails_too_the_backup_is_kept_for_recovery(tmp_path, monkeypatch):
+    compress.save_compressed(OLD, tmp_path / "c")
+    real_rename = os.rename
+
+    def rename(source, destination):
+        if str(destination) == str(tmp_path / "c"):  # neither the new one nor the backup gets into place
+            raise OSError(5, "Input/output error")
+        return real_rename(source, destination)
+
+    monkeypatch.setattr(checkpoint, "_exchange_directories", lambda first, second: False)
+    monkeypatch.setattr(os, "rename", rename)
+    with pytest.raises(OSError, match="Input/output error"):
+        compress.save_compressed(NEW, tmp_path / "c", overwrite=True)
+    assert not (tmp_path / "c").exists()
+    (backup,) = _hidden(tmp_path)
+    assert backup.startswith(".c.old-")  # the only copy of the old checkpoint: kept
+    monkeypatch.setattr(os, "rename", real_rename)
+    assert _assert_old_or_new_and_clean(tmp_path, tmp_path / "c") == "old"
