@@ -129,7 +129,8 @@ def test_export_replaces_an_earlier_export_only_with_overwrite(sparse_w8a8_run, 
     with pytest.raises(FileExistsError, match=r"again: already holds a compressed checkpoint; pass --overwrite"):
         main(["export", "--config", recipe, "--ckpt_path", checkpoint, "--export_dir", str(target)])
     assert (target / "model.safetensors").stat().st_mtime_ns == before
-    assert main(["export", "--config", recipe, "--ckpt_path", checkpoint, "--export_dir", str(target), "--overwrite"]) == 0
+    assert main(["export", "--config", recipe, "--ckpt_path", checkpoint, "--export_dir", str(target),
+                 "--overwrite"]) == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["again"]
     (tmp_path / "notes").mkdir()
     (tmp_path / "notes" / "important.txt").write_text("keep me")
