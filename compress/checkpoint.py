@@ -206,7 +206,7 @@ def is_our_checkpoint(path) -> bool:
 def check_save_target(path, overwrite: bool = False, flag: str = "overwrite=True") -> pathlib.Path:
     """The directory :func:`save_compressed` would write for ``path``, or the error it would raise.
 
-    Call it before long work (the CLI does, before building a model) to fail early. It runs
+    Call it before long work to fail early (``compress export`` does, before converting the weights). It runs
     :func:`recover` first, so a path left by a crashed save is judged as it will be saved onto."""
     if not isinstance(overwrite, bool):
         raise TypeError(f"overwrite: expected a bool, got {type(overwrite).__name__}")
