@@ -7,7 +7,7 @@ Public API (docs/architecture.md)::
     compress.prepare(model, plan)                        # training modules (QAT, masks), in place
     compress.convert(model)                              # inference modules calling the kernels
     compress.convert(model, plan, calibration_data=...)  # post-training: prune, calibrate, quantize
-    compress.save_compressed(model, path)                # atomic directory: safetensors + manifest
+    compress.save_compressed(model, path)                # crash-safe directory: safetensors + manifest
     compress.load_compressed(path)                       # rebuild without the original weights
     compress.fuse_siblings(model)                        # q/k/v (and gate/up) as one kernel call each
     compress.link_quantized_inputs(model, example_inputs)  # norms / GELU quantize for the W8A8 layer after

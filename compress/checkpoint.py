@@ -10,9 +10,33 @@ Layout of ``path/``::
                         the model: a ``transformers`` architecture class, or a class path
     config.json         the model's own ``transformers`` config (transformers models only)
 
-Writes are atomic: everything is written and fsynced in a temporary directory next to ``path``,
-which is then renamed onto ``path`` (an existing directory is first moved aside and deleted only
-after the rename), so an interrupted save never leaves a directory that loads as if it were whole.
+Saving never loses a user's files. Before anything is written, :func:`save_compressed` refuses
+an empty or whitespace path, a path that is an existing file (or a symlink to one, or a dangling
+symlink), and an existing directory that is neither empty nor a checkpoint of ours (a directory
+whose ``manifest.json`` parses as JSON carrying ``"format": "compress-checkpoint"``, or, for saves
+made before that marker, ``format_version`` with ``sha256`` and ``tensors``); that refusal holds even
+with ``overwrite=True``. An existing checkpoint of ours is replaced only with ``overwrite=True``
+(else ``FileExistsError`` naming the path and the flag). An empty directory is saved into. A
+symlink to a directory saves at the directory it points to, so the link keeps working.
+
+The swap is crash safe. The new checkpoint is written and fsynced in a hidden sibling
+``.NAME.tmp-<pid>-<hex>`` (``manifest.json`` last: a directory without it is incomplete). A new path
+is then one ``rename``. An existing one is swapped with Linux ``renameat2(RENAME_EXCHANGE)``
+(atomic: the path holds the old or the new checkpoint at every instant; the old one, now in the
+temporary, is deleted after the parent directory is fsynced). Where that call is unavailable the
+fallback is two renames: the old directory to ``.NAME.old-<pid>-<hex>``, the new one onto the path,
+then the backup is deleted; an exception between them puts the old directory back at once. A crash
+at any point (a kill leaves no chance to clean up) is repaired by :func:`recover` on the next
+:func:`save_compressed` or :func:`load_compressed` of that path: the path missing and a
+``.NAME.old-*`` backup present -> the backup (the newest whole one) is put back; the path present ->
+backups are dropped; ``.NAME.tmp-*`` entries are removed. Entries of another process that is still
+alive (the pid in the name) are left alone; saving one path from two processes at once is not
+supported. After a successful save or recovery no hidden ``.NAME.*`` entry remains.
+
+Modes are the usual ones: directories ``0o777 & ~umask``, files ``0o666 & ~umask`` (the temporary
+directory is made with ``os.mkdir``, not ``tempfile.mkdtemp``, whose 0700 would stay on the result;
+safetensors writes its file 0600, so the files are given the directory's mode less the execute bits).
+
 Loading refuses, with a clear error, a directory whose manifest is missing or of another version,
 whose safetensors file does not match its checksum, or whose tensors differ in name, dtype or shape
 from the manifest. The manifest names classes (``W8A8Linear``, a ``transformers`` architecture), not
@@ -28,10 +52,16 @@ import hashlib
 import importlib
 import json
 import logging
+import ctypes
+import ctypes.util
+import errno
 import os
 import pathlib
+import re
+import secrets
 import shutil
-import tempfile
+import stat
+import sys
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -45,6 +75,7 @@ from compress.plan import compressed_layers, replace_submodule
 logger = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
+FORMAT_MARKER = "compress-checkpoint"  # manifest["format"]: what makes a directory a checkpoint of ours
 MANIFEST, TENSORS, MODEL_CONFIG = "manifest.json", "model.safetensors", "config.json"
 
 
@@ -117,6 +148,7 @@ def _write_directory(model: nn.Module, directory: pathlib.Path) -> None:
         model.config.save_pretrained(str(directory))
         _fsync_path(directory / MODEL_CONFIG)
     manifest = {
+        "format": FORMAT_MARKER,
         "format_version": FORMAT_VERSION,
         "sha256": _sha256(directory / TENSORS),
         "model": source,
@@ -127,8 +159,8 @@ def _write_directory(model: nn.Module, directory: pathlib.Path) -> None:
     _write_json(directory / MANIFEST, manifest)  # written last: a directory without it is incomplete
 
 
-def save_compressed(model: nn.Module, path) -> pathlib.Path:
-    """Write ``model`` (after :func:`compress.convert`) to the directory ``path``, atomically."""
+def _check_saveable(model: nn.Module) -> None:
+    """Checks that ``model`` can be saved: an nn.Module after convert, not fused."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"model: expected an nn.Module, got {type(model).__name__}")
     if compressed_layers(model):
@@ -138,22 +170,219 @@ def save_compressed(model: nn.Module, path) -> pathlib.Path:
         raise ValueError("save_compressed: the model has fused sibling layers (compress.fuse_siblings), whose "
                          "state differs from the saved layout; save it before fusing, or call "
                          "compress.nn.fusion.unfuse_siblings(model) first")
-    target = pathlib.Path(path).absolute()
+
+
+def checkpoint_path(path) -> pathlib.Path:
+    """The absolute, normalized directory ``path`` names (a symlink to a directory: the directory).
+
+    Refuses a path that is not a str / PathLike, an empty or whitespace one, and the root."""
+    if isinstance(path, bytes) or not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path: expected a str or os.PathLike directory path, got {type(path).__name__}")
+    text = os.fspath(path)
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError(f"path: expected a non-empty directory path, got {text!r}")
+    target = pathlib.Path(os.path.abspath(text))
+    if target.is_symlink() and target.is_dir():
+        target = pathlib.Path(os.path.realpath(target))
+    if not target.name:
+        raise ValueError(f"path: expected a directory below the filesystem root, got {text!r}")
+    return target
+
+
+def is_our_checkpoint(path) -> bool:
+    """Whether ``path`` is a directory holding a manifest of ours (any format_version)."""
+    manifest_path = pathlib.Path(path) / MANIFEST
+    try:
+        manifest = json.loads(manifest_path.read_text())
+    except (OSError, ValueError):
+        return False
+    if not isinstance(manifest, dict):
+        return False
+    if manifest.get("format") == FORMAT_MARKER:
+        return True
+    return isinstance(manifest.get("format_version"), int) and "sha256" in manifest and "tensors" in manifest
+
+
+def check_save_target(path, overwrite: bool = False, flag: str = "overwrite=True") -> pathlib.Path:
+    """The directory :func:`save_compressed` would write for ``path``, or the error it would raise.
+
+    Call it before long work to fail early (``compress export`` does, before converting the weights). It runs
+    :func:`recover` first, so a path left by a crashed save is judged as it will be saved onto."""
+    if not isinstance(overwrite, bool):
+        raise TypeError(f"overwrite: expected a bool, got {type(overwrite).__name__}")
+    target = checkpoint_path(path)
+    if target.is_symlink() and not target.exists():
+        raise FileExistsError(f"{target}: is a dangling symlink; expected a new or empty directory, "
+                              "or a compressed checkpoint")
+    if target.exists() and not target.is_dir():
+        raise FileExistsError(f"{target}: is an existing file, not a directory; refusing to replace it "
+                              "(save_compressed writes a directory: choose a new path)")
+    recover(target)
+    if not target.is_dir():
+        return target
+    if is_our_checkpoint(target):
+        if not overwrite:
+            raise FileExistsError(f"{target}: already holds a compressed checkpoint; pass {flag} to replace it")
+        return target
+    entries = sorted(os.listdir(target))
+    if entries:
+        shown = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
+        raise FileExistsError(f"{target}: is a non-empty directory that is not a compressed checkpoint "
+                              f"(it holds {shown}); refusing to replace it, even with {flag}: "
+                              "choose a new or empty directory")
+    return target
+
+
+def _new_hidden_dir(target: pathlib.Path, kind: str) -> pathlib.Path:
+    """Make ``.NAME.<kind>-<pid>-<hex>`` next to ``target`` with mode 0o777 & ~umask."""
+    while True:
+        candidate = target.with_name(f".{target.name}.{kind}-{os.getpid()}-{secrets.token_hex(4)}")
+        try:
+            os.mkdir(candidate, 0o777)
+            return candidate
+        except FileExistsError:
+            continue
+
+
+def _normal_file_modes(directory: pathlib.Path) -> None:
+    """Files in ``directory`` get 0o666 & ~umask: the directory's own mode (made 0o777 & ~umask by
+    ``os.mkdir``) without execute bits. safetensors writes 0600 whatever the umask."""
+    mode = stat.S_IMODE(directory.stat().st_mode) & 0o666
+    for entry in directory.iterdir():
+        if entry.is_file() and not entry.is_symlink():
+            os.chmod(entry, mode)
+
+
+def _hidden_name(target: pathlib.Path, kind: str) -> pathlib.Path:
+    return target.with_name(f".{target.name}.{kind}-{os.getpid()}-{secrets.token_hex(4)}")
+
+
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+_libc = None
+
+
+def _exchange_directories(first: pathlib.Path, second: pathlib.Path) -> bool:
+    """Atomically swap two paths with Linux ``renameat2(RENAME_EXCHANGE)``; False where unsupported
+    (not Linux, no such libc symbol, or a filesystem that refuses it), leaving both untouched."""
+    global _libc
+    if not sys.platform.startswith("linux"):
+        return False
+    if _libc is None:
+        _libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+    renameat2 = getattr(_libc, "renameat2", None)
+    if renameat2 is None:
+        return False
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    result = renameat2(_AT_FDCWD, os.fsencode(first), _AT_FDCWD, os.fsencode(second), _RENAME_EXCHANGE)
+    if result == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP):
+        return False
+    raise OSError(code, f"renameat2(RENAME_EXCHANGE) {first} <-> {second}: {os.strerror(code)}")
+
+
+def _remove(path: pathlib.Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink()
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    except OSError:
+        return False
+    return True
+
+
+def _leftovers(target: pathlib.Path) -> dict[str, list[pathlib.Path]]:
+    """Hidden ``.NAME.tmp-*`` / ``.NAME.old-*`` siblings of ``target`` that no other live process owns."""
+    found = {"tmp": [], "old": []}
+    pattern = re.compile(rf"^\.{re.escape(target.name)}\.(tmp|old)-(.+)$")
+    try:
+        names = os.listdir(target.parent)
+    except OSError:  # a parent we cannot read holds nothing we could repair
+        return found
+    for name in names:
+        match = pattern.match(name)
+        if match is None:
+            continue
+        pid = re.match(r"^(\d+)(?:-|$)", match.group(2))
+        if pid is not None and int(pid.group(1)) != os.getpid() and _pid_alive(int(pid.group(1))):
+            continue  # another process is saving this path right now
+        found[match.group(1)].append(target.parent / name)
+    return found
+
+
+def recover(path) -> pathlib.Path:
+    """Repair what a save of ``path`` interrupted at any point left behind (see the module docstring);
+    returns the directory. Does nothing (and writes nothing) when there is nothing to repair."""
+    target = checkpoint_path(path)
+    leftovers = _leftovers(target)
+    if not leftovers["tmp"] and not leftovers["old"]:
+        return target
+    backups = leftovers["old"]
+    if not os.path.lexists(target) and backups:
+        whole = [b for b in backups if is_our_checkpoint(b)]
+        chosen = max(whole or backups, key=lambda b: b.stat().st_mtime_ns)
+        os.rename(chosen, target)
+        logger.warning("recovered %s from the backup %s of an interrupted save", target, chosen.name)
+        backups = [b for b in backups if b != chosen]
+    for leftover in [*leftovers["tmp"], *backups]:
+        _remove(leftover)
+    _fsync_path(target.parent)
+    return target
+
+
+def save_compressed(model: nn.Module, path, overwrite: bool = False) -> pathlib.Path:
+    """Write ``model`` (after :func:`compress.convert`) to the directory ``path``, crash safe.
+
+    ``path`` must be new, an empty directory, or (with ``overwrite=True``) a checkpoint of ours;
+    anything else is refused before anything is written (see the module docstring)."""
+    _check_saveable(model)
+    target = check_save_target(path, overwrite)
     target.parent.mkdir(parents=True, exist_ok=True)
-    temporary = pathlib.Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    temporary = _new_hidden_dir(target, "tmp")  # the new checkpoint; after an exchange, the old one
+    backup = None  # the fallback's ``.NAME.old-*``: the old checkpoint while the path is empty
     try:
         _write_directory(model, temporary)
+        _normal_file_modes(temporary)
         _fsync_path(temporary)
-        backup = None
-        if target.exists():
-            backup = target.with_name(f".{target.name}.old-{os.getpid()}")
+        if not target.exists():
+            os.rename(temporary, target)
+            temporary = None
+        elif not _exchange_directories(temporary, target):
+            backup = _hidden_name(target, "old")
             os.rename(target, backup)
-        os.rename(temporary, target)
+            os.rename(temporary, target)
+            temporary = None
         _fsync_path(target.parent)
+        if temporary is not None:
+            shutil.rmtree(temporary)
+            temporary = None
         if backup is not None:
             shutil.rmtree(backup)
+            backup = None
+        _fsync_path(target.parent)
     except BaseException:
-        shutil.rmtree(temporary, ignore_errors=True)
+        if backup is not None and not os.path.lexists(target):
+            with contextlib.suppress(OSError):
+                os.rename(backup, target)  # put the old checkpoint back at once
+                backup = None
+        # the temporary is never the only copy of the old checkpoint; a backup is removed only when the
+        # path holds the new one (else :func:`recover` puts it back later)
+        leftovers = [temporary, backup if os.path.lexists(target) else None]
+        for leftover in leftovers:
+            if leftover is not None and os.path.lexists(leftover):
+                with contextlib.suppress(OSError):
+                    _remove(leftover)
         raise
     logger.info("saved compressed model to %s", target)
     return target
@@ -247,13 +476,24 @@ def _swap_in_layers(model: nn.Module, layers: dict) -> None:
         replace_submodule(model, name, _empty_module(entry))
 
 
+def _recovered(path) -> pathlib.Path:
+    """``path`` after :func:`recover`; a repair that the filesystem refuses (a read-only parent) is
+    logged, and the directory is then loaded as it is."""
+    directory = checkpoint_path(path)
+    try:
+        recover(directory)
+    except OSError as error:
+        logger.warning("%s: could not repair an interrupted save (%s); loading it as it is", directory, error)
+    return directory
+
+
 def load_compressed(path, model: nn.Module | None = None) -> nn.Module:
     """Rebuild a compressed model on the CPU from ``path`` (written by :func:`save_compressed`).
 
     ``transformers`` models are rebuilt from the saved config; any other module needs ``model``, a
     skeleton of the original (uncompressed) architecture. The loaded tensors keep their saved dtypes.
     """
-    directory = pathlib.Path(path)
+    directory = _recovered(path)
     manifest = read_manifest(directory)
     tensors = _load_tensors(directory, manifest)
     source = manifest["model"]
@@ -276,7 +516,7 @@ def load_compressed(path, model: nn.Module | None = None) -> nn.Module:
 
 def load_model_dir(path: str | pathlib.Path) -> nn.Module:
     """A model from a saved directory: compressed (``compress.save_compressed``) or plain ``transformers``."""
-    path = pathlib.Path(path)
+    path = _recovered(path)
     if not path.is_dir():
         raise FileNotFoundError(f"model dir: expected a directory, got {path}")
     if (path / MANIFEST).is_file():

@@ -8,8 +8,9 @@ Subcommands::
                                                     --ckpt_path), export, evaluate, report
     compress fit      --config RECIPE [overrides]   plain LightningCLI fit (same recipe checks)
     compress validate --config RECIPE [overrides]   plain LightningCLI validate
-    compress export   --config RECIPE --ckpt_path CKPT [--export_dir DIR]
+    compress export   --config RECIPE --ckpt_path CKPT [--export_dir DIR] [--overwrite]
                                                     Lightning checkpoint -> compressed model dir
+                                                    (--overwrite replaces an earlier export there)
     compress evaluate --config RECIPE --models DIR [DIR ...] [--names NAME ...]
                                                     saved model dirs + the recipe's data -> report
 
@@ -30,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import pickle
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,7 +44,7 @@ from lightning.pytorch.cli import LightningCLI
 import compress
 import compress.lightning.data  # noqa: F401  (see below)
 import compress.lightning.tasks  # noqa: F401  (see below)
-from compress.checkpoint import load_model_dir
+from compress.checkpoint import check_save_target, load_model_dir
 from compress.configs import BlockSparseConfig, W4A16Config
 from compress.lightning.callbacks import Export, FloatWeightsSnapshot, target_model
 from compress.plan import Plan
@@ -209,8 +211,9 @@ def eval_options(options: CompressOptions, datamodule) -> "EvalOptions":
 
 
 def save_float_model(model, path: Path) -> Path:
-    """Save a plain (uncompressed) model dir with ``compress.save_compressed`` (atomic, checksummed)."""
-    path = compress.save_compressed(model, path)
+    """Save a plain (uncompressed) model dir with ``compress.save_compressed`` (crash safe, checksummed);
+    the ``float/`` of an earlier run into the same output dir is replaced, nothing else is."""
+    path = compress.save_compressed(model, path, overwrite=True)
     log.info("saved the float model to %s", path)
     return path
 
@@ -300,18 +303,61 @@ def _split_option(args: list[str], name: str) -> tuple[list[str], list[str]]:
     return values, rest
 
 
-def export(args: list[str]) -> int:
-    """``compress export --config RECIPE --ckpt_path CKPT [--export_dir DIR]``.
+def _unpickler_detail(message: str) -> str:
+    """The one line of torch's multi-paragraph weights_only refusal that says what was refused."""
+    tail = message.split("WeightsUnpickler error:", 1)[-1]
+    line = next((line.strip() for line in tail.splitlines() if line.strip()), "refused by weights_only=True")
+    return line.split(" was not an allowed global")[0]
 
-    Rebuilds the recipe's model, lets each compression callback prepare it exactly as in training,
-    loads the Lightning checkpoint's weights and compression buffers (masks, scales) into it,
-    converts to inference modules and saves. ``--export_dir`` defaults to the Export callback's
-    ``dirpath``, else ``<compress.output_dir>/compressed``.
+
+def load_lightning_checkpoint(path) -> dict:
+    """A Lightning checkpoint read with ``torch.load(weights_only=True)``: tensors and plain data only,
+    so a pickled object that would run code is refused (and its code does not run)."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as error:
+        detail = _unpickler_detail(str(error))
+        if detail.startswith("Unsupported global"):
+            raise ValueError(f"{path}: refused to load: the checkpoint holds a pickled object that is not plain data "
+                             f"({detail}); checkpoints are loaded without running any code they hold") from None
+        raise ValueError(f"{path}: expected a Lightning checkpoint written by torch.save, got a file that "
+                         f"torch.load(weights_only=True) refuses ({detail})") from None
+    except (RuntimeError, EOFError, KeyError, ValueError, OSError) as error:
+        raise ValueError(f"{path}: expected a Lightning checkpoint written by torch.save, got an unreadable file "
+                         f"({type(error).__name__}: {error})") from None
+    if not isinstance(state, dict) or "state_dict" not in state:
+        found = sorted(state)[:8] if isinstance(state, dict) else type(state).__name__
+        raise ValueError(f"{path}: expected a Lightning checkpoint with a 'state_dict', got {found}")
+    return state
+
+
+def _overwrite_flag(args: list[str]) -> tuple[bool, list[str]]:
+    """``--overwrite`` (a flag, no value) taken out of ``args``: (whether it was given, the other args)."""
+    rest = [arg for arg in args if arg != "--overwrite"]
+    if any(arg.startswith("--overwrite=") for arg in rest):
+        raise ValueError("compress export: --overwrite is a flag and takes no value")
+    return len(rest) != len(args), rest
+
+
+def export(args: list[str]) -> int:
+    """``compress export --config RECIPE --ckpt_path CKPT [--export_dir DIR] [--overwrite]``.
+
+    Reads the checkpoint (plain data only: no pickled code runs), rebuilds the recipe's model, lets
+    each compression callback prepare it exactly as in training, loads the checkpoint's weights and
+    compression buffers (masks, scales) into it, converts to inference modules and saves.
+    ``--export_dir`` defaults to the Export callback's ``dirpath``, else
+    ``<compress.output_dir>/compressed``. An earlier export there is replaced only with
+    ``--overwrite``; any other non-empty directory or file is never replaced. The target is checked
+    before the weights are loaded and converted.
     """
     ckpt_path, rest = checkpoint_option(args, "export")
     export_dir, rest = _split_option(rest, "export_dir")
+    overwrite_values, rest = _overwrite_flag(rest)
     if ckpt_path is None:
         raise ValueError("compress export: expected one --ckpt_path CHECKPOINT, got none")
+    if len(export_dir) > 1:
+        raise ValueError(f"compress export: expected at most one --export_dir DIR, got {export_dir}")
+    state = load_lightning_checkpoint(ckpt_path)
     cli = CompressCLI(args=rest, run=False)
     options = options_from(cli.config_init)
     callbacks = [cb for cb in cli.trainer.callbacks if hasattr(cb, "plan")]
@@ -320,14 +366,13 @@ def export(args: list[str]) -> int:
     check_recipe(cli.model, callbacks)
     for callback in callbacks:
         callback.setup(cli.trainer, cli.model, "fit")
-    state = torch.load(ckpt_path, map_location="cpu", weights_only=False)
-    if "state_dict" not in state:
-        raise ValueError(f"{ckpt_path}: expected a Lightning checkpoint with a 'state_dict', got keys {sorted(state)[:8]}")
-    cli.model.load_state_dict(state["state_dict"])
     exporter = export_callback(cli.trainer.callbacks)
     default_dir = exporter.dirpath if exporter is not None else str(Path(options.output_dir) / "compressed")
+    target = export_dir[0] if export_dir else default_dir
+    check_save_target(target, overwrite_values, flag="--overwrite")
+    cli.model.load_state_dict(state["state_dict"])
     model = compress.convert(target_model(cli.model))
-    path = compress.save_compressed(model, export_dir[0] if export_dir else default_dir)
+    path = compress.save_compressed(model, target, overwrite=overwrite_values)
     log.info("exported %s to %s", ckpt_path, path)
     sys.stdout.write(f"{path}\n")
     return 0

@@ -473,7 +473,8 @@ class Export(pl.Callback):
             return
         convert(model)
         if self.save and trainer.is_global_zero:
-            path = save_compressed(model, self.dirpath)
+            # overwrite: an earlier export of ours in dirpath is replaced; any other files there are not
+            path = save_compressed(model, self.dirpath, overwrite=True)
             rank_zero_info(f"Export: compressed model saved to {path}")
         trainer.strategy.barrier("compress-export")
 

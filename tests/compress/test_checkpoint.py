@@ -84,7 +84,7 @@ def test_interrupted_save_leaves_the_old_directory_whole(tmp_path, monkeypatch):
 
     monkeypatch.setattr(checkpoint, "_write_json", crash)
     with pytest.raises(KeyboardInterrupt):
-        compress.save_compressed(_converted_mlp(seed=1), path)
+        compress.save_compressed(_converted_mlp(seed=1), path, overwrite=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c"]  # temp dir cleaned, old dir intact
     loaded = compress.load_compressed(path, model=_skeleton())
     assert torch.equal(loaded[0].w_q, _converted_mlp(seed=0)[0].w_q)
@@ -92,7 +92,7 @@ def test_interrupted_save_leaves_the_old_directory_whole(tmp_path, monkeypatch):
 
 def test_overwrite_replaces_the_directory(tmp_path):
     compress.save_compressed(_converted_mlp(seed=0), tmp_path / "c")
-    compress.save_compressed(_converted_mlp(seed=1), tmp_path / "c")
+    compress.save_compressed(_converted_mlp(seed=1), tmp_path / "c", overwrite=True)
     loaded = compress.load_compressed(tmp_path / "c", model=_skeleton())
     assert torch.equal(loaded[0].w_q, _converted_mlp(seed=1)[0].w_q)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c"]

@@ -1,5 +1,8 @@
-"""The ``compress`` CLI: callback composition end to end on a tiny model, export, evaluate, bad recipes."""
+"""The ``compress`` CLI: callback composition end to end on a tiny model, export (checkpoints read with
+weights_only=True: a pickle that would run code is refused; an earlier export is replaced only with
+--overwrite), evaluate, bad recipes."""
 import json
+import pathlib
 
 import pytest
 import torch
@@ -117,15 +120,68 @@ def test_export_from_the_lightning_checkpoint_matches_the_export_callback(sparse
     assert all(torch.equal(ours[k], reference[k]) for k in ours)
 
 
+def test_export_replaces_an_earlier_export_only_with_overwrite(sparse_w8a8_run, tmp_path):
+    root, recipe = sparse_w8a8_run
+    checkpoint = str(sorted((root / "out").rglob("*.ckpt"))[-1])
+    target = tmp_path / "again"
+    assert main(["export", "--config", recipe, "--ckpt_path", checkpoint, "--export_dir", str(target)]) == 0
+    before = (target / "model.safetensors").stat().st_mtime_ns
+    with pytest.raises(FileExistsError, match=r"again: already holds a compressed checkpoint; pass --overwrite"):
+        main(["export", "--config", recipe, "--ckpt_path", checkpoint, "--export_dir", str(target)])
+    assert (target / "model.safetensors").stat().st_mtime_ns == before
+    assert main(["export", "--config", recipe, "--ckpt_path", checkpoint, "--export_dir", str(target),
+                 "--overwrite"]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["again"]
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "important.txt").write_text("keep me")
+    with pytest.raises(FileExistsError, match="not a compressed checkpoint .*even with --overwrite"):
+        main(["export", "--config", recipe, "--ckpt_path", checkpoint, "--export_dir", str(tmp_path / "notes"),
+              "--overwrite"])
+    assert (tmp_path / "notes" / "important.txt").read_text() == "keep me"
+
+
+class _RunsCodeWhenUnpickled:
+    """Unpickling calls ``pathlib.Path.touch(marker)``: the stand-in for any code a checkpoint could run."""
+
+    def __init__(self, marker):
+        self.marker = pathlib.Path(marker)
+
+    def __reduce__(self):
+        return (pathlib.Path.touch, (self.marker,))
+
+
+def test_export_refuses_a_checkpoint_whose_pickle_would_run_code(tmp_path):
+    marker = tmp_path / "code-ran"
+    evil = tmp_path / "evil.ckpt"
+    torch.save({"state_dict": {}, "hyper_parameters": {"x": _RunsCodeWhenUnpickled(marker)}}, evil)
+    recipe = write_recipe(tmp_path / "recipe.yaml", tiny_recipe(tmp_path / "out", [qat()]))
+    with pytest.raises(ValueError, match=r"evil.ckpt: refused to load: .*not plain data \(Unsupported global: "
+                                         r"GLOBAL .*\); checkpoints are loaded without running") as error:
+        main(["export", "--config", recipe, "--ckpt_path", str(evil), "--export_dir", str(tmp_path / "export")])
+    assert "\n" not in str(error.value)  # one line: the one that matters
+    assert not marker.exists()
+    assert not (tmp_path / "export").exists()
+
+
+def test_export_refuses_a_file_that_is_not_a_checkpoint(tmp_path):
+    (tmp_path / "notes.ckpt").write_text("not a checkpoint")
+    recipe = write_recipe(tmp_path / "recipe.yaml", tiny_recipe(tmp_path / "out", [qat()]))
+    with pytest.raises(ValueError, match=r"notes.ckpt: expected a Lightning checkpoint written by torch.save"):
+        main(["export", "--config", recipe, "--ckpt_path", str(tmp_path / "notes.ckpt")])
+    torch.save([1, 2], tmp_path / "list.ckpt")
+    with pytest.raises(ValueError, match=r"list.ckpt: expected a Lightning checkpoint with a 'state_dict', got list"):
+        main(["export", "--config", recipe, "--ckpt_path", str(tmp_path / "list.ckpt")])
+
+
 def test_a_lightning_checkpoint_naming_the_task_by_its_flat_path_loads(sparse_w8a8_run, tmp_path):
     """LightningCLI stores the task's class path in the checkpoint; one written when the task lived in
     ``compress.tasks`` still loads through Lightning's own ``load_from_checkpoint``."""
     root, _ = sparse_w8a8_run
-    state = torch.load(sorted((root / "out").rglob("*.ckpt"))[-1], map_location="cpu", weights_only=False)
+    state = torch.load(sorted((root / "out").rglob("*.ckpt"))[-1], map_location="cpu", weights_only=True)
     assert state["hyper_parameters"]["_class_path"] == "compress.lightning.tasks.SequenceClassificationTask"
     state["hyper_parameters"]["_class_path"] = "compress.tasks.SequenceClassificationTask"
     torch.save(state, tmp_path / "flat.ckpt")
-    task = SequenceClassificationTask.load_from_checkpoint(tmp_path / "flat.ckpt", weights_only=False,
+    task = SequenceClassificationTask.load_from_checkpoint(tmp_path / "flat.ckpt", weights_only=True,
                                                            strict=False)  # no prepared layers: no masks, scales
     assert type(task) is SequenceClassificationTask and task.model.config.num_labels == 10
 

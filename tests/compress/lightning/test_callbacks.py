@@ -384,7 +384,7 @@ def test_resume_keeps_gradient_scores_and_masks(tmp_path):
     saved_masks = {name: layer.mask.clone() for name, layer in compressed_layers(task.model).items()}
     assert set(saved_scores) == {"up", "down"} and all(t.any() for t in saved_scores.values())
     assert 0 < mask_sparsity(saved_masks["up"]) < 0.5
-    stored = [s for s in torch.load(ckpt, weights_only=False)["callbacks"].values() if "gradient_scores" in s]
+    stored = [s for s in torch.load(ckpt, weights_only=True)["callbacks"].values() if "gradient_scores" in s]
     assert all(t.device.type == "cpu" for t in stored[0]["gradient_scores"].values())
 
     restored = {}
@@ -409,7 +409,7 @@ def test_ddp_ranks_end_with_identical_masks_and_scales(tmp_path):
     result = subprocess.run([sys.executable, str(pathlib.Path(__file__).with_name("_ddp_script.py")), str(tmp_path)],
                             cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
     assert result.returncode == 0, result.stderr[-3000:]
-    rank0, rank1 = (torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1))
+    rank0, rank1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in (0, 1))
     assert set(rank0) == set(rank1) == {"up", "down", "exported"}
     for key, tensor in rank0.pop("exported").items():
         assert torch.equal(tensor, rank1["exported"][key]), key
@@ -429,7 +429,7 @@ def test_ddp_ranks_accumulate_identical_gradient_scores(tmp_path, score, sparsit
     result = subprocess.run([sys.executable, str(script), str(tmp_path), score], cwd=REPO, env=env,
                             capture_output=True, text=True, timeout=180)
     assert result.returncode == 0, result.stderr[-3000:]
-    rank0, rank1 = (torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1))
+    rank0, rank1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in (0, 1))
     assert set(rank0) == set(rank1) == {"up", "down"}
     for name in rank0:
         assert torch.equal(rank0[name]["sums"], rank1[name]["sums"]) and rank0[name]["sums"].any()

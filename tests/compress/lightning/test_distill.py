@@ -205,7 +205,7 @@ def test_ddp_ranks_hold_the_same_frozen_teacher(tmp_path):
     result = subprocess.run([sys.executable, str(script), str(tmp_path)], cwd=repo, env=env,
                             capture_output=True, text=True, timeout=180)
     assert result.returncode == 0, result.stderr[-3000:]
-    rank0, rank1 = (torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1))
+    rank0, rank1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in (0, 1))
     assert rank0["ready"] and rank1["ready"]
     for name, tensor in rank0["teacher"].items():
         assert torch.equal(tensor, rank1["teacher"][name]), name
