@@ -29,6 +29,7 @@ sparsity -> ``W4A16Linear`` (pruned blocks are zeros in the int4 weight); sparsi
 from __future__ import annotations
 
 import fnmatch
+import itertools
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -123,11 +124,83 @@ def compressed_layers(model: nn.Module) -> dict[str, CompressedLinear]:
     return {name: m for name, m in model.named_modules() if isinstance(m, CompressedLinear)}
 
 
+class _Rollback:
+    """Undo record for ``prepare`` / ``convert``: put everything back as it was before the call.
+
+    It remembers, per touched name, the module that was there; per ``CompressedLinear`` mutated in
+    place, its attributes, parameters, buffers and submodules (shallow: the same tensor objects, so
+    in-place tensor edits are not undone, only which tensors/configs the layer holds); per weight,
+    the gradient hooks it carried (``CompressedLinear.from_float`` shares the original ``nn.Linear``
+    weight and puts a mask-gradient hook on it, which must not outlive a failed call).
+    """
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+        self.modules: dict[str, nn.Module] = {}
+        self.states: dict[int, tuple] = {}
+        self.hooks: dict[int, tuple] = {}
+        self.values: dict[int, tuple] = {}
+
+    def keep_values(self, module: nn.Module) -> None:
+        """Copy the values of ``module``'s parameters and buffers (for steps that edit them in place)."""
+        for tensor in itertools.chain(module.parameters(), module.buffers()):
+            if id(tensor) not in self.values:
+                self.values[id(tensor)] = (tensor, tensor.detach().clone())
+
+    def keep_module(self, name: str) -> None:
+        if name not in self.modules:
+            self.modules[name] = self.model.get_submodule(name)
+
+    def keep_weight_hooks(self, weight: torch.Tensor) -> None:
+        if id(weight) not in self.hooks:
+            hooks = weight._backward_hooks
+            self.hooks[id(weight)] = (weight, None if hooks is None else dict(hooks))
+
+    def keep_state(self, layer: nn.Module) -> None:
+        if id(layer) not in self.states:
+            self.states[id(layer)] = (layer, dict(layer.__dict__), dict(layer._parameters),
+                                      dict(layer._buffers), dict(layer._modules))
+        self.keep_weight_hooks(layer.weight)
+
+    def restore(self) -> None:
+        with torch.no_grad():
+            for tensor, value in self.values.values():
+                tensor.copy_(value)
+        for layer, attributes, parameters, buffers, modules in self.states.values():
+            layer.__dict__.clear()
+            layer.__dict__.update(attributes)
+            # __dict__ holds the same _parameters/_buffers/_modules dict objects; refill them too.
+            for current, saved in ((layer._parameters, parameters), (layer._buffers, buffers),
+                                   (layer._modules, modules)):
+                current.clear()
+                current.update(saved)
+        for weight, hooks in self.hooks.values():
+            if hooks is None:
+                weight._backward_hooks = None
+            elif weight._backward_hooks is not None:
+                weight._backward_hooks.clear()
+                weight._backward_hooks.update(hooks)
+        for name, module in self.modules.items():
+            replace_submodule(self.model, name, module)
+
+
+def _check_additions(name: str, layer: CompressedLinear, configs) -> None:
+    """Raise (naming the layer) if ``configs`` cannot be added to an already prepared layer."""
+    quant, sparse = split_configs(list(configs))
+    split_configs([c for c in (layer.quant_config, quant, layer.sparse_config, sparse) if c is not None])
+
+
 def prepare(model: nn.Module, plan) -> nn.Module:
     """Swap the plan's layers for ``CompressedLinear`` (in place; returns ``model``).
 
     Layers that are already ``CompressedLinear`` get the new configs added (so a pruning plan and a
     quantization plan compose); conflicting configs raise ``ValueError``.
+
+    All or nothing: every target is checked before any is changed, and should building or swapping
+    a layer still fail, the model is put back as it was (same module at every name, same configs
+    and buffers on layers prepared before, no gradient hooks left on shared weights). The error
+    names the layer that failed, so a plan that conflicts with an earlier one on only some layers
+    does not leave the model half converted.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model: expected an nn.Module, got {type(model).__name__}")
@@ -136,14 +209,48 @@ def prepare(model: nn.Module, plan) -> nn.Module:
         names = _linear_names(model)
         raise ValueError(f"plan matched no eligible linear layer; the model's linear layers are {names[:20]}"
                          f"{' ...' if len(names) > 20 else ''}")
+    # 1. check every target before touching any.
     for name, configs in targets.items():
         module = model.get_submodule(name)
         if isinstance(module, CompressedLinear):
-            module.add_configs(list(configs))
-        else:
-            replace_submodule(model, name, CompressedLinear.from_float(module, list(configs)))
+            _layer_step(name, "prepare", _check_additions, name, module, configs)
+    # 2. build and swap, undoing everything if a later layer still fails.
+    rollback = _Rollback(model)
+    try:
+        for name, configs in targets.items():
+            module = model.get_submodule(name)
+            rollback.keep_module(name)
+            if isinstance(module, CompressedLinear):
+                rollback.keep_state(module)
+                _layer_step(name, "prepare", module.add_configs, list(configs))
+            else:
+                rollback.keep_weight_hooks(module.weight)
+                new = _layer_step(name, "prepare", CompressedLinear.from_float, module, list(configs))
+                replace_submodule(model, name, new)
+    except BaseException:
+        rollback.restore()
+        raise
     logger.info("prepare: %d layers set up for compression", len(targets))
     return model
+
+
+def _layer_step(name: str, step: str, function, *args):
+    """``function(*args)``, re-raising a failure with ``<step>: layer <name>:`` in front.
+
+    The error keeps its type (``TypeError``, ``ValueError``, ...) so callers catching those still
+    do; the original is chained as ``__cause__``.
+    """
+    try:
+        return function(*args)
+    except Exception as error:
+        if getattr(error, "_compress_layer", None) is not None:
+            raise
+        try:
+            named = type(error)(f"{step}: layer {name!r} failed, model left unchanged: {error}")
+        except Exception:  # an exception type whose constructor takes other arguments
+            raise error
+        named._compress_layer = name
+        raise named from error
 
 
 # ---- post-training steps -------------------------------------------------------------------------
@@ -257,22 +364,55 @@ def convert(model: nn.Module, plan=None, calibration_data=None) -> nn.Module:
     ``calibration_data`` (batches fed as ``model(**batch)`` / ``model(batch[0])`` / ``model(batch)``,
     or a callable that runs the model itself) where static scales or SmoothQuant need it, export.
     Without ``plan``, layers prepared with a sparse config but never pruned are pruned one-shot too.
+
+    All or nothing: if any step fails (a plan conflict, missing calibration data, one layer's
+    export), the model is put back as it was before the call (modules, configs, hooks, and the
+    values that pruning and calibration edit in place) and the error names the layer where one is
+    to blame. SmoothQuant calibration keeps a copy of the model's other tensors for this while it runs.
     """
+    rollback = _Rollback(model)
+    for name, module in model.named_modules():
+        if name and isinstance(module, nn.Linear):
+            rollback.keep_module(name)
+            rollback.keep_weight_hooks(module.weight)
+            if isinstance(module, CompressedLinear):
+                rollback.keep_state(module)
+    try:
+        _convert(model, plan, calibration_data, rollback)
+    except BaseException:
+        rollback.restore()
+        raise
+    return model
+
+
+def _convert(model: nn.Module, plan, calibration_data, rollback: _Rollback) -> None:
+    """The steps of :func:`convert`; ``rollback`` learns what they edit in place before they do."""
     if plan is not None:
         prepare(model, plan)
     layers = compressed_layers(model)
     if not layers:
         raise ValueError("convert: the model has no prepared layers; call compress.prepare(model, plan) "
                          "first or pass a plan")
-    prune_one_shot(model)
     needs_calibration = any(
         isinstance(m.quant_config, W8A8Config) and (
             (m.quant_config.static and not m.calibrated)
             or (m.quant_config.smoothquant_alpha is not None and m.smoothing() is None and plan is not None))
         for m in layers.values())
+    # Pruning zeroes weights and calibration rewrites scales (SmoothQuant also folds into the norms
+    # before the layers): keep the values those steps may edit so a later failure can put them back.
+    for layer in layers.values():
+        if layer.sparse_config is not None or needs_calibration:
+            rollback.keep_values(layer)
+    if needs_calibration and any(m.quant_config.smoothquant_alpha is not None for m in layers.values()
+                                 if isinstance(m.quant_config, W8A8Config)):
+        for module in model.modules():
+            if not isinstance(module, CompressedLinear):
+                rollback.keep_values(module)
+    prune_one_shot(model)
     if needs_calibration:
         calibrate(model, calibration_data)
-    for name, layer in layers.items():
-        replace_submodule(model, name, export_module(name, layer))
+    # Build every inference module before swapping any, so an export failure swaps nothing.
+    exported = {name: _layer_step(name, "convert", export_module, name, layer) for name, layer in layers.items()}
+    for name, module in exported.items():
+        replace_submodule(model, name, module)
     logger.info("convert: %d layers exported", len(layers))
-    return model

@@ -8,6 +8,8 @@ from torch import nn
 import compress
 from compress import BlockSparseConfig, Plan, W4A16Config, W8A8Config
 from compress.nn.modules import BSRLinear, BSRW8A8Linear, W4A16Linear, W8A8Linear
+from compress.nn.qat import CompressedLinear
+import compress.plan as plan_module
 from compress.plan import compressed_layers, prune_one_shot
 
 
@@ -191,3 +193,93 @@ def test_prepare_convert_agreement_in_fp16(plan):
         exported_out = model(x)
     assert exported_out.dtype == torch.float16
     torch.testing.assert_close(exported_out, qat_out, atol=2e-3, rtol=2e-3)  # fp16 rounding
+
+
+# ---- all or nothing ------------------------------------------------------------------------------
+class Wide(nn.Module):
+    """Six linears: three with K = 64 (``a*``) and three with K = 96 (``b*``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a0, self.a1, self.a2 = nn.Linear(64, 96), nn.Linear(64, 96), nn.Linear(64, 96)
+        self.b0, self.b1, self.b2 = nn.Linear(96, 64), nn.Linear(96, 64), nn.Linear(96, 64)
+
+
+def _snapshot(model):
+    """(module object at every name, state_dict values cloned, gradient hooks per parameter)."""
+    return ({name: module for name, module in model.named_modules()},
+            {key: value.clone() for key, value in model.state_dict().items()},
+            {name: len(p._backward_hooks or {}) for name, p in model.named_parameters()})
+
+
+def _assert_unchanged(model, before):
+    modules, state, hooks = before
+    after_modules, after_state, after_hooks = _snapshot(model)
+    assert list(after_modules) == list(modules)
+    assert all(after_modules[name] is module for name, module in modules.items())
+    assert list(after_state) == list(state)
+    assert all(torch.equal(after_state[key], value) for key, value in state.items())
+    assert after_hooks == hooks
+
+
+def test_prepare_conflicting_on_a_later_layer_leaves_the_model_as_it_was():
+    torch.manual_seed(0)
+    model = compress.prepare(Wide(), {"b*": W8A8Config()})
+    before = _snapshot(model)
+    configs_before = {n: (m.quant_config, m.sparse_config) for n, m in compressed_layers(model).items()}
+    # a* are plain linears (swapped first), b* conflict: W4A16 on a W8A8 layer.
+    with pytest.raises(ValueError, match=r"layer 'b0'.*at most one quantization config"):
+        compress.prepare(model, [BlockSparseConfig(0.5), W4A16Config()])
+    _assert_unchanged(model, before)
+    assert {n: (m.quant_config, m.sparse_config) for n, m in compressed_layers(model).items()} == configs_before
+    assert not any(isinstance(m, CompressedLinear) for n, m in model.named_modules() if n.startswith("a"))
+
+
+def test_prepare_failing_while_building_a_later_layer_rolls_back(monkeypatch):
+    """A failure inside the swap loop (after earlier layers were swapped and hooked) is undone."""
+    torch.manual_seed(0)
+    model = compress.prepare(Wide(), {"a0": BlockSparseConfig(0.5)})
+    before = _snapshot(model)
+    real = CompressedLinear.from_float
+
+    def from_float(linear, configs):
+        if linear.in_features == 96:
+            raise ValueError("W4A16: group size 64 does not divide K = 96")
+        return real(linear, configs)
+
+    monkeypatch.setattr(CompressedLinear, "from_float", from_float)
+    with pytest.raises(ValueError, match=r"prepare: layer 'b0' failed, model left unchanged: .*does not divide"):
+        compress.prepare(model, [BlockSparseConfig(0.5), W8A8Config()])
+    _assert_unchanged(model, before)
+    layer = compressed_layers(model)["a0"]
+    assert layer.quant_config is None and layer.sparse_config == BlockSparseConfig(0.5)
+    assert "weight_scale" not in dict(layer.named_parameters()) and layer.observer is None
+
+
+def test_convert_failing_on_a_later_layer_leaves_the_model_as_it_was(monkeypatch):
+    torch.manual_seed(0)
+    model = compress.prepare(Wide(), {"a*": BlockSparseConfig(0.5), "b*": W8A8Config()})
+    before = _snapshot(model)
+    real = plan_module.export_module
+
+    def export_module(name, layer):
+        if name == "b1":
+            raise RuntimeError("no kernel for this layer")
+        return real(name, layer)
+
+    monkeypatch.setattr(plan_module, "export_module", export_module)
+    with pytest.raises(RuntimeError, match=r"convert: layer 'b1' failed.*no kernel"):
+        compress.convert(model)
+    # the a* weights were pruned one-shot before the failure; their values and masks are back too.
+    _assert_unchanged(model, before)
+    assert all(bool(m.mask.all()) for n, m in compressed_layers(model).items() if n.startswith("a"))
+
+
+def test_convert_with_a_plan_and_missing_calibration_leaves_plain_linears():
+    torch.manual_seed(0)
+    model = Wide()
+    before = _snapshot(model)
+    with pytest.raises(ValueError, match="need calibration_data"):
+        compress.convert(model, [BlockSparseConfig(0.5), W8A8Config(activation="static")])
+    _assert_unchanged(model, before)
+    assert not compressed_layers(model)
