@@ -514,13 +514,58 @@ def load_compressed(path, model: nn.Module | None = None) -> nn.Module:
     return model.eval()
 
 
+# Leaf names of the buffers only our inference modules hold (compress/nn/modules.py): a
+# model.safetensors carrying them was written by save_compressed, whatever else is in the directory.
+COMPRESSED_TENSOR_NAMES = frozenset({"qweight", "w_q", "w_scale", "crow_indices", "col_indices", "input_smoothing"})
+
+
+def _compressed_traces(path: pathlib.Path) -> list[str]:
+    """Signs that ``path`` was written by :func:`save_compressed` (empty when there are none).
+
+    Two kinds: tensor names in ``model.safetensors`` that only our inference modules produce, and
+    hidden ``.NAME.tmp-*`` / ``.NAME.old-*`` siblings that only an interrupted save leaves behind.
+    """
+    traces = []
+    tensor_path = path / TENSORS
+    if tensor_path.is_file():
+        from safetensors import safe_open
+
+        try:
+            with safe_open(str(tensor_path), framework="pt") as handle:
+                names = list(handle.keys())
+        except Exception:  # an unreadable file says nothing about who wrote it
+            names = []
+        ours = sorted(n for n in names if n.rpartition(".")[2] in COMPRESSED_TENSOR_NAMES)
+        if ours:
+            traces.append(f"{TENSORS} holds compressed-layer tensors such as {ours[:3]}")
+    pattern = re.compile(rf"^\.{re.escape(path.name)}\.(tmp|old)-")
+    try:
+        hidden = sorted(name for name in os.listdir(path.parent) if pattern.match(name))
+    except OSError:
+        hidden = []
+    if hidden:
+        traces.append(f"interrupted-save siblings {hidden[:3]} in {path.parent}")
+    return traces
+
+
 def load_model_dir(path: str | pathlib.Path) -> nn.Module:
-    """A model from a saved directory: compressed (``compress.save_compressed``) or plain ``transformers``."""
+    """A model from a saved directory: compressed (``compress.save_compressed``) or plain ``transformers``.
+
+    A directory that looks compressed (see :func:`_compressed_traces`) but has no ``manifest.json``
+    is refused with :class:`CheckpointError`: loading it as a plain ``transformers`` model would
+    re-initialise every compressed layer at random (their tensors match no dense weight name) and
+    an evaluation would report the accuracy of noise instead of failing.
+    """
     path = _recovered(path)
     if not path.is_dir():
         raise FileNotFoundError(f"model dir: expected a directory, got {path}")
     if (path / MANIFEST).is_file():
         return load_compressed(path)
+    traces = _compressed_traces(path)
+    if traces:
+        raise CheckpointError(f"{path}: looks like a compressed-model directory ({'; '.join(traces)}) but has no "
+                              f"{MANIFEST}; refusing to load it as a plain model, which would re-initialise "
+                              "its compressed layers at random (re-export it with save_compressed)")
     return _load_plain_transformers(path)
 
 
