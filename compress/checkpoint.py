@@ -390,19 +390,110 @@ def save_compressed(model: nn.Module, path, overwrite: bool = False) -> pathlib.
 
 # ---- load -----------------------------------------------------------------------------------------
 def read_manifest(path) -> dict:
-    """The manifest of a compressed-model directory, checked for presence and version."""
+    """The manifest of a compressed-model directory, checked for presence, version and structure.
+
+    Every damage is a :class:`CheckpointError` naming the file and the field (see
+    :func:`_check_manifest`), so later steps can index the manifest without stray ``KeyError`` /
+    ``AttributeError`` / ``TypeError`` escaping from deep inside the loader.
+    """
     directory = pathlib.Path(path)
     manifest_path = directory / MANIFEST
     if not manifest_path.is_file():
         raise CheckpointError(f"{directory}: not a complete compressed-model directory (no {MANIFEST})")
     try:
-        manifest = json.loads(manifest_path.read_text())
-    except json.JSONDecodeError as error:
-        raise CheckpointError(f"{manifest_path}: damaged manifest ({error})") from None
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise CheckpointError(f"{manifest_path}: damaged manifest, expected UTF-8 JSON ({error})") from None
+    if not isinstance(manifest, dict):
+        raise CheckpointError(f"{manifest_path}: expected a JSON object, got a JSON {_json_kind(manifest)}")
     version = manifest.get("format_version")
     if version != FORMAT_VERSION:
         raise CheckpointError(f"{manifest_path}: expected format_version {FORMAT_VERSION}, got {version!r}")
+    _check_manifest(manifest_path, manifest)
     return manifest
+
+
+def _json_kind(value) -> str:
+    names = {dict: "object", list: "array", str: "string", bool: "boolean", int: "number", float: "number"}
+    return "null" if value is None else names.get(type(value), type(value).__name__)
+
+
+_LAYER_FIELDS = {  # inference module -> {field: type} its manifest entry needs (see _layer_entry)
+    "W8A8Linear": {"config": dict, "smoothing": bool},
+    "W4A16Linear": {"config": dict},
+    "BSRLinear": {"nnz": int, "block": int},
+    "BSRW8A8Linear": {"config": dict, "smoothing": bool, "nnz": int, "block": int},
+}
+
+
+def _check_manifest(manifest_path: pathlib.Path, manifest: dict) -> None:
+    """Structure of a parsed manifest: required keys with the right JSON types, aliases that point to
+    stored tensors, layer entries naming a known inference module with valid configs, and a model
+    source of a known kind. CheckpointError naming ``manifest_path`` and the field otherwise."""
+
+    def fail(field: str, expected: str, got) -> None:
+        shown = f"a JSON {_json_kind(got)}" if isinstance(got, (dict, list)) else repr(got)
+        raise CheckpointError(f"{manifest_path}: field {field!r}: expected {expected}, got {shown}")
+
+    def need(container: dict, key: str, field: str, types, expected: str):
+        if key not in container:
+            raise CheckpointError(f"{manifest_path}: field {field!r} is missing (expected {expected})")
+        value = container[key]
+        if not isinstance(value, types) or (isinstance(value, bool) and bool not in _tuple(types)):
+            fail(field, expected, value)
+        return value
+
+    sha = need(manifest, "sha256", "sha256", str, "a 64-digit hex string")
+    if not re.fullmatch(r"[0-9a-f]{64}", sha):
+        fail("sha256", "a 64-digit hex string", sha)
+    tensors = need(manifest, "tensors", "tensors", dict, "an object {name: {dtype, shape}}")
+    for name, spec in tensors.items():
+        if not isinstance(spec, dict):
+            fail(f"tensors.{name}", "an object {dtype, shape}", spec)
+        need(spec, "dtype", f"tensors.{name}.dtype", str, "a dtype name")
+        shape = need(spec, "shape", f"tensors.{name}.shape", list, "a list of sizes")
+        if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape):
+            fail(f"tensors.{name}.shape", "a list of non-negative integers", shape)
+    aliases = manifest.get("aliases", {})
+    if not isinstance(aliases, dict):
+        fail("aliases", "an object {alias: stored tensor name}", aliases)
+    for alias, stored in aliases.items():
+        if not isinstance(stored, str) or stored not in tensors:
+            fail(f"aliases.{alias}", "the name of a stored tensor (a key of 'tensors')", stored)
+    source = need(manifest, "model", "model", dict, "an object {kind, architecture or class_path}")
+    kind = need(source, "kind", "model.kind", str, "'transformers' or 'module'")
+    if kind == "transformers":
+        need(source, "architecture", "model.architecture", str, "a transformers model class name")
+    elif kind == "module":
+        need(source, "class_path", "model.class_path", str, "a class path string")
+    else:
+        fail("model.kind", "'transformers' or 'module'", kind)
+    layers = need(manifest, "layers", "layers", dict, "an object {layer name: entry}")
+    for name, entry in layers.items():
+        where = f"layers.{name}"
+        if not isinstance(entry, dict):
+            fail(where, "an object", entry)
+        module = need(entry, "module", f"{where}.module", str, f"one of {tuple(INFERENCE_MODULES)}")
+        if module not in _LAYER_FIELDS:
+            fail(f"{where}.module", f"one of {tuple(INFERENCE_MODULES)}", module)
+        for key in ("in_features", "out_features"):
+            if need(entry, key, f"{where}.{key}", int, "a positive integer") <= 0:
+                fail(f"{where}.{key}", "a positive integer", entry[key])
+        need(entry, "bias", f"{where}.bias", bool, "true or false")
+        for key, kind_type in _LAYER_FIELDS[module].items():
+            expected = {dict: "a config object", bool: "true or false", int: "a positive integer"}[kind_type]
+            value = need(entry, key, f"{where}.{key}", kind_type, expected)
+            if kind_type is int and value <= 0:
+                fail(f"{where}.{key}", expected, value)
+        if "config" in _LAYER_FIELDS[module]:
+            try:
+                config_from_dict(entry["config"])
+            except (TypeError, ValueError) as error:
+                raise CheckpointError(f"{manifest_path}: field '{where}.config': {error}") from None
+
+
+def _tuple(types) -> tuple:
+    return types if isinstance(types, tuple) else (types,)
 
 
 def _load_tensors(directory: pathlib.Path, manifest: dict) -> dict[str, torch.Tensor]:
@@ -430,14 +521,32 @@ def _load_tensors(directory: pathlib.Path, manifest: dict) -> dict[str, torch.Te
 def _build_transformers_model(directory: pathlib.Path, source: dict) -> nn.Module:
     import transformers
 
-    architecture = source.get("architecture")
-    cls = getattr(transformers, architecture, None)
+    architecture = source["architecture"]
+    cls = _transformers_model_class(transformers, architecture)
     if cls is None:
-        raise CheckpointError(f"{directory}: transformers has no architecture {architecture!r} "
+        raise CheckpointError(f"{directory / MANIFEST}: field 'model.architecture': expected a transformers "
+                              f"model class (a PreTrainedModel subclass), got {architecture!r} "
                               f"(transformers {transformers.__version__})")
     config = transformers.AutoConfig.from_pretrained(str(directory))
     with _skip_weight_init():  # every weight is overwritten by the saved tensors
         return cls(config)
+
+
+def _transformers_model_class(transformers, name: str):
+    """``transformers.<name>`` if it is a ``PreTrainedModel`` subclass, else None.
+
+    Only model classes are instantiated: a manifest or config naming any other attribute
+    (``pipeline``, ``AutoTokenizer``, a module) must not make the loader call it."""
+    if not isinstance(name, str) or not name.isidentifier():
+        return None
+    try:
+        cls = getattr(transformers, name, None)
+    except Exception:  # transformers' lazy module raising on an odd name
+        return None
+    pretrained = getattr(transformers, "PreTrainedModel", None)
+    if isinstance(cls, type) and pretrained is not None and issubclass(cls, pretrained):
+        return cls
+    return None
 
 
 def _skip_weight_init():
@@ -476,6 +585,19 @@ def _swap_in_layers(model: nn.Module, layers: dict) -> None:
         replace_submodule(model, name, _empty_module(entry))
 
 
+def _check_shapes(directory: pathlib.Path, model: nn.Module, tensors: dict, layers: dict) -> None:
+    """CheckpointError naming the layer and its manifest entry when a stored tensor's shape is not the
+    one the rebuilt layer expects (an edited group size, nnz or block changes the expected shapes)."""
+    expected = model.state_dict()
+    for key, tensor in tensors.items():
+        if key in expected and tuple(expected[key].shape) != tuple(tensor.shape):
+            layer = key.rpartition(".")[0]
+            entry = f" (manifest entry layers.{layer} = {json.dumps(layers[layer])})" if layer in layers else ""
+            raise CheckpointError(f"{directory / MANIFEST}: layer {layer!r}: tensor {key!r} has shape "
+                                  f"{list(tensor.shape)} but the layer the manifest describes expects "
+                                  f"{list(expected[key].shape)}{entry}")
+
+
 def _recovered(path) -> pathlib.Path:
     """``path`` after :func:`recover`; a repair that the filesystem refuses (a read-only parent) is
     logged, and the directory is then loaded as it is."""
@@ -505,7 +627,11 @@ def load_compressed(path, model: nn.Module | None = None) -> nn.Module:
     elif not isinstance(model, nn.Module):
         raise TypeError(f"model: expected an nn.Module skeleton, got {type(model).__name__}")
     _swap_in_layers(model, manifest["layers"])
-    missing, unexpected = model.load_state_dict(tensors, strict=False, assign=True)
+    _check_shapes(directory, model, tensors, manifest["layers"])
+    try:
+        missing, unexpected = model.load_state_dict(tensors, strict=False, assign=True)
+    except RuntimeError as error:
+        raise CheckpointError(f"{directory}: state does not match the model: {error}") from None
     if missing or unexpected:
         raise CheckpointError(f"{directory}: state does not match the model (missing {missing[:5]}, "
                               f"unexpected {unexpected[:5]})")
@@ -574,6 +700,8 @@ def _load_plain_transformers(path: pathlib.Path) -> nn.Module:
 
     config = transformers.AutoConfig.from_pretrained(path)
     architectures = getattr(config, "architectures", None) or []
-    if not architectures or not hasattr(transformers, architectures[0]):
-        raise ValueError(f"{path}/config.json: expected 'architectures' naming a transformers class, got {architectures}")
-    return getattr(transformers, architectures[0]).from_pretrained(path, dtype=torch.float32)
+    cls = _transformers_model_class(transformers, architectures[0]) if architectures else None
+    if cls is None:
+        raise CheckpointError(f"{path}/config.json: field 'architectures': expected a list naming a transformers "
+                              f"model class (a PreTrainedModel subclass), got {architectures}")
+    return cls.from_pretrained(path, dtype=torch.float32)
