@@ -3,6 +3,7 @@ weights_only=True: a pickle that would run code is refused; an earlier export is
 --overwrite), evaluate, bad recipes."""
 import json
 import pathlib
+import shutil
 
 import pytest
 import torch
@@ -10,6 +11,7 @@ import yaml
 from safetensors.torch import load_file
 
 import compress
+from compress import CheckpointError
 from compress.cli import CompressOptions, eval_options, main
 from compress.lightning.data import DigitsData
 from compress.lightning.tasks import SequenceClassificationTask
@@ -284,3 +286,15 @@ def test_usage_and_unknown_command(capsys):
     assert "compress run" in capsys.readouterr().out
     assert main(["bogus"]) == 2
     assert "unknown command" in capsys.readouterr().err
+
+
+def test_evaluate_refuses_a_compressed_dir_that_lost_its_manifest(sparse_w8a8_run, tmp_path):
+    """Loaded as a plain model it would get random compressed layers and report noise as accuracy."""
+    root, recipe = sparse_w8a8_run
+    broken = tmp_path / "broken"
+    shutil.copytree(root / "out" / "compressed", broken)
+    (broken / "manifest.json").unlink()
+    with pytest.raises(CheckpointError, match=r"broken: looks like a compressed-model directory .* no manifest\.json") as error:
+        main(["evaluate", "--config", recipe, "--models", str(broken), "--compress.output_dir", str(tmp_path / "report")])
+    assert "\n" not in str(error.value)
+    assert not (tmp_path / "report" / "report.json").exists()
