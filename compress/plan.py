@@ -401,7 +401,9 @@ def _convert(model: nn.Module, plan, calibration_data, rollback: _Rollback) -> N
     # Pruning zeroes weights and calibration rewrites scales (SmoothQuant also folds into the norms
     # before the layers): keep the values those steps may edit so a later failure can put them back.
     for layer in layers.values():
-        if layer.sparse_config is not None or needs_calibration:
+        config = layer.sparse_config
+        to_prune = config is not None and config.sparsity != 0 and bool(layer.mask.all())
+        if to_prune or needs_calibration:
             rollback.keep_values(layer)
     if needs_calibration and any(m.quant_config.smoothquant_alpha is not None for m in layers.values()
                                  if isinstance(m.quant_config, W8A8Config)):

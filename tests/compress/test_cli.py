@@ -294,7 +294,9 @@ def test_evaluate_refuses_a_compressed_dir_that_lost_its_manifest(sparse_w8a8_ru
     broken = tmp_path / "broken"
     shutil.copytree(root / "out" / "compressed", broken)
     (broken / "manifest.json").unlink()
-    with pytest.raises(CheckpointError, match=r"broken: looks like a compressed-model directory .* no manifest\.json") as error:
-        main(["evaluate", "--config", recipe, "--models", str(broken), "--compress.output_dir", str(tmp_path / "report")])
+    refused = r"broken: looks like a compressed-model directory .* no manifest\.json"
+    with pytest.raises(CheckpointError, match=refused) as error:
+        main(["evaluate", "--config", recipe, "--models", str(broken),
+              "--compress.output_dir", str(tmp_path / "report")])
     assert "\n" not in str(error.value)
     assert not (tmp_path / "report" / "report.json").exists()
