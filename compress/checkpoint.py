@@ -43,7 +43,14 @@ from the manifest. The manifest names classes (``W8A8Linear``, a ``transformers`
 the files of ``compress`` that define them.
 
 :func:`load_model_dir` loads any saved model directory: such a compressed one, or a plain
-``transformers`` one (``save_pretrained``).
+``transformers`` one (``save_pretrained``). A directory that looks compressed (our packed tensor names
+in ``model.safetensors``, or ``.NAME.tmp-*`` / ``.NAME.old-*`` siblings) but has no ``manifest.json``
+is refused rather than loaded as plain, which would re-initialise its compressed layers at random.
+
+A damaged manifest (not UTF-8 JSON, not an object, a required key missing or of the wrong type, an
+alias to a tensor that is not stored, an unknown layer module or config field, a ``model.architecture``
+that is not a ``transformers.PreTrainedModel`` subclass) and a stored tensor whose shape does not fit
+the layer its entry describes are all a :class:`CheckpointError` naming the file and the field or layer.
 """
 from __future__ import annotations
 

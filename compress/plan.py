@@ -235,7 +235,7 @@ def prepare(model: nn.Module, plan) -> nn.Module:
 
 
 def _layer_step(name: str, step: str, function, *args):
-    """``function(*args)``, re-raising a failure with ``<step>: layer <name>:`` in front.
+    """``function(*args)``, re-raising a failure as ``<step>: layer '<name>' failed, model left unchanged: ...``.
 
     The error keeps its type (``TypeError``, ``ValueError``, ...) so callers catching those still
     do; the original is chained as ``__cause__``.
