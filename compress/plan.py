@@ -141,9 +141,11 @@ class _Rollback:
         self.hooks: dict[int, tuple] = {}
         self.values: dict[int, tuple] = {}
 
-    def keep_values(self, module: nn.Module) -> None:
-        """Copy the values of ``module``'s parameters and buffers (for steps that edit them in place)."""
-        for tensor in itertools.chain(module.parameters(), module.buffers()):
+    def keep_values(self, module: nn.Module, parameters: bool = True) -> None:
+        """Copy the values of ``module``'s buffers (its observer's too) and, with ``parameters``, its own
+        parameters, for steps that edit them in place."""
+        own = module.parameters(recurse=False) if parameters else ()
+        for tensor in itertools.chain(own, module.buffers()):
             if id(tensor) not in self.values:
                 self.values[id(tensor)] = (tensor, tensor.detach().clone())
 
@@ -400,15 +402,19 @@ def _convert(model: nn.Module, plan, calibration_data, rollback: _Rollback) -> N
         for m in layers.values())
     # Pruning zeroes weights and calibration rewrites scales (SmoothQuant also folds into the norms
     # before the layers): keep the values those steps may edit so a later failure can put them back.
+    # Calibration alone writes buffers only; pruning zeroes weights; SmoothQuant scales the layers'
+    # weights and folds into norms (whose parameters are all 1-D): copy just those, never the model.
+    smoothing = needs_calibration and any(m.quant_config.smoothquant_alpha is not None for m in layers.values()
+                                          if isinstance(m.quant_config, W8A8Config))
     for layer in layers.values():
         config = layer.sparse_config
         to_prune = config is not None and config.sparsity != 0 and bool(layer.mask.all())
         if to_prune or needs_calibration:
-            rollback.keep_values(layer)
-    if needs_calibration and any(m.quant_config.smoothquant_alpha is not None for m in layers.values()
-                                 if isinstance(m.quant_config, W8A8Config)):
+            rollback.keep_values(layer, parameters=to_prune or smoothing)
+    if smoothing:
         for module in model.modules():
-            if not isinstance(module, CompressedLinear):
+            own = list(module.parameters(recurse=False))
+            if own and not isinstance(module, CompressedLinear) and all(p.dim() == 1 for p in own):
                 rollback.keep_values(module)
     prune_one_shot(model)
     if needs_calibration:

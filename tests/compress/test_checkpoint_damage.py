@@ -10,14 +10,7 @@ from torch import nn
 import compress
 from compress import BlockSparseConfig, CheckpointError, W4A16Config, W8A8Config
 from compress.checkpoint import MANIFEST, TENSORS, load_model_dir
-
-
-def _tiny_bert_classifier():
-    transformers = pytest.importorskip("transformers")
-    config = transformers.BertConfig(vocab_size=100, hidden_size=64, num_hidden_layers=1, num_attention_heads=2,
-                                     intermediate_size=128, max_position_embeddings=32, num_labels=3)
-    torch.manual_seed(0)
-    return transformers.BertForSequenceClassification(config).eval()
+from tests.compress.test_checkpoint import _tiny_bert_classifier
 
 
 def test_compressed_dir_without_manifest_is_refused_not_loaded_as_plain(tmp_path):
