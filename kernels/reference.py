@@ -14,6 +14,9 @@ division so the quantized values are 0 and nothing is NaN or Inf.
 
 * W8A8: ``s_x[m] = max|x[m, :]| / 127`` (or a static scale), ``xq = clamp(round(x / s_x), -128, 127)``,
   ``acc = xq @ w_q.T`` in int32, ``y = acc * s_x[m] * w_scale[n] (+ bias)``.
+  Non-finite input: a row of ``x`` holding a NaN or an Inf gets ``s_x[m] = NaN``, so its output row
+  is NaN (dynamic or static scale): an overflowed activation is never passed on as finite numbers.
+  Its integers are 0 here; the kernels leave them unspecified (only ``s_x`` and ``y`` are contract).
 * W4A16: ``qweight`` (K/8, N) int32, nibble ``k % 8`` of ``qweight[k // 8, n]`` holds ``q[k, n]``
   (two's complement, sign-extended on unpack); ``scales`` (K/G, N);
   ``W[n, k] = q[k, n] * scales[k // G, n]``; fp32 accumulation.
@@ -51,7 +54,10 @@ def quantize_per_token(x: torch.Tensor, x_scale: torch.Tensor | None = None):
     else:
         s_x = x_scale.float().reshape(-1).expand(x32.shape[0]).contiguous()
         s_x = torch.where(s_x == 0, torch.ones_like(s_x), s_x)
-    xq = torch.clamp(torch.round(x32 / s_x[:, None]), -128, INT8_QMAX).to(torch.int8)
+    xq = torch.clamp(torch.round(x32 / s_x[:, None]), -128, INT8_QMAX)
+    non_finite = ~torch.isfinite(x32).all(dim=-1)  # (M,): such a row's scale is NaN, its integers 0
+    xq = torch.where(non_finite[:, None], torch.zeros_like(xq), xq).to(torch.int8)
+    s_x = torch.where(non_finite, torch.full_like(s_x, float("nan")), s_x)
     return xq, s_x
 
 

@@ -28,6 +28,10 @@ On CUDA inputs in fp16/bf16 the forward calls the Triton launcher; everywhere el
 pure-PyTorch reference of the same op (``kernels/reference.py``), logged once per class. Padding
 (W4A16 with K not a multiple of the group size) appends zero input channels to the weight and to
 ``x``, so the result is exact.
+
+BSR index *values* are checked where they come in (``check_indices()``: :func:`compress.load_compressed`
+runs it on every block-sparse layer; ``from_float`` builds valid ones), so the forwards pass
+``check_indices=False`` and launch without a host synchronisation.
 """
 from __future__ import annotations
 
@@ -241,7 +245,23 @@ class W4A16Linear(_InferenceLinear):
                 f"group_size={self.group_size}{pad}")
 
 
-class BSRLinear(_InferenceLinear):
+class _BlockSparseIndices:
+    """The BSR index check shared by the block-sparse modules: their forwards pass
+    ``check_indices=False`` to the launchers, so indices are checked once, where they come in."""
+
+    def check_indices(self) -> None:
+        """ValueError unless ``crow_indices`` / ``col_indices`` hold the ``torch.sparse_bsr`` invariants
+        (crow from 0 to nnz, non-decreasing; block columns in range and increasing within a row)."""
+        if tuple(self.crow_indices.shape) != (self.out_features // self.block + 1,):
+            raise ValueError(f"crow_indices: expected shape ({self.out_features // self.block + 1},), "
+                             f"got {tuple(self.crow_indices.shape)}")
+        if self.values.shape[0] != self.col_indices.shape[0]:
+            raise ValueError(f"values: expected {self.col_indices.shape[0]} blocks (one per col_indices entry), "
+                             f"got {self.values.shape[0]}")
+        _kernels.check_bsr_indices(self.crow_indices, self.col_indices, self.in_features // self.block)
+
+
+class BSRLinear(_BlockSparseIndices, _InferenceLinear):
     """Block-sparse weight (32x32 BSR) in the model dtype; dense activations."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, nnz: int = 0, block: int = 32):
@@ -272,7 +292,8 @@ class BSRLinear(_InferenceLinear):
         if self._use_kernel(x):
             kernel = _kernels.launcher("bsr_matmul_parts")
             values = self.values.to(x.dtype)
-            return kernel(x, self.crow_indices, self.col_indices, values, self.out_features, self._bias_for(x))
+            return kernel(x, self.crow_indices, self.col_indices, values, self.out_features, self._bias_for(x),
+                          check_indices=False)
         return _kernels.reference.bsr_matmul_ref(x, self.crow_indices, self.col_indices, self.values,
                                                   self.out_features, self.bias)
 
@@ -286,7 +307,7 @@ class BSRLinear(_InferenceLinear):
                 f"block={self.block}, nnz_blocks={self.nnz}/{total}")
 
 
-class BSRW8A8Linear(_TakesHandedInput, _InferenceLinear):
+class BSRW8A8Linear(_BlockSparseIndices, _TakesHandedInput, _InferenceLinear):
     """Block-sparse (32x32 BSR) int8 weight per output channel, int8 activations per token (dynamic) or static."""
 
     _float32_buffers = ("w_scale", "act_scale", "input_smoothing")
@@ -340,13 +361,15 @@ class BSRW8A8Linear(_TakesHandedInput, _InferenceLinear):
         x = _smoothed(x, self.input_smoothing)
         parts = (self.crow_indices, self.col_indices, self.values, self.w_scale, self.out_features)
         if self._use_kernel(x):
-            return _kernels.launcher("bsr_w8a8_matmul_parts")(x, *parts, self._bias_for(x), self.act_scale)
+            return _kernels.launcher("bsr_w8a8_matmul_parts")(x, *parts, self._bias_for(x), self.act_scale,
+                                                              check_indices=False)
         return _kernels.reference.bsr_w8a8_matmul_ref(x, *parts, self.bias, self.act_scale)
 
     def _matmul_quantized(self, x, xq, s_x) -> torch.Tensor:
         parts = (self.crow_indices, self.col_indices, self.values, self.w_scale, self.out_features)
         if self._use_kernel(x):
-            y = _kernels.launcher("bsr_w8a8_matmul_quantized")(xq, s_x, *parts, self._bias_for(x), x.dtype)
+            y = _kernels.launcher("bsr_w8a8_matmul_quantized")(xq, s_x, *parts, self._bias_for(x), x.dtype,
+                                                               check_indices=False)
         else:
             y = _kernels.reference.bsr_w8a8_matmul_quantized_ref(xq, s_x, *parts, self.bias, x.dtype)
         return y.reshape(*x.shape[:-1], self.out_features)

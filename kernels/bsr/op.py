@@ -21,8 +21,11 @@ Entry points: ``bsr_matmul(x, weight, bias)`` for a ``torch.sparse_bsr`` weight 
 ``bsr_matmul_parts(x, crow, col, values, out_features, bias)`` for the parts the inference module
 keeps as buffers. Both validate and call the custom op ``compress_kernels::bsr_matmul`` (with a
 fake implementation), so callers compile under ``torch.compile`` and capture in CUDA graphs: the
-launch depends only on shapes, never on the index values, and does no host synchronisation (so the
-index *values* are not checked: K comes from ``x`` and ``col_indices`` must be < K/32). Keep the
+launch depends only on shapes, never on the index values, and does no host synchronisation. The
+index *values* are checked (:func:`compress_kernels.bsr.indices.check_bsr_indices`: one pass and one
+synchronisation) unless the caller passes ``check_indices=False``, as the inference modules do,
+having checked them once when the layer was built or loaded; with it, indices that break the
+``torch.sparse_bsr`` invariants give garbage or a memory fault. Keep the
 parts as plain tensors (buffers, e.g. ``.clone()`` of ``W.to_sparse_bsr(...).values()``): tensors
 returned straight by a sparse tensor's ``.values()`` trip Dynamo (IndexError in
 ``torch/_dynamo/pgo.py``, seen with torch 2.13).
@@ -35,6 +38,7 @@ from compress_kernels.bsr.densify import bsr_to_dense
 from compress_kernels.bsr.dispatch import BsrConfig, pick
 from compress_kernels.bsr.gemm import launch_gemm
 from compress_kernels.bsr.gemv import launch_gemv
+from compress_kernels.bsr.indices import check_bsr_indices
 from compress_kernels.common.checks import check_activation, check_bias, check_same_device, check_tensor
 from compress_kernels.common.prefetch import prefetch_allowed
 from compress_kernels.reference import BSR_BLOCK
@@ -86,9 +90,11 @@ def _bsr_matmul_fake(x, crow_indices, col_indices, values, out_features, bias=No
     return x.new_empty((*x.shape[:-1], out_features))
 
 
-def check_parts(x, crow_indices, col_indices, values, out_features, bias, value_dtype=None) -> None:
+def check_parts(x, crow_indices, col_indices, values, out_features, bias, value_dtype=None,
+                check_indices: bool = True) -> None:
     """Validate the BSR parts against ``x``; raise TypeError / ValueError naming expected vs actual.
-    ``values`` must be in ``value_dtype`` (x's dtype when None)."""
+    ``values`` must be in ``value_dtype`` (x's dtype when None); ``check_indices``: also the index
+    values (a host synchronisation)."""
     check_activation(x)
     if isinstance(out_features, bool) or not isinstance(out_features, int):
         raise TypeError(f"out_features: expected an int, got {type(out_features).__name__}")
@@ -121,19 +127,24 @@ def check_parts(x, crow_indices, col_indices, values, out_features, bias, value_
             raise ValueError(f"{name}: expected a contiguous tensor, got strides {t.stride()}")
     check_same_device(x, crow_indices=crow_indices, col_indices=col_indices, values=values)
     check_bias(bias, out_features, x)
+    if not isinstance(check_indices, bool):
+        raise TypeError(f"check_indices: expected a bool, got {type(check_indices).__name__}")
+    if check_indices:
+        check_bsr_indices(crow_indices, col_indices, k // BSR_BLOCK)
 
 
-def bsr_matmul_parts(x, crow_indices, col_indices, values, out_features, bias=None):
+def bsr_matmul_parts(x, crow_indices, col_indices, values, out_features, bias=None, *, check_indices=True):
     """``y = x @ W.T (+ bias)`` for ``W`` (out_features, K) given by its BSR parts (32x32 blocks).
 
     ``x`` (..., K) fp16/bf16; ``crow_indices`` (N/32 + 1,) and ``col_indices`` (nnz,) int32/int64;
     ``values`` (nnz, 32, 32) in x's dtype; ``bias`` (N,) in x's dtype or float32. Returns (..., N).
+    ``check_indices=False`` skips the index-value check (for indices already checked once).
     """
-    check_parts(x, crow_indices, col_indices, values, out_features, bias)
+    check_parts(x, crow_indices, col_indices, values, out_features, bias, check_indices=check_indices)
     return torch.ops.compress_kernels.bsr_matmul(x, crow_indices, col_indices, values, out_features, bias)
 
 
-def bsr_matmul(x, weight, bias=None):
+def bsr_matmul(x, weight, bias=None, *, check_indices=True):
     """``y = x @ weight.T (+ bias)`` for ``weight`` a ``torch.sparse_bsr`` tensor (N, K), 32x32 blocks."""
     if not isinstance(weight, torch.Tensor):
         raise TypeError(f"weight: expected a torch.Tensor in sparse_bsr layout, got {type(weight).__name__}")
@@ -150,4 +161,5 @@ def bsr_matmul(x, weight, bias=None):
     check_activation(x)
     if x.shape[-1] != k:
         raise ValueError(f"x: expected last dimension {k} (weight is {n}x{k}), got shape {tuple(x.shape)}")
-    return bsr_matmul_parts(x, weight.crow_indices(), weight.col_indices(), weight.values(), n, bias)
+    return bsr_matmul_parts(x, weight.crow_indices(), weight.col_indices(), weight.values(), n, bias,
+                            check_indices=check_indices)

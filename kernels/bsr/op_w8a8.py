@@ -62,12 +62,13 @@ def _bsr_w8a8_fake(x, crow_indices, col_indices, values, w_scale, out_features, 
 
 
 def bsr_w8a8_matmul_quantized(xq, s_x, crow_indices, col_indices, values, w_scale, out_features, bias=None,
-                              out_dtype=torch.float16):
+                              out_dtype=torch.float16, *, check_indices=True):
     """:func:`bsr_w8a8_matmul_parts` from an input already quantized per token (e.g. by
     ``compress_kernels.norm_quant``): ``xq`` (M, K) int8, ``s_x`` (M,) float32 -> (M, N) in ``out_dtype``."""
     check_quantized(xq, s_x, out_dtype)
     x_like = xq.new_empty((0, xq.shape[1]), dtype=out_dtype)  # check_parts checks against an activation's K, dtype
-    check_parts(x_like, crow_indices, col_indices, values, out_features, bias, value_dtype=torch.int8)
+    check_parts(x_like, crow_indices, col_indices, values, out_features, bias, value_dtype=torch.int8,
+                check_indices=check_indices)
     check_tensor("w_scale", w_scale, (torch.float32,), ndim=1)
     check_shape("w_scale", w_scale, (out_features,))
     check_same_device(xq, w_scale=w_scale, values=values)
@@ -83,14 +84,17 @@ def bsr_w8a8_matmul_quantized(xq, s_x, crow_indices, col_indices, values, w_scal
     return y
 
 
-def bsr_w8a8_matmul_parts(x, crow_indices, col_indices, values, w_scale, out_features, bias=None, x_scale=None):
+def bsr_w8a8_matmul_parts(x, crow_indices, col_indices, values, w_scale, out_features, bias=None, x_scale=None, *,
+                          check_indices=True):
     """``y = dequant(quant(x) @ W_q.T) (+ bias)`` for ``W_q`` (out_features, K) int8 in BSR parts.
 
     ``x`` (..., K) fp16/bf16; ``crow_indices`` (N/32 + 1,) and ``col_indices`` (nnz,) int32/int64;
     ``values`` (nnz, 32, 32) int8; ``w_scale`` (N,) float32; ``bias`` (N,) in x's dtype or float32;
     ``x_scale`` None (dynamic per-token scales) or a static float32 scale (one element or (M,)).
+    ``check_indices=False`` skips the index-value check (for indices already checked once).
     """
-    check_parts(x, crow_indices, col_indices, values, out_features, bias, value_dtype=torch.int8)
+    check_parts(x, crow_indices, col_indices, values, out_features, bias, value_dtype=torch.int8,
+                check_indices=check_indices)
     check_tensor("w_scale", w_scale, (torch.float32,), ndim=1)
     check_shape("w_scale", w_scale, (out_features,))
     check_same_device(x, w_scale=w_scale)

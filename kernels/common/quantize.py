@@ -9,12 +9,19 @@ Rounding uses the float trick ``(q + 1.5 * 2**23) - 1.5 * 2**23``, exact round-h
 ``|q| < 2**22``; q is clamped first, and since the bounds are integers clamping before rounding gives
 the integer that rounding then clamping gives. So every kernel here produces the reference's integers.
 
+Non-finite rows: a row holding a NaN or an Inf gets ``s_x[m] = NaN`` (the reference's rule), so the
+GEMM after it writes a NaN output row. Triton's ``max`` skips NaN (the GPU's ``fmax``), so the absmax
+alone would hide a NaN; each kernel also sums ``v * 0`` over the row (0 when finite, NaN otherwise)
+and adds it to the stored scale. A scale is never 0, so adding 0 leaves every finite one unchanged to
+the bit. The int8 values of such a row are unspecified.
+
 * :func:`quantize_int8`: the quotient by IEEE division (``div_rn``), as the reference divides.
 * :func:`quantize_int8_recip`: the same integers from a float64 multiply by ``1 / s_x`` (see its
   docstring for why that is exact), cheaper inside a GEMM's K loop (the W8A8 one-row kernel).
 * :func:`row_scales`: the per-row scales of a block of rows, read in ``BLOCK_K`` steps.
 * :func:`store_int8_row`: the scale and int8 copy of a row a kernel already holds in registers
   (the LayerNorm / RMSNorm / GELU kernels of :mod:`compress_kernels.norm_quant`).
+* :func:`non_finite_poison`: 0 for a block of finite values, NaN if any is NaN or Inf.
 * :func:`quantize_rows`: the pre-pass launch of the W8A8 GEMMs (dense and block-sparse), one program
   per row: x (M, K) -> ``xq`` (M, K) int8 contiguous and ``s_x`` (M,) fp32. Rows up to
   :data:`ONE_PASS_MAX_K` long are held whole in registers and read once (H100, 4096x4096 at M = 8192:
@@ -66,6 +73,12 @@ def quantize_int8_recip(v, recip):
 
 
 @triton.jit
+def non_finite_poison(v):
+    """0.0 if every value of the fp32 block ``v`` is finite, else NaN (``Inf * 0`` and ``NaN * 0`` are NaN)."""
+    return tl.sum(v * 0.0)
+
+
+@triton.jit
 def row_scales(
     x_ptr, static_ptr, offs_m, M, K, stride_xm, stride_xk,
     STATIC: tl.constexpr, STATIC_PER_ROW: tl.constexpr, EVEN_K: tl.constexpr,
@@ -105,7 +118,7 @@ def store_int8_row(y, mask, xq_row, sx_ptr, static_ptr, row, offs, STATIC: tl.co
         absmax = tl.max(tl.where(mask, tl.abs(y), 0.0), axis=0)
         scale = tl.math.div_rn(absmax, 127.0)
     scale = tl.where(scale == 0.0, 1.0, scale)
-    tl.store(sx_ptr + row, scale)
+    tl.store(sx_ptr + row, scale + non_finite_poison(tl.where(mask, y, 0.0)))
     tl.store(xq_row + offs, quantize_int8(y, scale), mask=mask)
 
 
@@ -131,7 +144,7 @@ def _quantize_rows_kernel(
         if not STATIC:
             scale = tl.math.div_rn(tl.max(tl.abs(row_vals), axis=0), 127.0)
         scale = tl.where(scale == 0.0, 1.0, scale)
-        tl.store(sx_ptr + row, scale)
+        tl.store(sx_ptr + row, scale + non_finite_poison(row_vals))
         tl.store(xq_ptr + row.to(tl.int64) * K + offs, quantize_int8(row_vals, scale), mask=row_mask)
     else:  # an absmax pass, then a quantize pass, BLOCK_K at a time
         if not STATIC:
@@ -141,12 +154,14 @@ def _quantize_rows_kernel(
                 absmax = tl.maximum(absmax, tl.abs(v.to(tl.float32)))
             scale = tl.math.div_rn(tl.max(absmax, axis=0), 127.0)
         scale = tl.where(scale == 0.0, 1.0, scale)
-        tl.store(sx_ptr + row, scale)
         xq_row = xq_ptr + row.to(tl.int64) * K
+        poison = tl.zeros((BLOCK_K,), dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
             mask = k0 + offs < K
             v = tl.load(x_row + (k0 + offs) * stride_xk, mask=mask, other=0.0).to(tl.float32)
+            poison += v * 0.0
             tl.store(xq_row + k0 + offs, quantize_int8(v, scale), mask=mask)
+        tl.store(sx_ptr + row, scale + tl.sum(poison))
     # the GEMM may launch now (it waits for this kernel before reading xq); at the kernel's start this
     # made batch 8 of a MiniLM-size model slower (compress_kernels.common.pdl)
     let_dependents_launch(USE_PDL)

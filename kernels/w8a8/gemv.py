@@ -27,6 +27,10 @@ of one row:
    quantize pass + GEMM path. With SPLIT_K > 1 (a tuning neighbour) each split dequantizes its
    partial sum and the last split of each (row, tile) to finish adds the fp32 partials in split
    order and the bias (:mod:`compress_kernels.common.splitk`): one launch, deterministic.
+
+A NaN or Inf in the row makes its output row NaN, as the reference's NaN scale does: the main loop
+sums ``v * 0`` over the x values it reads and adds that (0, or NaN) to ``s_x`` in the epilogue (with
+split-K, each split over its own slice; the NaN partial then makes the sum NaN).
 """
 from __future__ import annotations
 
@@ -49,14 +53,16 @@ def _load_weight_tile(w_ptrs, k0, k_last, offs_k, EVEN_K: tl.constexpr):
 
 
 @triton.jit
-def _accumulate(acc, w, x_ptrs, k0, k_last, offs_k, recip, EVEN_K: tl.constexpr):
-    """``acc += w * xq`` for one K tile: x's BLOCK_K values at channel ``k0`` quantized exactly."""
+def _accumulate(acc, poison, w, x_ptrs, k0, k_last, offs_k, recip, EVEN_K: tl.constexpr):
+    """``acc += w * xq`` for one K tile: x's BLOCK_K values at channel ``k0`` quantized exactly;
+    ``poison += v * 0`` (NaN once a NaN or Inf has been read)."""
     if EVEN_K:
         v = tl.load(x_ptrs)
     else:
         v = tl.load(x_ptrs, mask=(k0 + offs_k) < k_last, other=0.0)
-    xq = quantize_int8_recip(v.to(tl.float32), recip)  # (BK,) int8, the reference's integers
-    return acc + w.to(tl.int32) * xq.to(tl.int32)[None, :]
+    v = v.to(tl.float32)
+    xq = quantize_int8_recip(v, recip)  # (BK,) int8, the reference's integers
+    return acc + w.to(tl.int32) * xq.to(tl.int32)[None, :], poison + v * 0.0
 
 
 @triton.jit
@@ -90,17 +96,18 @@ def _w8a8_gemv_kernel(
     recip = 1.0 / s_x.to(tl.float64)  # IEEE float64 division, once per program
 
     acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.int32)
+    poison = tl.zeros((BLOCK_K,), dtype=tl.float32)
     if k_first < k_last:  # the last split may be empty
-        acc = _accumulate(acc, w_first, x_ptrs, k_first, k_last, offs_k, recip, EVEN_K)
+        acc, poison = _accumulate(acc, poison, w_first, x_ptrs, k_first, k_last, offs_k, recip, EVEN_K)
     for k0 in range(k_first + BLOCK_K, k_last, BLOCK_K):
         w_ptrs += BLOCK_K * stride_wk
         x_ptrs += BLOCK_K * stride_xk
         w = _load_weight_tile(w_ptrs, k0, k_last, offs_k, EVEN_K)
-        acc = _accumulate(acc, w, x_ptrs, k0, k_last, offs_k, recip, EVEN_K)
+        acc, poison = _accumulate(acc, poison, w, x_ptrs, k0, k_last, offs_k, recip, EVEN_K)
 
     total = tl.sum(acc, axis=1)  # (BN,) int32, exact
     s_w = tl.load(sw_ptr + cols)
-    y = total.to(tl.float32) * s_x * s_w  # the tiled kernel's order: (acc * s_x) * s_w
+    y = total.to(tl.float32) * (s_x + tl.sum(poison)) * s_w  # the tiled kernel's order: (acc * s_x) * s_w
     if SPLIT_K > 1:  # store the partial; the last split of this (row, tile) to arrive reduces
         last_split_reduces(y[None, :], ws_ptr, cnt_ptr, out_ptr, bias_ptr, rows, offs_n, M, N,
                            stride_om, row * tl.num_programs(1) + pid_n, pid_k, SPLIT_K, HAS_BIAS)

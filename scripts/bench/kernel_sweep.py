@@ -157,7 +157,7 @@ def _w4a16_ref(x, ws):
 
 
 def _ours_dds(x, ws):
-    return compress_kernels.bsr_matmul_parts(x, ws["crow"], ws["col"], ws["values"], ws["n"])
+    return compress_kernels.bsr_matmul_parts(x, ws["crow"], ws["col"], ws["values"], ws["n"], check_indices=False)
 
 
 def _dds_ref(x, ws):
@@ -165,7 +165,8 @@ def _dds_ref(x, ws):
 
 
 def _ours_dds_w8a8(x, ws):
-    return compress_kernels.bsr_w8a8_matmul_parts(x, ws["crow"], ws["col"], ws["values"], ws["w_scale"], ws["n"])
+    return compress_kernels.bsr_w8a8_matmul_parts(x, ws["crow"], ws["col"], ws["values"], ws["w_scale"], ws["n"],
+                                                  check_indices=False)
 
 
 def _dds_w8a8_ref(x, ws):

@@ -1,4 +1,4 @@
-"""Tests for compress/checkpoint.py: bit-identical round trip, damaged directories refused,
+"""Tests for compress/checkpoint/ (save.py, load.py): bit-identical round trip, damaged directories refused,
 transformers models reload without the original weights, atomic writes, any saved model dir loads."""
 import json
 
@@ -9,6 +9,7 @@ from torch import nn
 import compress
 from compress import BlockSparseConfig, CheckpointError, W4A16Config, W8A8Config
 from compress.checkpoint import MANIFEST, TENSORS, load_model_dir
+from tests.compress.checkpoint.helpers import tiny_bert_classifier, write_sealed
 
 
 def _converted_mlp(seed=0):
@@ -63,7 +64,7 @@ def test_manifest_shape_mismatch_is_refused(tmp_path):
     path = compress.save_compressed(_converted_mlp(), tmp_path / "c")
     manifest = json.loads((path / MANIFEST).read_text())
     manifest["tensors"]["0.w_q"]["shape"] = [96, 32]
-    (path / MANIFEST).write_text(json.dumps(manifest))
+    write_sealed(path, manifest)
     with pytest.raises(CheckpointError, match="0.w_q"):
         compress.load_compressed(path, model=_skeleton())
 
@@ -77,12 +78,12 @@ def test_a_directory_without_manifest_does_not_load(tmp_path):
 
 def test_interrupted_save_leaves_the_old_directory_whole(tmp_path, monkeypatch):
     path = compress.save_compressed(_converted_mlp(seed=0), tmp_path / "c")
-    import compress.checkpoint as checkpoint
+    import compress.checkpoint.save as save_module
 
     def crash(*args, **kwargs):
         raise KeyboardInterrupt("power cut")
 
-    monkeypatch.setattr(checkpoint, "_write_json", crash)
+    monkeypatch.setattr(save_module, "_write_json", crash)
     with pytest.raises(KeyboardInterrupt):
         compress.save_compressed(_converted_mlp(seed=1), path, overwrite=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c"]  # temp dir cleaned, old dir intact
@@ -147,18 +148,12 @@ def test_real_minilm_round_trip(tmp_path):
         assert torch.equal(loaded(input_ids=ids).last_hidden_state, expected)
 
 
-def _tiny_bert_classifier():
-    transformers = pytest.importorskip("transformers")
-    config = transformers.BertConfig(vocab_size=100, hidden_size=64, num_hidden_layers=1, num_attention_heads=2,
-                                     intermediate_size=128, max_position_embeddings=32, num_labels=3)
-    torch.manual_seed(0)
-    return transformers.BertForSequenceClassification(config).eval()
 
 
 def test_manifest_names_classes_not_module_paths(tmp_path):
     """A directory names its layers' classes and the model's architecture, never the file that defines
     them: moving a module inside ``compress`` cannot break a directory saved before the move."""
-    path = compress.save_compressed(compress.convert(_tiny_bert_classifier(), W8A8Config()), tmp_path / "c")
+    path = compress.save_compressed(compress.convert(tiny_bert_classifier(), W8A8Config()), tmp_path / "c")
     manifest = json.loads((path / MANIFEST).read_text())
     assert manifest["model"] == {"kind": "transformers", "architecture": "BertForSequenceClassification"}
     assert {entry["module"] for entry in manifest["layers"].values()} == {"W8A8Linear"}
@@ -166,11 +161,11 @@ def test_manifest_names_classes_not_module_paths(tmp_path):
 
 
 def test_load_model_dir_reads_compressed_and_plain_dirs(tmp_path):
-    model = compress.convert(_tiny_bert_classifier(), W8A8Config())
+    model = compress.convert(tiny_bert_classifier(), W8A8Config())
     compress.save_compressed(model, tmp_path / "w8a8")
     loaded = load_model_dir(tmp_path / "w8a8")
     assert type(loaded.bert.encoder.layer[0].attention.self.query).__name__ == "W8A8Linear"
-    plain = _tiny_bert_classifier()
+    plain = tiny_bert_classifier()
     plain.save_pretrained(tmp_path / "plain")
     reloaded = load_model_dir(tmp_path / "plain")
     assert type(reloaded).__name__ == "BertForSequenceClassification"

@@ -1,4 +1,4 @@
-"""Fault injection for compress/checkpoint.py: saves that never lose a user's files.
+"""Fault injection for compress/checkpoint/safe_write.py: saves that never lose a user's files.
 
 Refusals (empty path, existing file, foreign directory, our own checkpoint without overwrite=True)
 write nothing. Every step of a save (each rename, exchange, fsync and tree removal) is made to fail
@@ -17,7 +17,8 @@ import torch
 from torch import nn
 
 import compress
-import compress.checkpoint as checkpoint
+import compress.checkpoint.safe_write as safe_write
+import compress.checkpoint.save as save_module
 from compress import CheckpointError, W4A16Config, W8A8Config
 from compress.checkpoint import MANIFEST, TENSORS
 
@@ -144,9 +145,9 @@ class Crash(Exception):
     """Raised by an injected fault."""
 
 
-STEPS = (("os", "rename"), ("shutil", "rmtree"), ("checkpoint", "_fsync_path"),
-         ("checkpoint", "_exchange_directories"))
-MODULES = {"os": os, "shutil": shutil, "checkpoint": checkpoint}
+STEPS = (("os", "rename"), ("shutil", "rmtree"), ("save", "fsync_path"), ("safe_write", "fsync_path"),
+         ("safe_write", "_exchange_directories"))
+MODULES = {"os": os, "shutil": shutil, "save": save_module, "safe_write": safe_write}
 
 
 @contextlib.contextmanager
@@ -156,7 +157,7 @@ def _faults(monkeypatch, exchange: bool, fail_at=None, when="before", action=Non
     calls = []
     real = {step: getattr(MODULES[step[0]], step[1]) for step in STEPS}
     if not exchange:
-        real[("checkpoint", "_exchange_directories")] = lambda first, second: False
+        real[("safe_write", "_exchange_directories")] = lambda first, second: False
 
     def wrap(step):
         def wrapped(*args, **kwargs):
@@ -199,10 +200,10 @@ def _assert_old_or_new_and_clean(directory, path, allow_missing=False):
 def test_the_swap_uses_the_expected_steps(tmp_path, monkeypatch, exchange):
     calls = _save_trace(tmp_path, monkeypatch, exchange)
     if exchange:
-        assert calls == ["_fsync_path", "_fsync_path", "_exchange_directories", "_fsync_path", "rmtree", "_fsync_path"]
+        assert calls == ["fsync_path", "fsync_path", "_exchange_directories", "fsync_path", "rmtree", "fsync_path"]
     else:
-        assert calls == ["_fsync_path", "_fsync_path", "_exchange_directories", "rename", "rename",
-                         "_fsync_path", "rmtree", "_fsync_path"]
+        assert calls == ["fsync_path", "fsync_path", "_exchange_directories", "rename", "rename",
+                         "fsync_path", "rmtree", "fsync_path"]
 
 
 @pytest.mark.parametrize("exchange", [True, False], ids=["renameat2", "two-renames"])
@@ -279,7 +280,7 @@ def test_a_failed_rename_into_place_puts_the_old_checkpoint_back_at_once(tmp_pat
             raise OSError(28, "No space left on device")
         return real_rename(source, destination)
 
-    monkeypatch.setattr(checkpoint, "_exchange_directories", lambda first, second: False)
+    monkeypatch.setattr(safe_write, "_exchange_directories", lambda first, second: False)
     monkeypatch.setattr(os, "rename", rename)
     with pytest.raises(OSError, match="No space left"):
         compress.save_compressed(NEW, tmp_path / "c", overwrite=True)
@@ -319,7 +320,7 @@ def test_renameat2_exchange_swaps_two_directories_or_reports_unsupported(tmp_pat
     (tmp_path / "a").mkdir()
     (tmp_path / "a" / "x").write_text("a")
     (tmp_path / "b").mkdir()
-    if not checkpoint._exchange_directories(tmp_path / "a", tmp_path / "b"):
+    if not safe_write._exchange_directories(tmp_path / "a", tmp_path / "b"):
         pytest.skip("renameat2(RENAME_EXCHANGE) is not supported here; the fallback is tested above")
     assert (tmp_path / "b" / "x").read_text() == "a" and list((tmp_path / "a").iterdir()) == []
 
@@ -333,7 +334,7 @@ def test_when_putting_the_old_checkpoint_back_fails_too_the_backup_is_kept_for_r
             raise OSError(5, "Input/output error")
         return real_rename(source, destination)
 
-    monkeypatch.setattr(checkpoint, "_exchange_directories", lambda first, second: False)
+    monkeypatch.setattr(safe_write, "_exchange_directories", lambda first, second: False)
     monkeypatch.setattr(os, "rename", rename)
     with pytest.raises(OSError, match="Input/output error"):
         compress.save_compressed(NEW, tmp_path / "c", overwrite=True)

@@ -1,0 +1,280 @@
+"""``load_compressed`` and ``load_model_dir``: a compressed-model directory back into a model.
+
+Loading verifies before it builds: the manifest's structure and digest, each file's sha256
+(:mod:`compress.checkpoint.manifest`), the tensors' names, dtypes and shapes against the manifest;
+then it rebuilds the model (a ``transformers`` architecture from ``config.json``, only classes that
+are ``transformers.PreTrainedModel`` subclasses, or the caller's skeleton), swaps in empty inference
+modules from the layer entries and cross-checks them against the tensors (shapes, integer dtypes, the
+aliases against the model's own ties) before any tensor is assigned; after assignment each
+block-sparse layer's indices are checked. Every failure is a :class:`CheckpointError` naming the file
+and the field or layer. No code runs: tensors come from safetensors, never from a pickle.
+
+:func:`load_model_dir` loads any saved model directory: such a compressed one, or a plain
+``transformers`` one (``save_pretrained``). A directory that looks compressed (our packed tensor names
+in ``model.safetensors``, or ``.NAME.tmp-*`` / ``.NAME.old-*`` siblings) but has no ``manifest.json``
+is refused rather than loaded as plain, which would re-initialise its compressed layers at random.
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import logging
+import os
+import pathlib
+import re
+
+import torch
+from safetensors.torch import load_file
+from torch import nn
+
+from compress.checkpoint.manifest import MANIFEST, TENSORS, CheckpointError, read_manifest, verify_files
+from compress.checkpoint.safe_write import checkpoint_path, recover
+from compress.configs import config_from_dict
+from compress.nn.modules import INFERENCE_MODULES, BSRLinear, BSRW8A8Linear, W4A16Linear, W8A8Linear
+from compress.plan import replace_submodule
+
+logger = logging.getLogger(__name__)
+
+
+def _load_tensors(directory: pathlib.Path, manifest: dict) -> dict[str, torch.Tensor]:
+    """The stored tensors (aliases filled in), after the digest and the files' checksums are verified,
+    with names, dtypes and shapes equal to the manifest's."""
+    verify_files(directory, manifest)
+    tensor_path = directory / TENSORS
+    try:
+        tensors = load_file(str(tensor_path))
+    except Exception as error:  # safetensors raises its own error type for a truncated or foreign file
+        raise CheckpointError(f"{tensor_path}: not a readable safetensors file ({type(error).__name__}: {error})") from None
+    expected = manifest["tensors"]
+    if set(tensors) != set(expected):
+        raise CheckpointError(f"{tensor_path}: tensor names differ from the manifest "
+                              f"(missing {sorted(set(expected) - set(tensors))[:5]}, extra {sorted(set(tensors) - set(expected))[:5]})")
+    for name, spec in expected.items():
+        got = {"dtype": str(tensors[name].dtype).removeprefix("torch."), "shape": list(tensors[name].shape)}
+        if got != spec:
+            raise CheckpointError(f"{tensor_path}: tensor {name!r}: expected {spec}, got {got}")
+    for alias, stored in manifest.get("aliases", {}).items():
+        tensors[alias] = tensors[stored]
+    return tensors
+
+
+def _build_transformers_model(directory: pathlib.Path, source: dict) -> nn.Module:
+    import transformers
+
+    architecture = source["architecture"]
+    cls = _transformers_model_class(transformers, architecture)
+    if cls is None:
+        raise CheckpointError(f"{directory / MANIFEST}: field 'model.architecture': expected a transformers "
+                              f"model class (a PreTrainedModel subclass), got {architecture!r} "
+                              f"(transformers {transformers.__version__})")
+    config = transformers.AutoConfig.from_pretrained(str(directory))
+    with _skip_weight_init():  # every weight is overwritten by the saved tensors
+        return cls(config)
+
+
+def _transformers_model_class(transformers, name: str):
+    """``transformers.<name>`` if it is a ``PreTrainedModel`` subclass, else None.
+
+    Only model classes are instantiated: a manifest or config naming any other attribute
+    (``pipeline``, ``AutoTokenizer``, a module) must not make the loader call it."""
+    if not isinstance(name, str) or not name.isidentifier():
+        return None
+    try:
+        cls = getattr(transformers, name, None)
+    except Exception:  # transformers' lazy module raising on an odd name
+        return None
+    pretrained = getattr(transformers, "PreTrainedModel", None)
+    if isinstance(cls, type) and pretrained is not None and issubclass(cls, pretrained):
+        return cls
+    return None
+
+
+def _skip_weight_init():
+    """transformers' ``no_init_weights`` context (5.x: ``initialization``, 4.x: ``modeling_utils``)."""
+    for module_name in ("transformers.initialization", "transformers.modeling_utils"):
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            continue
+        if hasattr(module, "no_init_weights"):
+            return module.no_init_weights()
+    return contextlib.nullcontext()
+
+
+def _empty_module(entry: dict) -> nn.Module:
+    kind = entry.get("module")
+    if kind not in INFERENCE_MODULES:
+        raise CheckpointError(f"manifest layer module: expected one of {tuple(INFERENCE_MODULES)}, got {kind!r}")
+    args = (entry["in_features"], entry["out_features"], entry["bias"])
+    if kind == "W8A8Linear":
+        return W8A8Linear(*args, config=config_from_dict(entry["config"]), smoothing=entry["smoothing"])
+    if kind == "W4A16Linear":
+        return W4A16Linear(*args, config=config_from_dict(entry["config"]))
+    if kind == "BSRW8A8Linear":
+        return BSRW8A8Linear(*args, config=config_from_dict(entry["config"]), nnz=entry["nnz"], block=entry["block"],
+                             smoothing=entry["smoothing"])
+    return BSRLinear(*args, nnz=entry["nnz"], block=entry["block"])
+
+
+def _swap_in_layers(model: nn.Module, layers: dict) -> None:
+    for name, entry in layers.items():
+        try:
+            model.get_submodule(name)
+        except AttributeError:
+            raise CheckpointError(f"manifest layer {name!r} does not exist in the rebuilt model") from None
+        replace_submodule(model, name, _empty_module(entry))
+
+
+def _check_against_model(directory: pathlib.Path, model: nn.Module, tensors: dict, manifest: dict) -> None:
+    """CheckpointError naming the layer and its manifest entry when a stored tensor does not fit the
+    rebuilt model: a shape other than the one the layer expects (an edited width, group size, nnz or
+    block), an integer tensor of another dtype, a float where integers belong; and an alias the model
+    does not tie itself (an edited alias would load one layer's weights into another)."""
+    layers, manifest_path = manifest["layers"], directory / MANIFEST
+    expected = model.state_dict()
+    for key, tensor in tensors.items():
+        if key not in expected:
+            continue
+        want = expected[key]
+        layer = key.rpartition(".")[0]
+        entry = f" (manifest entry layers.{layer} = {json.dumps(layers[layer])})" if layer in layers else ""
+        if tuple(want.shape) != tuple(tensor.shape):
+            raise CheckpointError(f"{manifest_path}: layer {layer!r}: tensor {key!r} has shape "
+                                  f"{list(tensor.shape)} but the layer the manifest describes expects "
+                                  f"{list(want.shape)}{entry}")
+        if want.dtype != tensor.dtype and not (want.is_floating_point() and tensor.is_floating_point()):
+            raise CheckpointError(f"{manifest_path}: layer {layer!r}: tensor {key!r} is {tensor.dtype} but the "
+                                  f"layer expects {want.dtype}{entry}")
+    for alias, stored in manifest.get("aliases", {}).items():
+        if alias in expected and stored in expected and not _same_storage(expected[alias], expected[stored]):
+            raise CheckpointError(f"{manifest_path}: field 'aliases.{alias}': the model does not tie {alias!r} to "
+                                  f"{stored!r}; an alias may only name a weight the model shares")
+
+
+def _same_storage(first: torch.Tensor, second: torch.Tensor) -> bool:
+    return (first.untyped_storage().data_ptr() == second.untyped_storage().data_ptr()
+            and first.storage_offset() == second.storage_offset())
+
+
+def _check_block_sparse_indices(directory: pathlib.Path, model: nn.Module) -> None:
+    """CheckpointError naming the layer when its BSR indices break the ``torch.sparse_bsr`` invariants
+    (the kernels trust them: a bad one reads out of range or kills the process)."""
+    for name, module in model.named_modules():
+        if isinstance(module, (BSRLinear, BSRW8A8Linear)):
+            try:
+                module.check_indices()
+            except ValueError as error:
+                raise CheckpointError(f"{directory / TENSORS}: layer {name!r}: {error}") from None
+
+
+def _recovered(path) -> pathlib.Path:
+    """``path`` after :func:`recover`; a repair that the filesystem refuses (a read-only parent) is
+    logged, and the directory is then loaded as it is."""
+    directory = checkpoint_path(path)
+    try:
+        recover(directory)
+    except OSError as error:
+        logger.warning("%s: could not repair an interrupted save (%s); loading it as it is", directory, error)
+    return directory
+
+
+def load_compressed(path, model: nn.Module | None = None) -> nn.Module:
+    """Rebuild a compressed model on the CPU from ``path`` (written by :func:`save_compressed`).
+
+    ``transformers`` models are rebuilt from the saved config; any other module needs ``model``, a
+    skeleton of the original (uncompressed) architecture. The loaded tensors keep their saved dtypes.
+    """
+    directory = _recovered(path)
+    manifest = read_manifest(directory)
+    tensors = _load_tensors(directory, manifest)
+    source = manifest["model"]
+    if model is None:
+        if source["kind"] != "transformers":
+            raise ValueError(f"load_compressed: {directory} holds a {source['class_path']}, not a transformers "
+                             "model; pass model=<an instance of that class> as the skeleton")
+        model = _build_transformers_model(directory, source)
+    elif not isinstance(model, nn.Module):
+        raise TypeError(f"model: expected an nn.Module skeleton, got {type(model).__name__}")
+    _swap_in_layers(model, manifest["layers"])
+    if hasattr(model, "tie_weights"):  # built without weight init, transformers leaves ties undone
+        model.tie_weights()
+    _check_against_model(directory, model, tensors, manifest)
+    try:
+        missing, unexpected = model.load_state_dict(tensors, strict=False, assign=True)
+    except RuntimeError as error:
+        raise CheckpointError(f"{directory}: state does not match the model: {error}") from None
+    if missing or unexpected:
+        raise CheckpointError(f"{directory}: state does not match the model (missing {missing[:5]}, "
+                              f"unexpected {unexpected[:5]})")
+    if hasattr(model, "tie_weights") and manifest.get("aliases"):
+        model.tie_weights()
+    _check_block_sparse_indices(directory, model)
+    return model.eval()
+
+
+# Leaf names of the buffers only our inference modules hold (compress/nn/modules.py): a
+# model.safetensors carrying them was written by save_compressed, whatever else is in the directory.
+COMPRESSED_TENSOR_NAMES = frozenset({"qweight", "w_q", "w_scale", "crow_indices", "col_indices", "input_smoothing"})
+
+
+def _compressed_traces(path: pathlib.Path) -> list[str]:
+    """Signs that ``path`` was written by :func:`save_compressed` (empty when there are none).
+
+    Two kinds: tensor names in ``model.safetensors`` that only our inference modules produce, and
+    hidden ``.NAME.tmp-*`` / ``.NAME.old-*`` siblings that only an interrupted save leaves behind.
+    """
+    traces = []
+    tensor_path = path / TENSORS
+    if tensor_path.is_file():
+        from safetensors import safe_open
+
+        try:
+            with safe_open(str(tensor_path), framework="pt") as handle:
+                names = list(handle.keys())
+        except Exception:  # an unreadable file says nothing about who wrote it
+            names = []
+        ours = sorted(n for n in names if n.rpartition(".")[2] in COMPRESSED_TENSOR_NAMES)
+        if ours:
+            traces.append(f"{TENSORS} holds compressed-layer tensors such as {ours[:3]}")
+    pattern = re.compile(rf"^\.{re.escape(path.name)}\.(tmp|old)-")
+    try:
+        hidden = sorted(name for name in os.listdir(path.parent) if pattern.match(name))
+    except OSError:
+        hidden = []
+    if hidden:
+        traces.append(f"interrupted-save siblings {hidden[:3]} in {path.parent}")
+    return traces
+
+
+def load_model_dir(path: str | pathlib.Path) -> nn.Module:
+    """A model from a saved directory: compressed (``compress.save_compressed``) or plain ``transformers``.
+
+    A directory that looks compressed (see :func:`_compressed_traces`) but has no ``manifest.json``
+    is refused with :class:`CheckpointError`: loading it as a plain ``transformers`` model would
+    re-initialise every compressed layer at random (their tensors match no dense weight name) and
+    an evaluation would report the accuracy of noise instead of failing.
+    """
+    path = _recovered(path)
+    if not path.is_dir():
+        raise FileNotFoundError(f"model dir: expected a directory, got {path}")
+    if (path / MANIFEST).is_file():
+        return load_compressed(path)
+    traces = _compressed_traces(path)
+    if traces:
+        raise CheckpointError(f"{path}: looks like a compressed-model directory ({'; '.join(traces)}) but has no "
+                              f"{MANIFEST}; refusing to load it as a plain model, which would re-initialise "
+                              "its compressed layers at random (re-export it with save_compressed)")
+    return _load_plain_transformers(path)
+
+
+def _load_plain_transformers(path: pathlib.Path) -> nn.Module:
+    import transformers
+
+    config = transformers.AutoConfig.from_pretrained(path)
+    architectures = getattr(config, "architectures", None) or []
+    cls = _transformers_model_class(transformers, architectures[0]) if architectures else None
+    if cls is None:
+        raise CheckpointError(f"{path}/config.json: field 'architectures': expected a list naming a transformers "
+                              f"model class (a PreTrainedModel subclass), got {architectures}")
+    return cls.from_pretrained(path, dtype=torch.float32)

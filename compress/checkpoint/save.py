@@ -1,0 +1,109 @@
+"""``save_compressed``: a converted model written as a compressed-model directory.
+
+Every tensor of ``model.state_dict()`` goes to ``model.safetensors`` once (tied weights are stored
+once and listed as aliases), a ``transformers`` model's config to ``config.json``, and the manifest
+(:mod:`compress.checkpoint.manifest`) last, sealed with its digest. The directory is written aside and
+swapped into place crash safe (:mod:`compress.checkpoint.safe_write`).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pathlib
+
+import torch
+from safetensors.torch import save_file
+from torch import nn
+
+from compress.checkpoint.manifest import (
+    FORMAT_MARKER,
+    FORMAT_VERSION,
+    MANIFEST,
+    MODEL_CONFIG,
+    TENSORS,
+    file_sha256,
+    layer_entry,
+    manifest_digest,
+)
+from compress.checkpoint.safe_write import check_save_target, fsync_path, replace_directory
+from compress.nn.fusion import is_fused
+from compress.nn.modules import INFERENCE_MODULES
+from compress.plan import compressed_layers
+
+logger = logging.getLogger(__name__)
+
+
+def _unique_tensors(state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """Tensors with duplicates (tied weights) removed, and {alias: stored name}."""
+    stored, aliases, seen = {}, {}, {}
+    for name, tensor in state.items():
+        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape), tensor.dtype)
+        if tensor.numel() and key in seen:
+            aliases[name] = seen[key]
+            continue
+        seen[key] = name
+        stored[name] = tensor.detach().cpu().contiguous()
+    return stored, aliases
+
+
+def _model_source(model: nn.Module) -> dict:
+    cls = type(model)
+    if hasattr(model, "config") and hasattr(model.config, "to_json_string") and cls.__module__.startswith("transformers"):
+        return {"kind": "transformers", "architecture": cls.__name__}
+    return {"kind": "module", "class_path": f"{cls.__module__}.{cls.__qualname__}"}
+
+
+def _write_json(path: pathlib.Path, data: dict) -> None:
+    with open(path, "w") as handle:
+        json.dump(data, handle, indent=2, sort_keys=True)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def _write_directory(model: nn.Module, directory: pathlib.Path) -> None:
+    stored, aliases = _unique_tensors(model.state_dict())
+    save_file(stored, str(directory / TENSORS))
+    fsync_path(directory / TENSORS)
+    files = {TENSORS: file_sha256(directory / TENSORS)}
+    source = _model_source(model)
+    if source["kind"] == "transformers":
+        model.config.save_pretrained(str(directory))
+        fsync_path(directory / MODEL_CONFIG)
+        files[MODEL_CONFIG] = file_sha256(directory / MODEL_CONFIG)
+    manifest = {
+        "format": FORMAT_MARKER,
+        "format_version": FORMAT_VERSION,
+        "files": files,
+        "model": source,
+        "layers": {name: layer_entry(m) for name, m in model.named_modules() if type(m).__name__ in INFERENCE_MODULES},
+        "tensors": {name: {"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape)} for name, t in stored.items()},
+        "aliases": aliases,
+    }
+    manifest["digest"] = manifest_digest(manifest)
+    _write_json(directory / MANIFEST, manifest)  # written last: a directory without it is incomplete
+
+
+def _check_saveable(model: nn.Module) -> None:
+    """Checks that ``model`` can be saved: an nn.Module after convert, not fused."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model: expected an nn.Module, got {type(model).__name__}")
+    if compressed_layers(model):
+        raise ValueError("save_compressed: the model still has training (CompressedLinear) layers; "
+                         "call compress.convert(model) first")
+    if is_fused(model):
+        raise ValueError("save_compressed: the model has fused sibling layers (compress.fuse_siblings), whose "
+                         "state differs from the saved layout; save it before fusing, or call "
+                         "compress.nn.fusion.unfuse_siblings(model) first")
+
+
+def save_compressed(model: nn.Module, path, overwrite: bool = False) -> pathlib.Path:
+    """Write ``model`` (after :func:`compress.convert`) to the directory ``path``, crash safe.
+
+    ``path`` must be new, an empty directory, or (with ``overwrite=True``) a checkpoint of ours;
+    anything else is refused before anything is written (:func:`check_save_target`)."""
+    _check_saveable(model)
+    target = check_save_target(path, overwrite)
+    replace_directory(target, lambda directory: _write_directory(model, directory))
+    logger.info("saved compressed model to %s", target)
+    return target
