@@ -25,14 +25,22 @@ training step, :func:`check_recipe` asks the compression plan of every callback 
 (the Export callback's ``dirpath``), ``float/`` (the run's fine-tuned float weights, when asked or
 when the recipe exports nothing) and ``report.{md,json,png}`` comparing the run's float weights with
 the exported compressed model.
+
+Errors: a bad input (a path, a recipe value, a damaged checkpoint: ``ValueError``, ``TypeError``,
+``OSError``, ``ImportError``, ``KeyError``) prints one line, ``compress COMMAND: error: TYPE: message``,
+and exits 1; any other error prints its traceback and then that line, so the line that matters is
+always last. ``COMPRESS_TRACEBACK=1`` prints the traceback for every error. Python callers use
+:func:`run_command`, which raises.
 """
 from __future__ import annotations
 
 import contextlib
 import json
 import logging
+import os
 import pickle
 import sys
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
@@ -437,14 +445,38 @@ def _program_name(command: str):
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The ``compress`` command: :func:`run_command`, with errors reported by :func:`_report` (exit 1)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return run_command(argv)
+    except Exception as error:  # noqa: BLE001 - reported, then the exit status says it failed
+        return _report(argv[0] if argv else "", error)
+
+
+def run_command(argv: list[str]) -> int:
+    """Run ``compress ARGV`` and return its exit status; errors propagate (as they do to a caller in Python)."""
     if not argv or argv[0] in ("-h", "--help"):
         sys.stdout.write(f"usage: compress <command> ...\n{USAGE}")
         return 0 if argv else 2
     command, rest = argv[0], argv[1:]
     with _program_name(command):
         return _dispatch(command, rest)
+
+
+# Errors that a user's input causes (a path, a recipe value, a damaged checkpoint): their message is the
+# whole story, so no traceback is printed. Anything else is a bug or a fault of the machine: traceback.
+USER_ERRORS = (ValueError, TypeError, OSError, ImportError, KeyError)
+
+
+def _report(command: str, error: Exception) -> int:
+    """Print ``error`` for a person: the traceback only for unexpected errors (or with
+    ``COMPRESS_TRACEBACK=1``), then always, as the last line, ``compress COMMAND: error: ...``. Exit 1."""
+    if not isinstance(error, USER_ERRORS) or os.environ.get("COMPRESS_TRACEBACK", "0") not in ("", "0"):
+        traceback.print_exception(error, file=sys.stderr)
+    message = " ".join(str(error).split()) or "(no message)"
+    sys.stderr.write(f"compress {command}: error: {type(error).__name__}: {message}\n")
+    return 1
 
 
 def _dispatch(command: str, rest: list[str]) -> int:

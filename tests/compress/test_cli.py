@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 
 import compress
 from compress import CheckpointError
-from compress.cli import CompressOptions, eval_options, main
+from compress.cli import CompressOptions, eval_options, main, run_command
 from compress.lightning.data import DigitsData
 from compress.lightning.tasks import SequenceClassificationTask
 
@@ -63,7 +63,7 @@ def sparse_w8a8_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("run")
     recipe = tiny_recipe(root / "out", [pruning(), qat(), export(root / "out" / "compressed")], save_float_model=True)
     path = write_recipe(root / "recipe.yaml", recipe)
-    assert main(["run", "--config", path]) == 0
+    assert run_command(["run", "--config", path]) == 0
     return root, path
 
 
@@ -115,7 +115,7 @@ def test_export_from_the_lightning_checkpoint_matches_the_export_callback(sparse
     checkpoints = sorted((root / "out").rglob("*.ckpt"))
     assert checkpoints, "the run should have written a Lightning checkpoint"
     target = root / "from_ckpt"
-    assert main(["export", "--config", recipe, "--ckpt_path", str(checkpoints[-1]), "--export_dir", str(target)]) == 0
+    assert run_command(["export", "--config", recipe, "--ckpt_path", str(checkpoints[-1]), "--export_dir", str(target)]) == 0
     ours = load_file(str(target / "model.safetensors"))
     reference = load_file(str(root / "out" / "compressed" / "model.safetensors"))
     assert ours.keys() == reference.keys()
@@ -126,18 +126,18 @@ def test_export_replaces_an_earlier_export_only_with_overwrite(sparse_w8a8_run, 
     root, recipe = sparse_w8a8_run
     checkpoint = str(sorted((root / "out").rglob("*.ckpt"))[-1])
     target = tmp_path / "again"
-    assert main(["export", "--config", recipe, "--ckpt_path", checkpoint, "--export_dir", str(target)]) == 0
+    assert run_command(["export", "--config", recipe, "--ckpt_path", checkpoint, "--export_dir", str(target)]) == 0
     before = (target / "model.safetensors").stat().st_mtime_ns
     with pytest.raises(FileExistsError, match=r"again: already holds a compressed checkpoint; pass --overwrite"):
-        main(["export", "--config", recipe, "--ckpt_path", checkpoint, "--export_dir", str(target)])
+        run_command(["export", "--config", recipe, "--ckpt_path", checkpoint, "--export_dir", str(target)])
     assert (target / "model.safetensors").stat().st_mtime_ns == before
-    assert main(["export", "--config", recipe, "--ckpt_path", checkpoint, "--export_dir", str(target),
+    assert run_command(["export", "--config", recipe, "--ckpt_path", checkpoint, "--export_dir", str(target),
                  "--overwrite"]) == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["again"]
     (tmp_path / "notes").mkdir()
     (tmp_path / "notes" / "important.txt").write_text("keep me")
     with pytest.raises(FileExistsError, match="not a compressed checkpoint .*even with --overwrite"):
-        main(["export", "--config", recipe, "--ckpt_path", checkpoint, "--export_dir", str(tmp_path / "notes"),
+        run_command(["export", "--config", recipe, "--ckpt_path", checkpoint, "--export_dir", str(tmp_path / "notes"),
               "--overwrite"])
     assert (tmp_path / "notes" / "important.txt").read_text() == "keep me"
 
@@ -159,7 +159,7 @@ def test_export_refuses_a_checkpoint_whose_pickle_would_run_code(tmp_path):
     recipe = write_recipe(tmp_path / "recipe.yaml", tiny_recipe(tmp_path / "out", [qat()]))
     with pytest.raises(ValueError, match=r"evil.ckpt: refused to load: .*not plain data \(Unsupported global: "
                                          r"GLOBAL .*\); checkpoints are loaded without running") as error:
-        main(["export", "--config", recipe, "--ckpt_path", str(evil), "--export_dir", str(tmp_path / "export")])
+        run_command(["export", "--config", recipe, "--ckpt_path", str(evil), "--export_dir", str(tmp_path / "export")])
     assert "\n" not in str(error.value)  # one line: the one that matters
     assert not marker.exists()
     assert not (tmp_path / "export").exists()
@@ -169,10 +169,10 @@ def test_export_refuses_a_file_that_is_not_a_checkpoint(tmp_path):
     (tmp_path / "notes.ckpt").write_text("not a checkpoint")
     recipe = write_recipe(tmp_path / "recipe.yaml", tiny_recipe(tmp_path / "out", [qat()]))
     with pytest.raises(ValueError, match=r"notes.ckpt: expected a Lightning checkpoint written by torch.save"):
-        main(["export", "--config", recipe, "--ckpt_path", str(tmp_path / "notes.ckpt")])
+        run_command(["export", "--config", recipe, "--ckpt_path", str(tmp_path / "notes.ckpt")])
     torch.save([1, 2], tmp_path / "list.ckpt")
     with pytest.raises(ValueError, match=r"list.ckpt: expected a Lightning checkpoint with a 'state_dict', got list"):
-        main(["export", "--config", recipe, "--ckpt_path", str(tmp_path / "list.ckpt")])
+        run_command(["export", "--config", recipe, "--ckpt_path", str(tmp_path / "list.ckpt")])
 
 
 def test_a_lightning_checkpoint_naming_the_task_by_its_flat_path_loads(sparse_w8a8_run, tmp_path):
@@ -195,7 +195,7 @@ def test_run_resumes_from_a_checkpoint(sparse_w8a8_run, tmp_path):
     checkpoint = sorted((root / "out").rglob("*.ckpt"))[-1]
     recipe = tiny_recipe(tmp_path / "out", [pruning(), qat(), export(tmp_path / "out" / "compressed")], evaluate=False)
     path = write_recipe(tmp_path / "recipe.yaml", recipe)
-    assert main(["run", "--config", path, "--seed_everything=1", "--ckpt_path", str(checkpoint)]) == 0
+    assert run_command(["run", "--config", path, "--seed_everything=1", "--ckpt_path", str(checkpoint)]) == 0
     resumed = load_file(str(tmp_path / "out" / "compressed" / "model.safetensors"))
     reference = load_file(str(root / "out" / "compressed" / "model.safetensors"))
     assert resumed.keys() == reference.keys()
@@ -208,20 +208,20 @@ def test_run_resumes_from_a_checkpoint(sparse_w8a8_run, tmp_path):
 def test_run_and_export_refuse_a_bad_ckpt_path_first(tmp_path, ckpt_args, words, command):
     path = write_recipe(tmp_path / "recipe.yaml", tiny_recipe(tmp_path / "out", [pruning()]))
     with pytest.raises(ValueError, match=words):
-        main([command, "--config", path, *ckpt_args])
+        run_command([command, "--config", path, *ckpt_args])
     assert not (tmp_path / "out").exists()  # nothing trained, nothing written
 
 
 def test_export_needs_a_ckpt_path(tmp_path):
     path = write_recipe(tmp_path / "recipe.yaml", tiny_recipe(tmp_path / "out", [pruning()]))
     with pytest.raises(ValueError, match="expected one --ckpt_path CHECKPOINT, got none"):
-        main(["export", "--config", path])
+        run_command(["export", "--config", path])
 
 
 def test_evaluate_compares_saved_model_dirs(sparse_w8a8_run, tmp_path):
     root, recipe = sparse_w8a8_run
     models = [str(root / "out" / "float"), str(root / "out" / "compressed")]
-    code = main(["evaluate", "--config", recipe, "--models", *models, "--names", "dense", "w8a8",
+    code = run_command(["evaluate", "--config", recipe, "--models", *models, "--names", "dense", "w8a8",
                  "--compress.output_dir", str(tmp_path), "--compress.latency_mode", "compile"])
     assert code == 0
     report = json.loads((tmp_path / "report.json").read_text())
@@ -250,7 +250,7 @@ def test_unknown_latency_mode_fails_listing_the_allowed_ones(tmp_path, capsys):
         CompressOptions(latency_mode="graphs")
     recipe = tiny_recipe(tmp_path / "out", [], latency_mode="cuda_graphs")
     with pytest.raises((ValueError, SystemExit)) as error:
-        main(["run", "--config", write_recipe(tmp_path / "r.yaml", recipe)])
+        run_command(["run", "--config", write_recipe(tmp_path / "r.yaml", recipe)])
     message = str(error.value) + capsys.readouterr().err
     assert "latency_mode" in message and "cuda_graph" in message and "'eager'" in message
     assert not list(tmp_path.rglob("*.ckpt"))
@@ -260,7 +260,7 @@ def test_unknown_recipe_key_fails_while_parsing(tmp_path, capsys):
     recipe = tiny_recipe(tmp_path / "out", [])
     recipe["model"]["init_args"]["hidden_sise"] = 3
     with pytest.raises(SystemExit):
-        main(["run", "--config", write_recipe(tmp_path / "r.yaml", recipe)])
+        run_command(["run", "--config", write_recipe(tmp_path / "r.yaml", recipe)])
     assert "hidden_sise" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
 
@@ -268,7 +268,7 @@ def test_unknown_recipe_key_fails_while_parsing(tmp_path, capsys):
 def test_sparsity_outside_the_unit_interval_fails_before_training(tmp_path, capsys):
     recipe = tiny_recipe(tmp_path / "out", [pruning(sparsity=1.5)])
     with pytest.raises((ValueError, SystemExit)) as error:
-        main(["run", "--config", write_recipe(tmp_path / "r.yaml", recipe)])
+        run_command(["run", "--config", write_recipe(tmp_path / "r.yaml", recipe)])
     message = str(error.value) + capsys.readouterr().err
     assert "sparsity" in message and "[0, 1)" in message
     assert not list(tmp_path.rglob("*.ckpt"))
@@ -277,14 +277,14 @@ def test_sparsity_outside_the_unit_interval_fails_before_training(tmp_path, caps
 def test_group_size_that_does_not_divide_in_features_fails_before_training(tmp_path):
     recipe = tiny_recipe(tmp_path / "out", [qat("W4A16Config", group_size=128)])  # in_features 64 and 128
     with pytest.raises(ValueError, match=r"group_size=128 does not divide in_features=64"):
-        main(["run", "--config", write_recipe(tmp_path / "r.yaml", recipe)])
+        run_command(["run", "--config", write_recipe(tmp_path / "r.yaml", recipe)])
     assert not list(tmp_path.rglob("*.ckpt")) and not list(tmp_path.rglob("metrics.csv"))
 
 
 def test_usage_and_unknown_command(capsys):
-    assert main(["--help"]) == 0
+    assert run_command(["--help"]) == 0
     assert "compress run" in capsys.readouterr().out
-    assert main(["bogus"]) == 2
+    assert run_command(["bogus"]) == 2
     assert "unknown command" in capsys.readouterr().err
 
 
@@ -296,7 +296,40 @@ def test_evaluate_refuses_a_compressed_dir_that_lost_its_manifest(sparse_w8a8_ru
     (broken / "manifest.json").unlink()
     refused = r"broken: looks like a compressed-model directory .* no manifest\.json"
     with pytest.raises(CheckpointError, match=refused) as error:
-        main(["evaluate", "--config", recipe, "--models", str(broken),
+        run_command(["evaluate", "--config", recipe, "--models", str(broken),
               "--compress.output_dir", str(tmp_path / "report")])
     assert "\n" not in str(error.value)
     assert not (tmp_path / "report" / "report.json").exists()
+
+
+def test_a_bad_input_prints_one_line_last_and_exits_1(tmp_path, capsys):
+    (tmp_path / "notes.ckpt").write_text("not a checkpoint")
+    recipe = write_recipe(tmp_path / "recipe.yaml", tiny_recipe(tmp_path / "out", [qat()]))
+    assert main(["export", "--config", recipe, "--ckpt_path", str(tmp_path / "notes.ckpt")]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert err.rstrip("\n").splitlines()[-1].startswith(
+        "compress export: error: ValueError: " + str(tmp_path / "notes.ckpt") + ": expected a Lightning checkpoint")
+
+
+def test_an_unexpected_error_prints_the_traceback_then_the_line(monkeypatch, capsys):
+    import compress.cli as cli
+
+    def broken(command, rest):
+        raise RuntimeError("disk\non fire")
+
+    monkeypatch.setattr(cli, "_dispatch", broken)
+    assert main(["run", "--config", "r.yaml"]) == 1
+    lines = capsys.readouterr().err.rstrip("\n").splitlines()
+    assert lines[0] == "Traceback (most recent call last):"
+    assert lines[-1] == "compress run: error: RuntimeError: disk on fire"
+
+
+def test_compress_traceback_shows_the_traceback_of_bad_inputs_too(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("COMPRESS_TRACEBACK", "1")
+    (tmp_path / "notes.ckpt").write_text("not a checkpoint")
+    recipe = write_recipe(tmp_path / "recipe.yaml", tiny_recipe(tmp_path / "out", [qat()]))
+    assert main(["export", "--config", recipe, "--ckpt_path", str(tmp_path / "notes.ckpt")]) == 1
+    lines = capsys.readouterr().err.rstrip("\n").splitlines()
+    assert "Traceback (most recent call last):" in lines
+    assert lines[-1].startswith("compress export: error: ValueError: ")

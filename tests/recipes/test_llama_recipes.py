@@ -91,7 +91,7 @@ def test_recipes_differ_only_in_compression():
 
 def _run(name: str, tmp_path: Path) -> tuple[dict, Path]:
     config = _write(shrink(_recipe(name), tmp_path / "run"), tmp_path / f"{name}.yaml")
-    assert cli.main(["run", "--config", str(config)]) == 0
+    assert cli.run_command(["run", "--config", str(config)]) == 0
     report = json.loads((tmp_path / "run" / "report.json").read_text())
     return report, config
 
@@ -113,7 +113,7 @@ def test_w4a16_recipe_trains_exports_and_evaluates(tmp_path):
     # `compress export` from the run's last Lightning checkpoint rebuilds the same compressed model
     (checkpoint,) = sorted((tmp_path / "run").rglob("*.ckpt"))
     again_dir = tmp_path / "again"
-    assert cli.main(["export", "--config", str(config), "--ckpt_path", str(checkpoint),
+    assert cli.run_command(["export", "--config", str(config), "--ckpt_path", str(checkpoint),
                      "--export_dir", str(again_dir)]) == 0
     again = load_compressed(again_dir)
     tokens = torch.randint(0, 30522, (2, 16))

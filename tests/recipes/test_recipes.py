@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import compress
-from compress.cli import CompressCLI, check_recipe, main
+from compress.cli import CompressCLI, check_recipe, run_command
 from compress.lightning.paths import repo_root
 
 RECIPES = repo_root() / "recipes"
@@ -26,7 +26,7 @@ def test_the_minilm_variants_are_all_there():
 @pytest.mark.parametrize("name", OURS)
 def test_recipe_parses_and_prints_its_config(name, capsys):
     with pytest.raises(SystemExit) as done:
-        main(["fit", "--config", str(RECIPES / name), "--print_config"])
+        run_command(["fit", "--config", str(RECIPES / name), "--print_config"])
     assert done.value.code in (0, None)
     printed = capsys.readouterr().out
     assert "class_path: compress.lightning.tasks.SequenceClassificationTask" in printed
@@ -69,7 +69,7 @@ def test_minilm_plans_fit_the_model(name, monkeypatch):
 def test_quickstart_end_to_end(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     overrides = ["--trainer.max_epochs=1", "--compress.latency_repeats=3", "--compress.latency_warmup=1"]
-    assert main(["run", "--config", str(RECIPES / "quickstart.yaml"), *overrides]) == 0
+    assert run_command(["run", "--config", str(RECIPES / "quickstart.yaml"), *overrides]) == 0
     out = Path("runs/quickstart")
     report = json.loads((out / "report.json").read_text())
     float_model, compressed = report["models"]
