@@ -25,7 +25,9 @@ launch depends only on shapes, never on the index values, and does no host synch
 index *values* are checked (:func:`compress_kernels.bsr.indices.check_bsr_indices`: one pass and one
 synchronisation) unless the caller passes ``check_indices=False``, as the inference modules do,
 having checked them once when the layer was built or loaded; with it, indices that break the
-``torch.sparse_bsr`` invariants give garbage or a memory fault. Keep the
+``torch.sparse_bsr`` invariants give garbage or a memory fault. While ``torch.compile`` traces or a
+CUDA graph captures, no synchronisation is possible and the check is skipped: the call before (the
+warm-up of a capture, the eager call) is the one that checks. Keep the
 parts as plain tensors (buffers, e.g. ``.clone()`` of ``W.to_sparse_bsr(...).values()``): tensors
 returned straight by a sparse tensor's ``.values()`` trip Dynamo (IndexError in
 ``torch/_dynamo/pgo.py``, seen with torch 2.13).
@@ -129,8 +131,16 @@ def check_parts(x, crow_indices, col_indices, values, out_features, bias, value_
     check_bias(bias, out_features, x)
     if not isinstance(check_indices, bool):
         raise TypeError(f"check_indices: expected a bool, got {type(check_indices).__name__}")
-    if check_indices:
+    if check_indices and not _building_a_graph(x):
         check_bsr_indices(crow_indices, col_indices, k // BSR_BLOCK)
+
+
+def _building_a_graph(x) -> bool:
+    """True while ``torch.compile`` traces or a CUDA graph captures: no host synchronisation is
+    possible there, so the index check is left to the calls outside (the warm-up before a capture)."""
+    if torch.compiler.is_compiling():
+        return True
+    return x.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
 def bsr_matmul_parts(x, crow_indices, col_indices, values, out_features, bias=None, *, check_indices=True):

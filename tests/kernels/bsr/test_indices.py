@@ -89,3 +89,15 @@ def test_sparse_bsr_weight_is_checked_too():
     weight = torch.sparse_bsr_tensor(crow.cpu(), col.cpu(), values.cpu(), size=(N, K)).to(DEVICE)
     with pytest.raises(ValueError, match=BROKEN["column too large"][1]):
         bsr_matmul(torch.randn(2, K, device=DEVICE).half(), weight)
+
+
+@pytest.mark.gpu
+def test_capture_skips_the_check_that_the_warm_up_ran():
+    crow, col, values = (t.cuda() for t in _parts())
+    x = torch.randn(4, K, device="cuda").half()
+    expected = bsr_matmul_parts(x, crow, col, values, N)  # checks, and compiles outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = bsr_matmul_parts(x, crow, col, values, N)
+    graph.replay()
+    assert torch.equal(y, expected)
