@@ -84,7 +84,8 @@ def row_scales(
     STATIC: tl.constexpr, STATIC_PER_ROW: tl.constexpr, EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    """Per-row scales (BLOCK_M,) fp32 of rows ``offs_m``: static, or ``max|x[m, :]| / 127``; 0 -> 1.
+    """Per-row scales (BLOCK_M,) fp32 of rows ``offs_m``: static, or ``max|x[m, :]| / 127``; 0 -> 1;
+    NaN for a row holding a NaN or an Inf (dynamic only: a static scale reads no x).
 
     ``EVEN_K``: K is a multiple of BLOCK_K, so the loads need only the row mask (16-byte vectors).
     """
@@ -98,14 +99,16 @@ def row_scales(
         offs_k = tl.arange(0, BLOCK_K)
         row_ptrs = x_ptr + offs_m[:, None].to(tl.int64) * stride_xm
         absmax = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)
+        poison = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)
         for k0 in tl.range(0, K, BLOCK_K, num_stages=SCALE_STAGES):  # several tiles in flight
             if EVEN_K:
                 mask = row_ok[:, None]
             else:
                 mask = row_ok[:, None] & ((k0 + offs_k) < K)[None, :]
-            v = tl.load(row_ptrs + (k0 + offs_k)[None, :] * stride_xk, mask=mask, other=0.0)
-            absmax = tl.maximum(absmax, tl.abs(v.to(tl.float32)))
-        scale = tl.math.div_rn(tl.max(absmax, axis=1), 127.0)
+            v = tl.load(row_ptrs + (k0 + offs_k)[None, :] * stride_xk, mask=mask, other=0.0).to(tl.float32)
+            absmax = tl.maximum(absmax, tl.abs(v))
+            poison += v * 0.0
+        scale = tl.math.div_rn(tl.max(absmax, axis=1), 127.0) + tl.sum(poison, axis=1)  # NaN for a non-finite row
     return tl.where(scale == 0.0, 1.0, scale)
 
 
