@@ -125,6 +125,36 @@ def test_composed_run_prunes_quantizes_calibrates_and_exports(tmp_path):
         assert torch.equal(loaded(x), task.model(x))
 
 
+def test_calibration_runs_gptq_at_train_end_and_export_stores_its_weights(tmp_path):
+    task = TinyTask()
+    float_weights = {}
+
+    class FloatWeights(pl.Callback):  # listed before Calibration: its on_train_end runs first
+        def on_train_end(self, trainer, pl_module):
+            float_weights.update({name: layer.weight.detach().clone()
+                                  for name, layer in compressed_layers(pl_module.model).items()})
+
+    callbacks = [FloatWeights(), QuantizationAware(W4A16Config(32, algorithm="gptq"), start_step=2),
+                 Calibration(num_batches=2), Export(str(tmp_path / "export"))]
+    _trainer(callbacks, max_steps=4).fit(task, loader())
+    up = task.model.up
+    assert type(up).__name__ == "W4A16Linear" and up.config.algorithm == "gptq"
+    first_two = [batch[0] for batch, _ in zip(loader(), range(2))]  # the batches GPTQ saw
+    x = torch.cat([task.model.norm(batch) for batch in first_two]).detach()
+    float_w = float_weights["up"]
+    rtn = compress.W4A16Linear.from_float(nn.Linear(64, 128), W4A16Config(32), weight=float_w).dequantized_weight()
+    gptq_error = (x @ (up.dequantized_weight() - float_w).T).norm()
+    assert gptq_error < 0.6 * (x @ (rtn - float_w).T).norm()  # measured: 0.28
+    loaded = compress.load_compressed(tmp_path / "export", model=PreNormMLP())
+    with torch.no_grad():
+        assert torch.equal(loaded(x), task.model(x))
+
+
+def test_gptq_without_calibration_fails_before_training():
+    with pytest.raises(ValueError, match="algorithm='gptq' needs a compress.lightning.callbacks.Calibration"):
+        _trainer([QuantizationAware(W4A16Config(32, algorithm="gptq"))], max_steps=1).fit(TinyTask(), loader())
+
+
 def test_target_model_is_the_tasks_model_else_the_task():
     task = TinyTask()
     assert target_model(task) is task.model
