@@ -48,9 +48,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 import torch
-from torch import nn
-
 import torch.nn.functional as F
+from torch import nn
 
 from compress.configs import BlockSparseConfig, W4A16Config, W8A8Config, is_config
 from compress.core.gptq import add_to_hessian, gptq_quantize, hessian

@@ -73,7 +73,8 @@ def split_configs(configs) -> tuple[W8A8Config | W4A16Config | None, BlockSparse
 class CompressedLinear(Float32Buffers, nn.Linear):
     """Fake-quantized, block-masked linear layer for training (see the module docstring).
 
-    ``act_scale`` and ``input_smoothing`` stay float32 when the model is cast (``.half()``).
+    ``act_scale``, ``input_smoothing`` and a GPTQ ``weight_scale`` buffer stay float32 when the model
+    is cast (``.half()``).
     """
 
     _float32_buffers = ("act_scale", "input_smoothing", "weight_scale")
