@@ -440,13 +440,15 @@ def test_ddp_ranks_end_with_identical_masks_and_scales(tmp_path):
                             cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
     assert result.returncode == 0, result.stderr[-3000:]
     rank0, rank1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in (0, 1))
-    assert set(rank0) == set(rank1) == {"up", "down", "exported"}
+    assert set(rank0) == set(rank1) == {"up", "down", "exported", "gptq_tokens"}
+    # GPTQ's statistics are summed over the ranks: 2 batches of 8 rows on each of the 2 ranks
+    assert rank0.pop("gptq_tokens") == rank1.pop("gptq_tokens") == {"up": 32, "down": 32}
     for key, tensor in rank0.pop("exported").items():
         assert torch.equal(tensor, rank1["exported"][key]), key
     loaded = compress.load_compressed(tmp_path / "export", model=PreNormMLP())
     assert type(loaded.up).__name__ == "BSRW8A8Linear"
     for name in rank0:
-        for key in ("mask", "act_scale", "smoothing", "weight"):
+        for key in ("mask", "act_scale", "smoothing", "weight", "weight_scale"):
             assert torch.equal(rank0[name][key], rank1[name][key]), (name, key)
         assert rank0[name]["act_scale"].item() > 0 and name in rank1 and not rank0[name]["mask"].all()
 
