@@ -9,7 +9,14 @@
   blocks), scored by ``score``.
 
 ``learnable_scale`` turns the weight scales into parameters trained with the LSQ gradient (Esser et
-al., 2020) during QAT; the exported module stores the learned scales. Each config converts to and
+al., 2020) during QAT; the exported module stores the learned scales.
+
+``algorithm`` (both quantization configs) chooses how the weights are rounded: ``"rtn"`` (round to
+nearest, the default) or ``"gptq"`` (Frantar et al., 2022: :mod:`compress.core.gptq`, run on
+calibration data by :func:`compress.convert` or the ``Calibration`` callback), with its knobs
+``gptq_damping`` (fraction of the Hessian's mean diagonal added to it, in (0, 1]),
+``gptq_act_order`` (sweep the input channels by decreasing Hessian diagonal) and ``gptq_block``
+(columns per lazy batch). The knobs must keep their defaults with ``"rtn"``. Each config converts to and
 from a plain dict (``to_dict`` / :func:`config_from_dict`) for the checkpoint manifest, and
 jsonargparse builds them from YAML mappings since they are plain dataclasses.
 """
@@ -25,6 +32,8 @@ W4_GROUP_SIZES = (32, 64, 128)
 BLOCK_SIZES = (32,)
 BLOCK_SCORES = ("magnitude", "l2", "movement", "fisher")
 GRADIENT_SCORES = ("movement", "fisher")  # scores summed from gradients over training steps
+ALGORITHMS = ("rtn", "gptq")  # how weights are rounded: to nearest, or GPTQ's error-compensating sweep
+GPTQ_DEFAULTS = {"gptq_damping": 0.01, "gptq_act_order": False, "gptq_block": 128}
 
 
 def _check_choice(name: str, value, allowed: tuple) -> None:
@@ -46,13 +55,38 @@ class _ConfigMixin:
         return {"type": type(self).__name__, **dataclasses.asdict(self)}
 
 
+class _AlgorithmMixin:
+    """``algorithm`` and the GPTQ knobs shared by the quantization configs (fields declared there)."""
+
+    def _check_algorithm(self) -> None:
+        name = type(self).__name__
+        _check_choice(f"{name}.algorithm", self.algorithm, ALGORITHMS)
+        _check_type(f"{name}.gptq_damping", self.gptq_damping, (int, float))
+        if not 0.0 < self.gptq_damping <= 1.0:
+            raise ValueError(f"{name}.gptq_damping: expected a fraction in (0, 1], got {self.gptq_damping}")
+        _check_type(f"{name}.gptq_act_order", self.gptq_act_order, (bool,))
+        _check_type(f"{name}.gptq_block", self.gptq_block, (int,))
+        if self.gptq_block < 1:
+            raise ValueError(f"{name}.gptq_block: expected a positive int, got {self.gptq_block}")
+        if self.algorithm != "gptq":
+            for knob, default in GPTQ_DEFAULTS.items():
+                if getattr(self, knob) != default:
+                    raise ValueError(f"{name}.{knob}: only used with algorithm='gptq', got "
+                                     f"{knob}={getattr(self, knob)!r} with algorithm={self.algorithm!r}")
+
+    @property
+    def gptq(self) -> bool:
+        return self.algorithm == "gptq"
+
+
 @dataclass(frozen=True)
-class W8A8Config(_ConfigMixin):
+class W8A8Config(_AlgorithmMixin, _ConfigMixin):
     """int8 x int8. ``activation``: ``"dynamic"`` (per token) or ``"static"`` (calibrated scale).
 
     ``observer`` and ``percentile`` choose how static scales are calibrated; ``smoothquant_alpha``
     (in [0, 1], or None for no migration) asks the post-training path to migrate activation
-    outliers into the weights before quantizing.
+    outliers into the weights before quantizing. ``algorithm="gptq"``: GPTQ rounds the int8 weights
+    (the per-row scales stay ``max|W[n,:]| / 127``).
     """
 
     activation: str = "dynamic"
@@ -60,6 +94,10 @@ class W8A8Config(_ConfigMixin):
     percentile: float = 99.99
     smoothquant_alpha: Optional[float] = None
     learnable_scale: bool = False
+    algorithm: str = "rtn"
+    gptq_damping: float = 0.01
+    gptq_act_order: bool = False
+    gptq_block: int = 128
 
     def __post_init__(self):
         _check_choice("W8A8Config.activation", self.activation, ACTIVATION_MODES)
@@ -74,6 +112,7 @@ class W8A8Config(_ConfigMixin):
                     f"W8A8Config.smoothquant_alpha: expected None or a value in [0, 1], got {self.smoothquant_alpha}"
                 )
         _check_type("W8A8Config.learnable_scale", self.learnable_scale, (bool,))
+        self._check_algorithm()
 
     @property
     def static(self) -> bool:
@@ -81,17 +120,26 @@ class W8A8Config(_ConfigMixin):
 
 
 @dataclass(frozen=True)
-class W4A16Config(_ConfigMixin):
-    """int4 weights, fp16/bf16 activations; ``group_size`` in (32, 64, 128) or None (per channel)."""
+class W4A16Config(_AlgorithmMixin, _ConfigMixin):
+    """int4 weights, fp16/bf16 activations; ``group_size`` in (32, 64, 128) or None (per channel).
+
+    ``algorithm="gptq"``: GPTQ rounds the weights and picks each group's scale from the group's
+    error-updated weights when its sweep reaches the group (:mod:`compress.core.gptq`).
+    """
 
     group_size: Optional[int] = 128
     learnable_scale: bool = False
+    algorithm: str = "rtn"
+    gptq_damping: float = 0.01
+    gptq_act_order: bool = False
+    gptq_block: int = 128
 
     def __post_init__(self):
         if self.group_size is not None:
             _check_type("W4A16Config.group_size", self.group_size, (int,))
             _check_choice("W4A16Config.group_size", self.group_size, W4_GROUP_SIZES + (None,))
         _check_type("W4A16Config.learnable_scale", self.learnable_scale, (bool,))
+        self._check_algorithm()
 
     def group_size_for(self, in_features: int) -> int:
         """The group size used for a layer with ``in_features`` input channels."""

@@ -15,7 +15,20 @@ classifier heads (``classifier``, ``score``, ``pooler``, ``qa_outputs``) and ``l
 ``prepare(model, plan)`` swaps the targeted layers for :class:`compress.nn.qat.CompressedLinear`
 (training path). ``convert(model)`` swaps every ``CompressedLinear`` for its inference module;
 ``convert(model, plan, calibration_data=...)`` is the post-training path: prepare, prune one-shot,
-calibrate (SmoothQuant and static scales), then swap.
+calibrate (SmoothQuant and static scales), GPTQ where a config says ``algorithm="gptq"``, then swap.
+
+GPTQ (:func:`run_gptq`, math in :mod:`compress.core.gptq`): one pass over the calibration data
+collects ``X^T X`` of every GPTQ layer's input (a forward pre-hook; X is what the layer multiplies:
+all tokens, divided by its SmoothQuant factors if it holds any), then each layer's weight is swept
+and held on its grid (``CompressedLinear.set_quantized_weight``), so the export stores GPTQ's q and
+scales. All Hessians come from that one pass over the model as it was (not GPTQ's layer-by-layer
+order, where later layers see earlier ones quantized); converting a model in chunks of layers, in
+order, gives that order and bounds the memory (one K x K float32 Hessian per layer of a chunk).
+It runs after SmoothQuant, on the smoothed weights. With block sparsity the pruned weights stay
+exact zeros: they quantize to 0 and their error is spread over the kept ones; one-shot pruning leaves
+the weights of GPTQ layers in place (masked in the forward), so GPTQ also compensates for what
+pruning removed (SparseGPT's update, with the magnitude mask fixed). GPTQ picks its own scales: a
+learnable (LSQ) scale is overwritten with them.
 
 A layer that a kernel cannot take is handled on purpose: W4A16 pads K to the group size
 (:class:`compress.nn.modules.W4A16Linear`); block sparsity alone on a layer whose N or K is not a
@@ -35,12 +48,15 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from compress.configs import BlockSparseConfig, W4A16Config, W8A8Config, is_config
+from compress.core.gptq import add_to_hessian, gptq_quantize, hessian
+from compress.core.quant import INT4_QMAX, INT8_QMAX, dequantize_groupwise, dequantize_per_channel, per_channel_scale
 from compress.core.smoothquant import apply_smoothquant
-from compress.core.sparsity import block_mask
-from compress.nn.modules import BSRLinear, BSRW8A8Linear, W4A16Linear, W8A8Linear
+from compress.core.sparsity import block_mask, expand_mask
+from compress.nn.modules import BSRLinear, BSRW8A8Linear, W4A16Linear, W8A8Linear, padded_in_features
 from compress.nn.qat import CompressedLinear, split_configs
 
 logger = logging.getLogger(__name__)
@@ -256,13 +272,17 @@ def _layer_step(name: str, step: str, function, *args):
 
 
 # ---- post-training steps -------------------------------------------------------------------------
-def prune_one_shot(model: nn.Module) -> None:
-    """Give every sparse layer whose mask is still full its final mask (magnitude/L2 blocks)."""
+def prune_one_shot(model: nn.Module, keep_weights=()) -> None:
+    """Give every sparse layer whose mask is still full its final mask (magnitude/L2 blocks).
+
+    Layers named in ``keep_weights`` keep their pruned weights (masked in the forward) for GPTQ,
+    which starts from them and zeroes them itself."""
     for name, layer in compressed_layers(model).items():
         config = layer.sparse_config
         if config is None or config.sparsity == 0 or not bool(layer.mask.all()):
             continue
-        layer.set_mask(block_mask(layer.weight, config.sparsity, config.block, config.score))
+        mask = block_mask(layer.weight, config.sparsity, config.block, config.score)
+        layer.set_mask(mask, zero_weights=name not in keep_weights)
         logger.info("prune: %s pruned one-shot to %.0f%% of its blocks", name, 100 * config.sparsity)
 
 
@@ -331,6 +351,93 @@ def calibrate(model: nn.Module, calibration_data) -> None:
             layer.freeze_observer()
 
 
+# ---- GPTQ ----------------------------------------------------------------------------------------
+def gptq_layers(model: nn.Module) -> dict[str, CompressedLinear]:
+    """Prepared layers whose quantization config says ``algorithm="gptq"`` and that GPTQ has not set yet."""
+    return {name: m for name, m in compressed_layers(model).items()
+            if m.quant_config is not None and m.quant_config.gptq and not m.weight_quantized}
+
+
+@torch.no_grad()
+def collect_hessians(model: nn.Module, layers: dict[str, CompressedLinear], run_all: Callable) -> dict[str, list]:
+    """``{name: [X^T X (K, K) float32, tokens]}`` over one ``run_all(model)`` (eval mode), X the input each
+    layer multiplies (divided by its SmoothQuant factors, as its forward does)."""
+    stats = {name: [torch.zeros(m.in_features, m.in_features, device=m.weight.device), 0]
+             for name, m in layers.items()}
+
+    def hook_for(name):
+        def hook(module, args):
+            x, smoothing = args[0], module.smoothing()
+            if smoothing is not None:
+                x = (x.float() / smoothing).to(x.dtype)
+            try:
+                stats[name][1] += add_to_hessian(stats[name][0], x)
+            except ValueError as error:
+                raise ValueError(f"layer {name!r}: {error}") from None
+        return hook
+
+    handles = [layer.register_forward_pre_hook(hook_for(name)) for name, layer in layers.items()]
+    was_training = model.training
+    model.eval()
+    try:
+        run_all(model)
+    finally:
+        model.train(was_training)
+        for handle in handles:
+            handle.remove()
+    return stats
+
+
+def gptq_layer(layer: CompressedLinear, xtx: torch.Tensor, tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """GPTQ of one layer from its inputs' ``X^T X``; the layer then holds the result. Returns (q, scale):
+    W8A8 (N, K) int8 and (N,); W4A16 (N, Kp) int8 and (N, Kp/G), K zero-padded as the export pads it."""
+    config, k = layer.quant_config, layer.in_features
+    h, w = hessian(xtx, tokens), layer.weight.detach().float()  # pruned weights too, if still there
+    keep = None if layer.mask is None else expand_mask(layer.mask, tuple(w.shape), layer.sparse_config.block)
+    knobs = dict(keep=keep, damping=config.gptq_damping, act_order=config.gptq_act_order, block=config.gptq_block)
+    if isinstance(config, W8A8Config):
+        row_scale = per_channel_scale(layer.masked_weight().detach().float())  # the export's rule
+        q, scale = gptq_quantize(w, h, INT8_QMAX, k, scale=row_scale[:, None], **knobs)
+        scale = scale[:, 0]
+        layer.set_quantized_weight(dequantize_per_channel(q, scale), scale)
+        return q, scale
+    padded, group_size = padded_in_features(k, config.group_size)
+    pad = padded - k
+    if keep is not None:
+        knobs["keep"] = F.pad(keep, (0, pad), value=True)
+    q, scale = gptq_quantize(F.pad(w, (0, pad)), F.pad(h, (0, pad, 0, pad)), INT4_QMAX, group_size, **knobs)
+    layer.set_quantized_weight(dequantize_groupwise(q, scale, group_size)[:, :k], scale)
+    return q, scale
+
+
+def run_gptq(model: nn.Module, calibration_data, sync: Callable | None = None) -> dict[str, tuple]:
+    """GPTQ on every layer :func:`gptq_layers` lists: one calibration pass, then one layer at a time.
+
+    ``sync(stats)`` may combine the statistics before they are used (the callback's DDP all-reduce).
+    Returns ``{name: (q, scale)}`` (:func:`gptq_layer`). Raises ``ValueError`` naming the layer for
+    non-finite inputs, a layer no batch reached, or a Hessian that no damping makes positive definite.
+    """
+    layers = gptq_layers(model)
+    if not layers:
+        return {}
+    run_all, _ = _calibration_runner(calibration_data)
+    stats = collect_hessians(model, layers, run_all)
+    if sync is not None:
+        sync(stats)
+    unreached = [name for name, (_, tokens) in stats.items() if tokens == 0]
+    if unreached:
+        raise ValueError(f"GPTQ: no calibration input reached layers {unreached}: the batches never run them, "
+                         "so they have no Hessian (check calibration_data and the model's forward)")
+    results = {}
+    for name, layer in layers.items():
+        try:
+            results[name] = gptq_layer(layer, *stats.pop(name))
+        except ValueError as error:
+            raise ValueError(f"GPTQ: layer {name!r}: {error}") from error
+    logger.info("GPTQ: %d layers quantized", len(results))
+    return results
+
+
 # ---- export --------------------------------------------------------------------------------------
 def export_module(name: str, layer: CompressedLinear) -> nn.Module:
     """The inference module for one prepared layer (see the module docstring for the rules)."""
@@ -364,12 +471,13 @@ def convert(model: nn.Module, plan=None, calibration_data=None) -> nn.Module:
 
     With ``plan`` this is the post-training path: prepare, prune one-shot, calibrate on
     ``calibration_data`` (batches fed as ``model(**batch)`` / ``model(batch[0])`` / ``model(batch)``,
-    or a callable that runs the model itself) where static scales or SmoothQuant need it, export.
+    or a callable that runs the model itself) where static scales or SmoothQuant need it, GPTQ where
+    a config says ``algorithm="gptq"`` (after SmoothQuant; see the module docstring), export.
     Without ``plan``, layers prepared with a sparse config but never pruned are pruned one-shot too.
 
     All or nothing: if any step fails (a plan conflict, missing calibration data, one layer's
     export), the model is put back as it was before the call (modules, configs, hooks, and the
-    values that pruning and calibration edit in place) and the error names the layer where one is
+    values that pruning, calibration and GPTQ edit in place) and the error names the layer where one is
     to blame. SmoothQuant calibration keeps a copy of the model's other tensors for this while it runs.
     """
     rollback = _Rollback(model)
@@ -395,30 +503,39 @@ def _convert(model: nn.Module, plan, calibration_data, rollback: _Rollback) -> N
     if not layers:
         raise ValueError("convert: the model has no prepared layers; call compress.prepare(model, plan) "
                          "first or pass a plan")
+    gptq = gptq_layers(model)
+    if gptq and calibration_data is None:
+        raise ValueError(f"convert: {len(gptq)} layers with algorithm='gptq' (e.g. {next(iter(gptq))!r}) need "
+                         "calibration_data (an iterable of batches or a callable(model))")
     needs_calibration = any(
         isinstance(m.quant_config, W8A8Config) and (
             (m.quant_config.static and not m.calibrated)
             or (m.quant_config.smoothquant_alpha is not None and m.smoothing() is None and plan is not None))
         for m in layers.values())
+    if needs_calibration and gptq and isinstance(calibration_data, Iterable) and not isinstance(
+            calibration_data, (list, tuple)):
+        calibration_data = list(calibration_data)  # read once, run by calibration and by GPTQ
     # Pruning zeroes weights and calibration rewrites scales (SmoothQuant also folds into the norms
     # before the layers): keep the values those steps may edit so a later failure can put them back.
     # Calibration alone writes buffers only; pruning zeroes weights; SmoothQuant scales the layers'
-    # weights and folds into norms (whose parameters are all 1-D): copy just those, never the model.
+    # weights and folds into norms (whose parameters are all 1-D); GPTQ rewrites its layers' weights
+    # (and learnable scales): copy just those, never the model.
     smoothing = needs_calibration and any(m.quant_config.smoothquant_alpha is not None for m in layers.values()
                                           if isinstance(m.quant_config, W8A8Config))
-    for layer in layers.values():
+    for name, layer in layers.items():
         config = layer.sparse_config
         to_prune = config is not None and config.sparsity != 0 and bool(layer.mask.all())
-        if to_prune or needs_calibration:
-            rollback.keep_values(layer, parameters=to_prune or smoothing)
+        if to_prune or needs_calibration or name in gptq:
+            rollback.keep_values(layer, parameters=to_prune or smoothing or name in gptq)
     if smoothing:
         for module in model.modules():
             own = list(module.parameters(recurse=False))
             if own and not isinstance(module, CompressedLinear) and all(p.dim() == 1 for p in own):
                 rollback.keep_values(module)
-    prune_one_shot(model)
+    prune_one_shot(model, keep_weights=gptq)
     if needs_calibration:
         calibrate(model, calibration_data)
+    run_gptq(model, calibration_data)
     # Build every inference module before swapping any, so an export failure swaps nothing.
     exported = {name: _layer_step(name, "convert", export_module, name, layer) for name, layer in layers.items()}
     for name, module in exported.items():

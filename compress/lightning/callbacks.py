@@ -10,7 +10,8 @@ swaps in :mod:`compress.nn` and :mod:`compress.plan`.
 * :class:`QuantizationAware`: swaps in fake-quantized layers (in ``setup``) and switches fake
   quantization on at ``start_step``.
 * :class:`Calibration`: observes the inputs of W8A8 layers for ``num_batches`` training batches,
-  optionally migrates outliers (SmoothQuant, then observes again), then freezes static scales.
+  optionally migrates outliers (SmoothQuant, then observes again), then freezes static scales; at
+  the end of training runs GPTQ on the layers whose config says ``algorithm="gptq"``.
 * :class:`Export`: at the end of ``fit`` converts to inference modules and saves the directory.
 * :class:`FloatWeightsSnapshot`: keeps the fine-tuned float weights at the end of training, before
   :class:`Export` converts them (``compress run`` reports them next to the compressed model).
@@ -25,6 +26,7 @@ rank 0) and the same scales (observer statistics all-reduced with max). Logging 
 from __future__ import annotations
 
 import copy
+import itertools
 import logging
 from typing import Optional, Union
 
@@ -50,7 +52,16 @@ from compress.core.sparsity import (
     shrink_mask,
 )
 from compress.nn.qat import CompressedLinear
-from compress.plan import DEFAULT_EXCLUDE, Plan, compressed_layers, convert, forward_batch, prepare
+from compress.plan import (
+    DEFAULT_EXCLUDE,
+    Plan,
+    compressed_layers,
+    convert,
+    forward_batch,
+    gptq_layers,
+    prepare,
+    run_gptq,
+)
 
 logger = logging.getLogger(__name__)
 ALLOCATIONS = ("layer", "global")  # BlockPruning: each layer to the target, or all layers ranked together
@@ -77,6 +88,17 @@ def _broadcast_(tensor: torch.Tensor) -> None:
     dist.broadcast(carrier, src=0)
     if carrier is not tensor:
         tensor.copy_(carrier.to(torch.bool))
+
+
+def _sum_over_ranks(stats: dict[str, list]) -> None:
+    """All-reduce (sum) the GPTQ statistics ``{name: [X^T X, tokens]}`` in place, so every rank solves the same."""
+    if not _distributed():
+        return
+    for entry in stats.values():
+        dist.all_reduce(entry[0])
+        tokens = torch.tensor(entry[1], dtype=torch.int64, device=entry[0].device)
+        dist.all_reduce(tokens)
+        entry[1] = int(tokens)
 
 
 def _check_step(name: str, value) -> None:
@@ -353,10 +375,15 @@ class QuantizationAware(pl.Callback):
         self.start_step = start_step
 
     def setup(self, trainer, pl_module, stage):
-        static = any(isinstance(c, W8A8Config) and c.static for configs in self.plan.rules.values() for c in configs)
-        if static and stage == "fit" and not any(isinstance(cb, Calibration) for cb in trainer.callbacks):
+        configs = [c for configs in self.plan.rules.values() for c in configs]
+        static = any(isinstance(c, W8A8Config) and c.static for c in configs)
+        calibrated = any(isinstance(cb, Calibration) for cb in trainer.callbacks)
+        if static and stage == "fit" and not calibrated:
             raise ValueError("QuantizationAware: a static W8A8Config needs a compress.lightning.callbacks.Calibration "
                              "callback in the same run (or use activation='dynamic')")
+        if any(c.gptq for c in configs) and stage == "fit" and not calibrated:
+            raise ValueError("QuantizationAware: algorithm='gptq' needs a compress.lightning.callbacks.Calibration "
+                             "callback in the same run (it runs GPTQ at the end of training)")
         prepare(target_model(pl_module), self.plan)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
@@ -377,6 +404,12 @@ class Calibration(pl.Callback):
     (in [0, 1]): first observe ``num_batches``, migrate outliers (SmoothQuant), then observe
     ``num_batches`` more for the static scales. Needs the W8A8 layers to exist, i.e. a
     :class:`QuantizationAware` callback with a W8A8 config in the same run.
+
+    GPTQ (layers whose config says ``algorithm="gptq"``, W8A8 or W4A16): at the end of training
+    (``on_train_end``, before :class:`Export` converts in ``on_fit_end``), the first ``num_batches``
+    batches of the training dataloader are run once more (eval mode, no gradients) to collect each
+    layer's Hessian, summed over DDP ranks, then each layer's weight is rounded by GPTQ (rank 0's
+    result broadcast) and held on its grid, so the export stores GPTQ's integers and scales.
     """
 
     PHASES = ("smooth", "observe", "done")
@@ -404,8 +437,9 @@ class Calibration(pl.Callback):
             return
         layers = self._w8a8_layers(pl_module)
         if not layers:
-            rank_zero_warn("Calibration: no W8A8 layers to calibrate (add a QuantizationAware callback with a "
-                           "W8A8Config); nothing to do")
+            if not gptq_layers(target_model(pl_module)):
+                rank_zero_warn("Calibration: no W8A8 or GPTQ layers to calibrate (add a QuantizationAware callback "
+                               "with a W8A8Config, or a config with algorithm='gptq'); nothing to do")
             self.phase = "done"
             return
         for layer in layers.values():
@@ -448,6 +482,22 @@ class Calibration(pl.Callback):
         static = sum(1 for m in layers.values() if m.quant_config.static)
         rank_zero_info(f"Calibration: froze observers of {len(layers)} W8A8 layers ({static} static scales)")
         self.phase = "done"
+
+    def on_train_end(self, trainer, pl_module):
+        model = target_model(pl_module)
+        if not gptq_layers(model):
+            return
+
+        def run_batches(m):
+            for batch in itertools.islice(trainer.train_dataloader, self.num_batches):
+                forward_batch(m, trainer.strategy.batch_to_device(batch))
+
+        results = run_gptq(model, run_batches, sync=_sum_over_ranks)
+        layers = compressed_layers(model)
+        for name in results:
+            _broadcast_(layers[name].weight.data)
+            _broadcast_(layers[name].weight_scale.data)
+        rank_zero_info(f"Calibration: GPTQ quantized {len(results)} layers on {self.num_batches} training batches")
 
     def state_dict(self):
         return {"phase": self.phase, "batches_seen": self.batches_seen}

@@ -12,6 +12,9 @@ Parameters (an optimizer built before the swap keeps working) and holds:
   factors that no norm absorbed; ones by default).
 * ``weight_scale`` Parameter when the quant config asks for ``learnable_scale`` (LSQ), with a
   ``scale_initialized`` buffer so a resumed run does not re-initialise it.
+* After GPTQ (:meth:`set_quantized_weight`): ``weight`` holds the dequantized values ``q * s`` and
+  ``weight_scale`` their scales ``s`` (the LSQ Parameter takes them, else a float32 buffer of that
+  name), so the fake-quantized forward and the export both give back exactly GPTQ's ``q`` and ``s``.
 * ``fake_quant_enabled`` (bool attribute): off until a QAT callback (or :func:`compress.convert`'s
   post-training path) switches it on.
 
@@ -70,10 +73,11 @@ def split_configs(configs) -> tuple[W8A8Config | W4A16Config | None, BlockSparse
 class CompressedLinear(Float32Buffers, nn.Linear):
     """Fake-quantized, block-masked linear layer for training (see the module docstring).
 
-    ``act_scale`` and ``input_smoothing`` stay float32 when the model is cast (``.half()``).
+    ``act_scale``, ``input_smoothing`` and a GPTQ ``weight_scale`` buffer stay float32 when the model
+    is cast (``.half()``).
     """
 
-    _float32_buffers = ("act_scale", "input_smoothing")
+    _float32_buffers = ("act_scale", "input_smoothing", "weight_scale")
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, configs=(), device=None, dtype=None):
         super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
@@ -103,7 +107,8 @@ class CompressedLinear(Float32Buffers, nn.Linear):
         self.register_buffer("input_smoothing", None)
         self.register_buffer("scale_initialized", None)
         self.observer: Observer | None = None
-        self.weight_scale: nn.Parameter | None = None
+        self.weight_scale: torch.Tensor | None = None  # LSQ Parameter, GPTQ's scales (buffer) or None
+        self.weight_quantized = False  # True once set_quantized_weight put the weight on its grid
 
     # ---- configuration ---------------------------------------------------------------------------
     def add_configs(self, configs) -> None:
@@ -160,14 +165,16 @@ class CompressedLinear(Float32Buffers, nn.Linear):
         return fake_quantize_groupwise(w_padded, group_size, self.weight_scale)[:, : self.in_features]
 
     @torch.no_grad()
-    def set_mask(self, mask: torch.Tensor) -> None:
-        """Install a block mask (N/32, K/32) and zero the pruned weights."""
+    def set_mask(self, mask: torch.Tensor, zero_weights: bool = True) -> None:
+        """Install a block mask (N/32, K/32) and zero the pruned weights (``zero_weights=False``: keep
+        them for GPTQ, which zeroes them itself; the forward masks them either way)."""
         if self.mask is None:
             raise ValueError("set_mask: this layer has no BlockSparseConfig; prepare it with one first")
         if mask.shape != self.mask.shape:
             raise ValueError(f"set_mask: expected a block mask of shape {tuple(self.mask.shape)}, got {tuple(mask.shape)}")
         self.mask.copy_(mask.to(torch.bool))
-        self.apply_mask_()
+        if zero_weights:
+            self.apply_mask_()
 
     @torch.no_grad()
     def apply_mask_(self) -> None:
@@ -175,13 +182,33 @@ class CompressedLinear(Float32Buffers, nn.Linear):
         if self.mask is not None:
             self.weight.mul_(self._element_mask().to(self.weight.dtype))
 
+    @torch.no_grad()
+    def set_quantized_weight(self, weight: torch.Tensor, scale: torch.Tensor) -> None:
+        """Hold a weight already on the quantization grid (GPTQ's ``q * s``, (N, K)) and its scales.
+
+        ``scale``: (N,) for W8A8, (N, Kp/G) for W4A16. A learnable scale takes the values (marked
+        initialised); otherwise they become the ``weight_scale`` buffer.
+        """
+        if self.quant_config is None:
+            raise ValueError("set_quantized_weight: this layer has no quantization config")
+        self.weight.copy_(weight.to(self.weight.dtype))
+        scale = scale.detach().float().to(self.weight.device)
+        if isinstance(self.weight_scale, nn.Parameter):
+            self.weight_scale.copy_(scale)
+            self.scale_initialized.fill_(True)
+        else:
+            if "weight_scale" not in self._buffers:
+                del self.weight_scale
+            self.register_buffer("weight_scale", scale)
+        self.weight_quantized = True
+
     # ---- quantization state --------------------------------------------------------------------------
     def enable_fake_quant(self, on: bool = True) -> None:
         """Switch fake quantization on/off; a learnable scale is initialised from the weight once."""
         if on and self.quant_config is None:
             raise ValueError("enable_fake_quant: this layer has no quantization config")
         self.fake_quant_enabled = bool(on)
-        if on and self.weight_scale is not None and not bool(self.scale_initialized):
+        if on and self.scale_initialized is not None and not bool(self.scale_initialized):
             with torch.no_grad():
                 self.weight_scale.copy_(self._absmax_weight_scale())
                 self.scale_initialized.fill_(True)

@@ -9,9 +9,21 @@ from compress.configs import BlockSparseConfig, W4A16Config, W8A8Config, config_
 @pytest.mark.parametrize("config", [W8A8Config(), W8A8Config(activation="static", observer="percentile"),
                                     W4A16Config(group_size=None), W4A16Config(64, learnable_scale=True),
                                     BlockSparseConfig(0.75, score="l2"),
-                                    BlockSparseConfig(0.5, score="movement")])
+                                    BlockSparseConfig(0.5, score="movement"),
+                                    W4A16Config(128, algorithm="gptq"),
+                                    W4A16Config(None, algorithm="gptq", gptq_act_order=True, gptq_block=64),
+                                    W8A8Config(algorithm="gptq", gptq_damping=0.1, smoothquant_alpha=0.5)])
 def test_dict_round_trip(config):
     assert config_from_dict(config.to_dict()) == config
+
+
+def test_dicts_saved_before_the_algorithm_field_still_load_as_round_to_nearest():
+    """Checkpoint manifests written before GPTQ existed store configs without its keys."""
+    old = {"type": "W4A16Config", "group_size": 64, "learnable_scale": False}
+    assert config_from_dict(old) == W4A16Config(64) and config_from_dict(old).algorithm == "rtn"
+    old = {"type": "W8A8Config", "activation": "static", "observer": "absmax", "percentile": 99.99,
+           "smoothquant_alpha": None, "learnable_scale": False}
+    assert config_from_dict(old) == W8A8Config(activation="static") and not config_from_dict(old).gptq
 
 
 def test_configs_are_frozen():
@@ -28,6 +40,11 @@ def test_configs_are_frozen():
     (lambda: BlockSparseConfig(sparsity=1.0), "[0, 1)"),
     (lambda: BlockSparseConfig(block=16), "(32,)"),
     (lambda: BlockSparseConfig(score="random"), "('magnitude', 'l2', 'movement', 'fisher')"),
+    (lambda: W4A16Config(algorithm="awq"), "('rtn', 'gptq')"),
+    (lambda: W8A8Config(algorithm="gptq", gptq_damping=0), "(0, 1]"),
+    (lambda: W4A16Config(algorithm="gptq", gptq_block=0), "positive int"),
+    (lambda: W4A16Config(gptq_act_order=True), "only used with algorithm='gptq'"),
+    (lambda: W8A8Config(gptq_damping=0.1), "only used with algorithm='gptq'"),
 ])
 def test_bad_values_list_what_is_allowed(make, fragment):
     with pytest.raises(ValueError) as error:
@@ -36,7 +53,9 @@ def test_bad_values_list_what_is_allowed(make, fragment):
 
 
 @pytest.mark.parametrize("make", [lambda: W4A16Config(group_size="128"), lambda: BlockSparseConfig(sparsity="0.5"),
-                                  lambda: W8A8Config(learnable_scale=1), lambda: BlockSparseConfig(block=True)])
+                                  lambda: W8A8Config(learnable_scale=1), lambda: BlockSparseConfig(block=True),
+                                  lambda: W4A16Config(algorithm="gptq", gptq_act_order="yes"),
+                                  lambda: W8A8Config(algorithm="gptq", gptq_block=128.0)])
 def test_bad_types_raise_type_error(make):
     with pytest.raises(TypeError):
         make()

@@ -125,6 +125,36 @@ def test_composed_run_prunes_quantizes_calibrates_and_exports(tmp_path):
         assert torch.equal(loaded(x), task.model(x))
 
 
+def test_calibration_runs_gptq_at_train_end_and_export_stores_its_weights(tmp_path):
+    task = TinyTask()
+    float_weights = {}
+
+    class FloatWeights(pl.Callback):  # listed before Calibration: its on_train_end runs first
+        def on_train_end(self, trainer, pl_module):
+            float_weights.update({name: layer.weight.detach().clone()
+                                  for name, layer in compressed_layers(pl_module.model).items()})
+
+    callbacks = [FloatWeights(), QuantizationAware(W4A16Config(32, algorithm="gptq"), start_step=2),
+                 Calibration(num_batches=2), Export(str(tmp_path / "export"))]
+    _trainer(callbacks, max_steps=4).fit(task, loader())
+    up = task.model.up
+    assert type(up).__name__ == "W4A16Linear" and up.config.algorithm == "gptq"
+    first_two = [batch[0] for batch, _ in zip(loader(), range(2))]  # the batches GPTQ saw
+    x = torch.cat([task.model.norm(batch) for batch in first_two]).detach()
+    float_w = float_weights["up"]
+    rtn = compress.W4A16Linear.from_float(nn.Linear(64, 128), W4A16Config(32), weight=float_w).dequantized_weight()
+    gptq_error = (x @ (up.dequantized_weight() - float_w).T).norm()
+    assert gptq_error < 0.6 * (x @ (rtn - float_w).T).norm()  # measured: 0.28
+    loaded = compress.load_compressed(tmp_path / "export", model=PreNormMLP())
+    with torch.no_grad():
+        assert torch.equal(loaded(x), task.model(x))
+
+
+def test_gptq_without_calibration_fails_before_training():
+    with pytest.raises(ValueError, match="algorithm='gptq' needs a compress.lightning.callbacks.Calibration"):
+        _trainer([QuantizationAware(W4A16Config(32, algorithm="gptq"))], max_steps=1).fit(TinyTask(), loader())
+
+
 def test_target_model_is_the_tasks_model_else_the_task():
     task = TinyTask()
     assert target_model(task) is task.model
@@ -410,13 +440,15 @@ def test_ddp_ranks_end_with_identical_masks_and_scales(tmp_path):
                             cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
     assert result.returncode == 0, result.stderr[-3000:]
     rank0, rank1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in (0, 1))
-    assert set(rank0) == set(rank1) == {"up", "down", "exported"}
+    assert set(rank0) == set(rank1) == {"up", "down", "exported", "gptq_tokens"}
+    # GPTQ's statistics are summed over the ranks: 2 batches of 8 rows on each of the 2 ranks
+    assert rank0.pop("gptq_tokens") == rank1.pop("gptq_tokens") == {"up": 32, "down": 32}
     for key, tensor in rank0.pop("exported").items():
         assert torch.equal(tensor, rank1["exported"][key]), key
     loaded = compress.load_compressed(tmp_path / "export", model=PreNormMLP())
     assert type(loaded.up).__name__ == "BSRW8A8Linear"
     for name in rank0:
-        for key in ("mask", "act_scale", "smoothing", "weight"):
+        for key in ("mask", "act_scale", "smoothing", "weight", "weight_scale"):
             assert torch.equal(rank0[name][key], rank1[name][key]), (name, key)
         assert rank0[name]["act_scale"].item() > 0 and name in rank1 and not rank0[name]["mask"].all()
 
