@@ -2,9 +2,10 @@
 
 The task holds the Hugging Face model as ``self.model`` (the compression callbacks look for it
 there) and calls it as ``self.model(**batch)``. The model comes either from ``model_name_or_path``
-(a directory, a hub id, or ``"all-MiniLM-L6-v2"``, see :mod:`compress.lightning.paths`; a directory may also
-be a ``compress.save_compressed`` dir of float weights, e.g. the ``float/`` of an earlier run, so a
-model fine-tuned once can be compressed in later runs), loaded in
+(a directory, a hub id, a ``.gguf`` file, ``"all-MiniLM-L6-v2"`` or ``"SmolLM2-135M-Instruct"``, see
+:mod:`compress.lightning.paths`; a directory may also be a ``compress.save_compressed`` dir of float
+weights, e.g. the ``float/`` of an earlier run, so a model fine-tuned once can be compressed in later
+runs), loaded in
 ``dtype`` (float32 by default: train in fp32 even from an fp16 copy), or from ``config``: a mapping
 with ``model_type`` and the fields of that ``transformers`` config class, for a model built from
 scratch (e.g. a tiny Bert or Llama).
@@ -49,7 +50,7 @@ from compress.lightning.distill import (
     distillation_loss,
     hidden_state_loss,
 )
-from compress.lightning.paths import resolve_model_path
+from compress.lightning.paths import resolve_model_source
 from compress.nn.modules import is_inference_module
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -65,10 +66,11 @@ def build_model(auto_class, model_name_or_path: str | None, config: dict | None,
     if dtype not in _DTYPES:
         raise ValueError(f"dtype: expected one of {sorted(_DTYPES)}, got {dtype!r}")
     if model_name_or_path is not None:
-        path = resolve_model_path(model_name_or_path)
-        model = _saved_float_model(path, model_kwargs)
-        if model is None:
-            model = auto_class.from_pretrained(path, dtype=_DTYPES[dtype], **model_kwargs)
+        source = resolve_model_source(model_name_or_path)
+        model = None if source.gguf_file else _saved_float_model(source.path, model_kwargs)
+        if model is None:  # a GGUF file is de-quantized to ``dtype`` here (slow: seconds per load)
+            model = auto_class.from_pretrained(source.path, dtype=_DTYPES[dtype], **source.from_pretrained_kwargs(),
+                                               **model_kwargs)
         model = model.to(_DTYPES[dtype])
     else:
         model = auto_class.from_config(build_config(config, **model_kwargs)).to(_DTYPES[dtype])
