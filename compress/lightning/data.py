@@ -29,7 +29,7 @@ import lightning.pytorch as pl
 import torch
 from torch.utils.data import DataLoader
 
-from compress.lightning.paths import MINILM_NAME, data_root, resolve_model_path
+from compress.lightning.paths import MINILM_NAME, data_root, resolve_model_source
 
 log = logging.getLogger(__name__)
 
@@ -47,10 +47,12 @@ def _check_fraction(name: str, value: float) -> None:
 
 
 def load_tokenizer(name_or_path: str):
-    """A fast ``transformers`` tokenizer from a directory, hub id or ``"all-MiniLM-L6-v2"``."""
+    """A fast ``transformers`` tokenizer from a directory, hub id, ``.gguf`` file, ``"all-MiniLM-L6-v2"`` or
+    ``"SmolLM2-135M-Instruct"`` (:mod:`compress.lightning.paths`)."""
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(resolve_model_path(name_or_path))
+    source = resolve_model_source(name_or_path)
+    return AutoTokenizer.from_pretrained(source.path, **source.from_pretrained_kwargs())
 
 
 def _subset(dataset, max_samples: int | None, seed: int):

@@ -6,7 +6,10 @@ Loss, for student logits ``s`` (B, C), teacher logits ``t`` (B, C), labels ``y``
     L = (1 - a) * CE(s, y) + a * T^2 * KL(softmax(t / T) || softmax(s / T))
 
 KL is summed over the classes and averaged over the batch; ``T^2`` keeps the gradient of the soft
-term on the scale of the hard term (Hinton et al., 2015). Both terms are computed in float32.
+term on the scale of the hard term (Hinton et al., 2015). Both terms are computed in float32. For a
+causal LM (:func:`causal_lm_distillation_loss`) the rows are the predicted tokens: the logits
+(B, S, V) at position ``i`` against the label at ``i + 1``, tokens labelled ``-100`` left out, as in
+the model's own loss; CE and KL are then means over those tokens.
 
 Hidden-state (intermediate) distillation, with weight ``w = hidden_weight >= 0``, adds ``w * H``::
 
@@ -100,6 +103,25 @@ def distillation_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor
     soft = F.kl_div(F.log_softmax(student / temperature, dim=-1), F.log_softmax(teacher / temperature, dim=-1),
                     reduction="batchmean", log_target=True)
     return (1.0 - alpha) * hard + alpha * temperature ** 2 * soft
+
+
+def causal_lm_distillation_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, labels: torch.Tensor,
+                                alpha: float, temperature: float, ignore_index: int = -100) -> torch.Tensor:
+    """:func:`distillation_loss` over the predicted tokens of a causal LM: (B, S, V) logits, (B, S) labels
+    (not yet shifted: position ``i`` predicts ``labels[:, i + 1]``); ``ignore_index`` labels are left out."""
+    if student_logits.shape != teacher_logits.shape or student_logits.dim() != 3:
+        raise ValueError("causal_lm_distillation_loss: expected student and teacher logits of one shape (B, S, V), "
+                         f"got {tuple(student_logits.shape)} and {tuple(teacher_logits.shape)}")
+    if tuple(labels.shape) != tuple(student_logits.shape[:2]):
+        raise ValueError(f"causal_lm_distillation_loss: expected labels of shape (B, S) = "
+                         f"{tuple(student_logits.shape[:2])}, got {tuple(labels.shape)}")
+    vocab = student_logits.shape[-1]
+    targets = labels[:, 1:].reshape(-1)
+    student, teacher = student_logits[:, :-1].reshape(-1, vocab), teacher_logits[:, :-1].reshape(-1, vocab)
+    predicted = targets != ignore_index
+    if not bool(predicted.all()):  # index only when needed: each copy of (tokens, V) logits is large
+        student, teacher, targets = student[predicted], teacher[predicted], targets[predicted]
+    return distillation_loss(student, teacher, targets, alpha, temperature)
 
 
 def hidden_state_loss(student_hidden: Sequence[torch.Tensor], teacher_hidden: Sequence[torch.Tensor],

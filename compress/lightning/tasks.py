@@ -2,25 +2,28 @@
 
 The task holds the Hugging Face model as ``self.model`` (the compression callbacks look for it
 there) and calls it as ``self.model(**batch)``. The model comes either from ``model_name_or_path``
-(a directory, a hub id, or ``"all-MiniLM-L6-v2"``, see :mod:`compress.lightning.paths`; a directory may also
-be a ``compress.save_compressed`` dir of float weights, e.g. the ``float/`` of an earlier run, so a
-model fine-tuned once can be compressed in later runs), loaded in
+(a directory, a hub id, a ``.gguf`` file, ``"all-MiniLM-L6-v2"`` or ``"SmolLM2-135M-Instruct"``, see
+:mod:`compress.lightning.paths`; a directory may also be a ``compress.save_compressed`` dir of float
+weights, e.g. the ``float/`` of an earlier run, so a model fine-tuned once can be compressed in later
+runs), loaded in
 ``dtype`` (float32 by default: train in fp32 even from an fp16 copy), or from ``config``: a mapping
 with ``model_type`` and the fields of that ``transformers`` config class, for a model built from
 scratch (e.g. a tiny Bert or Llama).
 
 * :class:`SequenceClassificationTask`: cross-entropy; validation accuracy and F1
-  (:class:`compress.eval.metrics.ClassificationMetrics`). With ``distillation`` (a
-  :class:`compress.lightning.distill.DistillationConfig`), from its ``start_step`` on the loss is
-  ``(1 - a) * CE + a * T^2 * KL(teacher || student)`` against a frozen dense teacher held as
-  ``self.teacher`` (a snapshot of the model taken at that step, or a saved fine-tuned model); the
-  teacher is module state, so it is in the Lightning checkpoint and a resumed run keeps it. With
-  ``hidden_weight > 0`` the loss adds ``hidden_weight * H``, the relative squared error of every
-  layer's hidden states against the teacher's (the student's come from the same forward as its
-  logits), logged as ``train_distill_hidden``.
+  (:class:`compress.eval.metrics.ClassificationMetrics`).
 * :class:`CausalLMTask`: next-token cross-entropy; validation perplexity
   ``exp(sum of token losses / number of predicted tokens)``
   (:class:`compress.eval.metrics.PerplexityMetrics`).
+
+Both take ``distillation`` (a :class:`compress.lightning.distill.DistillationConfig`): from its
+``start_step`` on the loss is ``(1 - a) * CE + a * T^2 * KL(teacher || student)`` (per sequence for
+classification, per predicted token for a causal LM) against a frozen dense teacher held as
+``self.teacher`` (a snapshot of the model taken at that step, or a saved fine-tuned model); the
+teacher is module state, so it is in the Lightning checkpoint and a resumed run keeps it. With
+``hidden_weight > 0`` the loss adds ``hidden_weight * H``, the relative squared error of every
+layer's hidden states against the teacher's (the student's come from the same forward as its
+logits), logged as ``train_distill_hidden``.
 
 Optimizer: AdamW (no weight decay on biases and norms) with a linear warm-up over
 ``warmup_ratio`` of the training steps, then linear decay to zero.
@@ -46,10 +49,11 @@ from compress.lightning.distill import (
     Teacher,
     as_distillation_config,
     build_teacher,
+    causal_lm_distillation_loss,
     distillation_loss,
     hidden_state_loss,
 )
-from compress.lightning.paths import resolve_model_path
+from compress.lightning.paths import resolve_model_source
 from compress.nn.modules import is_inference_module
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -65,10 +69,11 @@ def build_model(auto_class, model_name_or_path: str | None, config: dict | None,
     if dtype not in _DTYPES:
         raise ValueError(f"dtype: expected one of {sorted(_DTYPES)}, got {dtype!r}")
     if model_name_or_path is not None:
-        path = resolve_model_path(model_name_or_path)
-        model = _saved_float_model(path, model_kwargs)
-        if model is None:
-            model = auto_class.from_pretrained(path, dtype=_DTYPES[dtype], **model_kwargs)
+        source = resolve_model_source(model_name_or_path)
+        model = None if source.gguf_file else _saved_float_model(source.path, model_kwargs)
+        if model is None:  # a GGUF file is de-quantized to ``dtype`` here (slow: seconds per load)
+            model = auto_class.from_pretrained(source.path, dtype=_DTYPES[dtype], **source.from_pretrained_kwargs(),
+                                               **model_kwargs)
         model = model.to(_DTYPES[dtype])
     else:
         model = auto_class.from_config(build_config(config, **model_kwargs)).to(_DTYPES[dtype])
@@ -108,7 +113,11 @@ def build_config(config: dict, **overrides):
 
 
 class _TransformersTask(pl.LightningModule):
-    """Shared training plumbing: loss from the model, AdamW + linear warm-up, metric logging."""
+    """Shared training plumbing: loss from the model (or distillation), AdamW + linear warm-up, metrics.
+
+    Subclasses build ``self.model`` and ``self.val_metrics``, then call :meth:`_set_up_distillation`,
+    and say how output-level distillation compares their logits (:meth:`output_distillation_loss`).
+    """
 
     def __init__(self, learning_rate: float, weight_decay: float, warmup_ratio: float):
         super().__init__()
@@ -120,14 +129,61 @@ class _TransformersTask(pl.LightningModule):
             raise ValueError(f"warmup_ratio: expected a fraction in [0, 1), got {warmup_ratio!r}")
         self.model: nn.Module
         self.val_metrics: nn.Module
+        self.distillation: Optional[DistillationConfig] = None
+        self.teacher: Optional[Teacher] = None
+
+    def _set_up_distillation(self, distillation: Optional[DistillationConfig]) -> None:
+        """Keep the config in ``hparams`` as a plain mapping (a checkpoint loads with weights_only=True)
+        and build the teacher from ``self.model``; call after ``save_hyperparameters(ignore=["distillation"])``."""
+        self.hparams["distillation"] = None if distillation is None else dataclasses.asdict(distillation)
+        self.distillation = distillation
+        self.teacher = None if distillation is None else build_teacher(distillation, self.model)
 
     def forward(self, **batch: Any):
         return self.model(**batch)
 
+    def output_distillation_loss(self, logits: torch.Tensor, teacher_logits: torch.Tensor,
+                                 labels: torch.Tensor) -> torch.Tensor:
+        """``(1 - a) * CE + a * T^2 * KL(teacher || student)`` for this task's logits and labels."""
+        raise NotImplementedError
+
+    def on_train_start(self) -> None:
+        if self.teacher is None or bool(self.teacher.ready):
+            return
+        start = self.distillation.start_step
+        early = [type(cb).__name__ for cb in self.trainer.callbacks
+                 if hasattr(cb, "plan") and getattr(cb, "start_step", start) < start]
+        if early:
+            rank_zero_warn(f"distillation: the teacher snapshot at step {start} is taken after {early} start "
+                           "compressing; start distillation at or before their start_step for a dense teacher")
+
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
-        loss = self.model(**batch).loss
+        if self.teacher is None or self.global_step < self.distillation.start_step:
+            loss = self.model(**batch).loss
+        else:
+            loss = self._distillation_loss(batch)
         self.log("train_loss", loss, prog_bar=True, batch_size=batch["input_ids"].shape[0])
         return loss
+
+    def _distillation_loss(self, batch: dict) -> torch.Tensor:
+        """The distillation loss of a batch; takes the teacher snapshot first if it is not taken yet."""
+        if not bool(self.teacher.ready):
+            self.teacher.snapshot_(self.model)
+            rank_zero_info(f"distillation: teacher snapshot taken at step {self.global_step}")
+        if self.distillation.hidden_weight > 0:
+            return self._loss_with_hidden_states(batch)
+        logits = self.model(**batch).logits
+        return self.output_distillation_loss(logits, self.teacher.logits(batch), batch["labels"])
+
+    def _loss_with_hidden_states(self, batch: dict) -> torch.Tensor:
+        """Output-level distillation plus ``hidden_weight * H`` (one student forward gives logits and
+        hidden states); logs ``H`` as ``train_distill_hidden``."""
+        outputs = self.model(**batch, output_hidden_states=True)
+        teacher_logits, teacher_hidden = self.teacher.logits_and_hidden_states(batch)
+        output_loss = self.output_distillation_loss(outputs.logits, teacher_logits, batch["labels"])
+        hidden = hidden_state_loss(outputs.hidden_states, teacher_hidden, batch.get("attention_mask"))
+        self.log("train_distill_hidden", hidden, batch_size=batch["input_ids"].shape[0])
+        return output_loss + self.distillation.hidden_weight * hidden
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:
         outputs = self.model(**batch)
@@ -178,57 +234,23 @@ class SequenceClassificationTask(_TransformersTask):
         if isinstance(num_labels, bool) or not isinstance(num_labels, int) or num_labels < 2:
             raise ValueError(f"num_labels: expected an int >= 2, got {num_labels!r}")
         distillation = as_distillation_config(distillation)
-        # the config is kept as a plain mapping in the checkpoint (loadable with weights_only=True)
         self.save_hyperparameters(ignore=["distillation"])
-        self.hparams["distillation"] = None if distillation is None else dataclasses.asdict(distillation)
         from transformers import AutoModelForSequenceClassification
 
         self.model = build_model(
             AutoModelForSequenceClassification, model_name_or_path, config, dtype, num_labels=num_labels
         )
         self.val_metrics = ClassificationMetrics(num_labels)
-        self.distillation = distillation
-        self.teacher: Optional[Teacher] = None if distillation is None else build_teacher(distillation, self.model)
+        self._set_up_distillation(distillation)
 
-    def on_train_start(self) -> None:
-        if self.teacher is None or bool(self.teacher.ready):
-            return
-        start = self.distillation.start_step
-        early = [type(cb).__name__ for cb in self.trainer.callbacks
-                 if hasattr(cb, "plan") and getattr(cb, "start_step", start) < start]
-        if early:
-            rank_zero_warn(f"distillation: the teacher snapshot at step {start} is taken after {early} start "
-                           "compressing; start distillation at or before their start_step for a dense teacher")
-
-    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
-        if self.teacher is None or self.global_step < self.distillation.start_step:
-            return super().training_step(batch, batch_idx)
-        if not bool(self.teacher.ready):
-            self.teacher.snapshot_(self.model)
-            rank_zero_info(f"distillation: teacher snapshot taken at step {self.global_step}")
-        if self.distillation.hidden_weight > 0:
-            loss = self._loss_with_hidden_states(batch)
-        else:
-            logits = self.model(**batch).logits
-            loss = distillation_loss(logits, self.teacher.logits(batch), batch["labels"],
-                                     self.distillation.alpha, self.distillation.temperature)
-        self.log("train_loss", loss, prog_bar=True, batch_size=batch["input_ids"].shape[0])
-        return loss
-
-    def _loss_with_hidden_states(self, batch: dict) -> torch.Tensor:
-        """Output-level distillation plus ``hidden_weight * H`` (one student forward gives logits and
-        hidden states); logs ``H`` as ``train_distill_hidden``."""
-        outputs = self.model(**batch, output_hidden_states=True)
-        teacher_logits, teacher_hidden = self.teacher.logits_and_hidden_states(batch)
-        output_loss = distillation_loss(outputs.logits, teacher_logits, batch["labels"],
-                                        self.distillation.alpha, self.distillation.temperature)
-        hidden = hidden_state_loss(outputs.hidden_states, teacher_hidden, batch.get("attention_mask"))
-        self.log("train_distill_hidden", hidden, batch_size=batch["input_ids"].shape[0])
-        return output_loss + self.distillation.hidden_weight * hidden
+    def output_distillation_loss(self, logits, teacher_logits, labels):
+        """Over the (B, C) logits of the sequences and their (B,) labels."""
+        return distillation_loss(logits, teacher_logits, labels, self.distillation.alpha,
+                                 self.distillation.temperature)
 
 
 class CausalLMTask(_TransformersTask):
-    """Fine-tune an ``AutoModelForCausalLM`` (e.g. a tiny Llama on WikiText-2); reports perplexity."""
+    """Fine-tune an ``AutoModelForCausalLM`` (e.g. a tiny Llama on WikiText-2, SmolLM2); reports perplexity."""
 
     def __init__(
         self,
@@ -238,10 +260,18 @@ class CausalLMTask(_TransformersTask):
         weight_decay: float = 0.01,
         warmup_ratio: float = 0.05,
         dtype: str = "float32",
+        distillation: Optional[DistillationConfig] = None,
     ):
         super().__init__(learning_rate, weight_decay, warmup_ratio)
-        self.save_hyperparameters()
+        distillation = as_distillation_config(distillation)
+        self.save_hyperparameters(ignore=["distillation"])
         from transformers import AutoModelForCausalLM
 
         self.model = build_model(AutoModelForCausalLM, model_name_or_path, config, dtype)
         self.val_metrics = PerplexityMetrics()
+        self._set_up_distillation(distillation)
+
+    def output_distillation_loss(self, logits, teacher_logits, labels):
+        """Over every predicted token: (B, S, V) logits against the (B, S) labels shifted by one."""
+        return causal_lm_distillation_loss(logits, teacher_logits, labels, self.distillation.alpha,
+                                           self.distillation.temperature)

@@ -99,3 +99,20 @@ def test_digits_split_is_stratified_and_seeded():
     batch = next(iter(first.train_dataloader()))
     assert batch["input_ids"].shape == (64, DigitsData.SEQ_LEN)
     assert int(batch["input_ids"].max()) < DigitsData.VOCAB_SIZE
+
+
+def test_tokenizer_of_a_gguf_model_is_read_from_the_gguf_file(monkeypatch, tmp_path):
+    import transformers
+
+    from compress.lightning import paths
+    from compress.lightning.data import load_tokenizer
+
+    gguf = tmp_path / "model.Q4_1.gguf"
+    gguf.write_bytes(b"GGUF")
+    calls = []
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained",
+                        lambda path, **kwargs: calls.append((path, kwargs)) or "tokenizer")
+    monkeypatch.setattr(paths.importlib.util, "find_spec", lambda name, *args: object())  # gguf, accelerate
+    assert load_tokenizer(str(gguf)) == "tokenizer"
+    assert load_tokenizer("some/hub-id") == "tokenizer"
+    assert calls == [(str(tmp_path), {"gguf_file": "model.Q4_1.gguf"}), ("some/hub-id", {})]

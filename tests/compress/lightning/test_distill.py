@@ -2,7 +2,8 @@
 against its formula written out, config validation, the snapshot taken once at ``start_step`` next
 to block pruning, a teacher loaded from a saved model, resume from a Lightning checkpoint, and the
 hidden-state term (hand-computed value, masking, one student forward, the zero-weight path left as
-it was, old checkpoints without the field, mismatched teachers, a short fit)."""
+it was, old checkpoints without the field, mismatched teachers, a short fit). Then the causal-LM
+form: the per-token loss against its formula and CausalLMTask's distillation option."""
 import math
 
 import lightning.pytorch as pl
@@ -12,9 +13,15 @@ import torch
 import compress
 from compress.lightning.callbacks import BlockPruning
 from compress.lightning.data import DigitsData
-from compress.lightning.distill import DistillationConfig, Teacher, distillation_loss, hidden_state_loss
-from compress.lightning.tasks import SequenceClassificationTask
-from tests.compress.lightning.test_tasks import TINY_BERT
+from compress.lightning.distill import (
+    DistillationConfig,
+    Teacher,
+    causal_lm_distillation_loss,
+    distillation_loss,
+    hidden_state_loss,
+)
+from compress.lightning.tasks import CausalLMTask, SequenceClassificationTask
+from tests.compress.lightning.test_tasks import TINY_BERT, TINY_LLAMA
 
 
 def _formula(student, teacher, labels, alpha, temperature):
@@ -366,3 +373,78 @@ def test_a_short_fit_with_hidden_distillation_logs_a_finite_loss_and_hidden_term
     assert bool(task.teacher.ready) and trainer.global_step == 4
     assert math.isfinite(logged["train_loss"].item())
     assert 0 < logged["train_distill_hidden"].item() < math.inf  # the pruned student drifted from its teacher
+
+
+# ---- causal LM --------------------------------------------------------------------------------------
+
+
+def test_causal_lm_loss_is_the_formula_over_the_predicted_tokens():
+    """Position i predicts label i + 1; tokens labelled -100 count in neither term."""
+    generator = torch.Generator().manual_seed(3)
+    student, teacher = torch.randn(2, 5, 7, generator=generator) * 2, torch.randn(2, 5, 7, generator=generator) * 2
+    labels = torch.randint(0, 7, (2, 5), generator=generator)
+    labels[1, 3:] = -100  # e.g. padding at the end of the second sequence
+    rows = [(b, i) for b in range(2) for i in range(4) if labels[b, i + 1] != -100]
+    assert len(rows) == 6
+    by_hand = _formula(torch.stack([student[b, i] for b, i in rows]), torch.stack([teacher[b, i] for b, i in rows]),
+                       torch.stack([labels[b, i + 1] for b, i in rows]), 0.5, 2.0)
+    got = causal_lm_distillation_loss(student, teacher, labels, 0.5, 2.0)
+    assert got.item() == pytest.approx(by_hand.item(), rel=1e-5)
+    full = labels.clamp_min(0)  # nothing ignored: no indexing, the same formula over all 8 rows
+    every = [(b, i) for b in range(2) for i in range(4)]
+    by_hand = _formula(torch.stack([student[b, i] for b, i in every]), torch.stack([teacher[b, i] for b, i in every]),
+                       torch.stack([full[b, i + 1] for b, i in every]), 0.5, 2.0)
+    assert causal_lm_distillation_loss(student, teacher, full, 0.5, 2.0).item() == pytest.approx(by_hand.item(), rel=1e-5)
+    with pytest.raises(ValueError, match=r"\(B, S, V\)"):
+        causal_lm_distillation_loss(student[0], teacher[0], labels[0], 0.5, 2.0)
+    with pytest.raises(ValueError, match=r"labels of shape \(B, S\) = \(2, 5\)"):
+        causal_lm_distillation_loss(student, teacher, labels[:, 1:], 0.5, 2.0)
+
+
+def _causal_lm_task(monkeypatch, step, **distillation) -> CausalLMTask:
+    monkeypatch.setattr(CausalLMTask, "global_step", property(lambda self: step[0]))
+    torch.manual_seed(0)
+    task = CausalLMTask(config=TINY_LLAMA, distillation=distillation)
+    task.model.eval()  # no dropout: a student equal to its teacher computes the same logits
+    return task
+
+
+def test_causal_lm_task_distils_per_token_from_its_snapshot(monkeypatch):
+    step = [0]
+    task = _causal_lm_task(monkeypatch, step, alpha=0.5, temperature=2.0, start_step=1)
+    assert task.hparams["distillation"] == {"alpha": 0.5, "temperature": 2.0, "start_step": 1, "teacher": None,
+                                            "hidden_weight": 0.0}  # a plain mapping in the checkpoint
+    ids = torch.randint(0, 50, (2, 12))
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids}
+    with torch.no_grad():
+        own_loss = task.model(**batch).loss
+    assert torch.equal(task.training_step(batch, 0).detach(), own_loss)  # before start_step: the model's loss
+    step[0] = 1
+    loss = task.training_step(batch, 0)  # snapshot now: the soft term is 0
+    assert bool(task.teacher.ready)
+    assert loss.item() == pytest.approx(0.5 * own_loss.item(), rel=1e-5)
+    with torch.no_grad():
+        for parameter in task.model.model.layers.parameters():
+            parameter.add_(0.2 * torch.randn_like(parameter))
+        logits, teacher_logits = task.model(**batch).logits, task.teacher.logits(batch)
+    shifted = [(b, i) for b in range(2) for i in range(11)]
+    by_hand = _formula(torch.stack([logits[b, i] for b, i in shifted]),
+                       torch.stack([teacher_logits[b, i] for b, i in shifted]),
+                       torch.stack([ids[b, i + 1] for b, i in shifted]), 0.5, 2.0)
+    assert task.training_step(batch, 0).item() == pytest.approx(by_hand.item(), rel=1e-5)
+
+
+def test_causal_lm_task_adds_the_hidden_state_term(monkeypatch):
+    task = _causal_lm_task(monkeypatch, [0], alpha=0.5, temperature=1.0, start_step=0, hidden_weight=2.0)
+    ids = torch.randint(0, 50, (2, 12))
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids}
+    task.training_step(batch, 0)  # takes the snapshot
+    with torch.no_grad():
+        for parameter in task.model.model.layers.parameters():
+            parameter.add_(0.2 * torch.randn_like(parameter))
+        student = task.model(**batch, output_hidden_states=True)
+        teacher_logits, teacher_hidden = task.teacher.logits_and_hidden_states(batch)
+    output_level = causal_lm_distillation_loss(student.logits, teacher_logits, ids, 0.5, 1.0).item()
+    hidden = _hidden_formula(student.hidden_states, teacher_hidden, batch["attention_mask"])
+    assert hidden > 1e-4
+    assert task.training_step(batch, 0).item() == pytest.approx(output_level + 2.0 * hidden, rel=1e-5)

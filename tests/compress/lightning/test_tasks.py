@@ -47,6 +47,26 @@ def test_pretrained_minilm_loads_in_float32(monkeypatch):
     assert all(p.dtype == torch.float32 for p in task.model.parameters())
 
 
+def test_a_gguf_file_is_read_with_gguf_file_and_cast_to_the_tasks_dtype(monkeypatch, tmp_path):
+    from compress.lightning import paths
+    from compress.lightning.tasks import build_model
+
+    gguf = tmp_path / "model.Q4_1.gguf"
+    gguf.write_bytes(b"GGUF")
+    calls = []
+
+    class FakeAutoModel:
+        @staticmethod
+        def from_pretrained(path, **kwargs):
+            calls.append((path, kwargs))
+            return torch.nn.Linear(4, 4).to(torch.float16).eval()
+
+    monkeypatch.setattr(paths.importlib.util, "find_spec", lambda name, *args: object())  # gguf, accelerate
+    model = build_model(FakeAutoModel, str(gguf), None, "float32")
+    assert calls == [(str(tmp_path), {"dtype": torch.float32, "gguf_file": "model.Q4_1.gguf"})]
+    assert model.weight.dtype == torch.float32 and model.training
+
+
 def test_model_from_a_saved_float_dir_keeps_its_weights(tmp_path):
     import compress
 
