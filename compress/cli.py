@@ -19,7 +19,7 @@ A recipe has LightningCLI's sections (``model``, ``data``, ``trainer`` with ``ca
 evaluation settings). ``--print_config``, dotted overrides (``--trainer.max_epochs=1``) and typed
 validation come from LightningCLI; unknown keys and invalid values fail while parsing. Before any
 training step, :func:`check_recipe` asks the compression plan of every callback to check the model
-(e.g. a W4A16 group size that does not divide a targeted layer's ``in_features``).
+(e.g. a plan that matches no layer).
 
 ``run`` writes into ``compress.output_dir``: Lightning logs and checkpoints, the exported model dir
 (the Export callback's ``dirpath``), ``float/`` (the run's fine-tuned float weights, when asked or
@@ -152,9 +152,10 @@ def check_recipe(pl_module: pl.LightningModule, callbacks) -> None:
     """Raise ``ValueError`` before training when a callback's plan does not fit the model.
 
     Every callback with a compression ``plan`` (BlockPruning, QuantizationAware) must target at
-    least one layer, and a W4A16 group size must divide the ``in_features`` of each targeted layer
-    (the library would pad K with zero channels; a recipe asking for that is refused as a mistake).
-    Sparse layers whose sizes are not multiples of the block export as dense layers: logged.
+    least one layer. Logged, not refused: a W4A16 group size that does not divide a layer's
+    ``in_features`` (K is padded with zero channels to the next multiple: correct, at the cost of the
+    padding's bytes; e.g. SmolLM2's 576 with groups of 128 pads to 640), and sparse layers whose sizes
+    are not multiples of the block (they export as dense layers).
     """
     model = target_model(pl_module)
     for callback in callbacks:
@@ -171,11 +172,11 @@ def check_recipe(pl_module: pl.LightningModule, callbacks) -> None:
             for config in configs:
                 if isinstance(config, W4A16Config) and config.group_size is not None:
                     if layer.in_features % config.group_size:
-                        raise ValueError(
-                            f"{where}: W4A16 group_size={config.group_size} does not divide in_features="
-                            f"{layer.in_features} of layer {name!r}; choose a group size dividing every "
-                            "targeted layer's in_features (32, 64, 128) or null for per-channel scales"
-                        )
+                        padded = -(-layer.in_features // config.group_size) * config.group_size
+                        log.warning("%s: W4A16 group_size=%d does not divide in_features=%d of layer %r: K is "
+                                    "padded with zero channels to %d (%.0f%% more int4 weights there)", where,
+                                    config.group_size, layer.in_features, name, padded,
+                                    100 * (padded / layer.in_features - 1))
                 if isinstance(config, BlockSparseConfig):
                     if layer.in_features % config.block or layer.out_features % config.block:
                         log.warning("%s: layer %r (%dx%d) is not a multiple of %d blocks; it will export dense",

@@ -55,6 +55,7 @@ from compress.nn.qat import CompressedLinear
 from compress.plan import (
     DEFAULT_EXCLUDE,
     Plan,
+    calibrate,
     compressed_layers,
     convert,
     forward_batch,
@@ -99,6 +100,12 @@ def _sum_over_ranks(stats: dict[str, list]) -> None:
         tokens = torch.tensor(entry[1], dtype=torch.int64, device=entry[0].device)
         dist.all_reduce(tokens)
         entry[1] = int(tokens)
+
+
+def no_training_steps(trainer: pl.Trainer) -> bool:
+    """Whether ``fit`` runs no training step (``max_steps: 0`` or ``limit_train_batches: 0``): Lightning
+    then skips the fit loop and its ``on_train_*`` hooks; ``on_fit_start`` / ``on_fit_end`` still run."""
+    return trainer.max_steps == 0 or trainer.limit_train_batches == 0
 
 
 def _check_step(name: str, value) -> None:
@@ -405,6 +412,9 @@ class Calibration(pl.Callback):
     ``num_batches`` more for the static scales. Needs the W8A8 layers to exist, i.e. a
     :class:`QuantizationAware` callback with a W8A8 config in the same run.
 
+    A run without training steps (``trainer.max_steps: 0``, the post-training path in a recipe) is
+    calibrated at fit start instead, on the first ``num_batches`` training batches (see ``on_fit_start``).
+
     GPTQ (layers whose config says ``algorithm="gptq"``, W8A8 or W4A16): at the end of training
     (``on_train_end``, before :class:`Export` converts in ``on_fit_end``), the first ``num_batches``
     batches of the training dataloader are run once more (eval mode, no gradients) to collect each
@@ -483,16 +493,44 @@ class Calibration(pl.Callback):
         rank_zero_info(f"Calibration: froze observers of {len(layers)} W8A8 layers ({static} static scales)")
         self.phase = "done"
 
-    def on_train_end(self, trainer, pl_module):
+    def on_fit_start(self, trainer, pl_module):
+        """A run without training steps (the post-training path: ``trainer.max_steps: 0``) is calibrated
+        here, on the first ``num_batches`` training batches, as :func:`compress.convert` does with
+        ``calibration_data``: SmoothQuant and static W8A8 scales, then GPTQ."""
+        if not no_training_steps(trainer):
+            return
         model = target_model(pl_module)
+        run_batches = self._batch_runner(trainer, pl_module)
+        was_training = model.training
+        model.eval()
+        with torch.no_grad():
+            calibrate(model, run_batches)
+        model.train(was_training)
+        for tensor in model.state_dict().values():  # scales and smoothing from rank 0's batches
+            if tensor.is_floating_point():
+                _broadcast_(tensor)
+        self.phase = "done"
+        self._run_gptq(model, run_batches)
+
+    def on_train_end(self, trainer, pl_module):
+        self._run_gptq(target_model(pl_module), self._batch_runner(trainer, pl_module))
+
+    def _batch_runner(self, trainer, pl_module):
+        """``run(model)``: the model's forward over the first ``num_batches`` training batches."""
+        def run(model):
+            loader = trainer.train_dataloader
+            if loader is None:  # no fit loop ran: ask the data module (or the task) for its loader
+                source = trainer.datamodule if trainer.datamodule is not None else pl_module
+                loader = source.train_dataloader()
+            for batch in itertools.islice(loader, self.num_batches):
+                forward_batch(model, trainer.strategy.batch_to_device(batch))
+        return run
+
+    def _run_gptq(self, model, run_batches) -> None:
         if not gptq_layers(model):
             return
-
-        def run_batches(m):
-            for batch in itertools.islice(trainer.train_dataloader, self.num_batches):
-                forward_batch(m, trainer.strategy.batch_to_device(batch))
-
-        results = run_gptq(model, run_batches, sync=_sum_over_ranks)
+        with torch.no_grad():
+            results = run_gptq(model, run_batches, sync=_sum_over_ranks)
         layers = compressed_layers(model)
         for name in results:
             _broadcast_(layers[name].weight.data)
@@ -539,6 +577,12 @@ class FloatWeightsSnapshot(pl.Callback):
 
     def __init__(self):
         self.model = None
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Without training steps there is no ``on_train_end``: the copy is taken here, before any
+        callback after this one calibrates (the CLI puts this callback first)."""
+        if no_training_steps(trainer):
+            self.on_train_end(trainer, pl_module)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.is_global_zero:

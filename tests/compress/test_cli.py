@@ -2,7 +2,9 @@
 weights_only=True: a pickle that would run code is refused; an earlier export is replaced only with
 --overwrite), evaluate, bad recipes."""
 import json
+import logging
 import pathlib
+import re
 import shutil
 
 import pytest
@@ -12,7 +14,7 @@ from safetensors.torch import load_file
 
 import compress
 from compress import CheckpointError
-from compress.cli import CompressOptions, eval_options, main, run_command
+from compress.cli import CompressCLI, CompressOptions, check_recipe, eval_options, main, run_command
 from compress.lightning.data import DigitsData
 from compress.lightning.tasks import SequenceClassificationTask
 
@@ -274,11 +276,13 @@ def test_sparsity_outside_the_unit_interval_fails_before_training(tmp_path, caps
     assert not list(tmp_path.rglob("*.ckpt"))
 
 
-def test_group_size_that_does_not_divide_in_features_fails_before_training(tmp_path):
+def test_group_size_that_does_not_divide_in_features_pads_with_a_warning(tmp_path, caplog):
     recipe = tiny_recipe(tmp_path / "out", [qat("W4A16Config", group_size=128)])  # in_features 64 and 128
-    with pytest.raises(ValueError, match=r"group_size=128 does not divide in_features=64"):
-        run_command(["run", "--config", write_recipe(tmp_path / "r.yaml", recipe)])
-    assert not list(tmp_path.rglob("*.ckpt")) and not list(tmp_path.rglob("metrics.csv"))
+    cli = CompressCLI(args=["--config", write_recipe(tmp_path / "r.yaml", recipe)], run=False)
+    with caplog.at_level(logging.WARNING, logger="compress.cli"):
+        check_recipe(cli.model, cli.trainer.callbacks)
+    assert re.search(r"group_size=128 does not divide in_features=64 of layer '.*': K is padded with zero "
+                     r"channels to 128 \(100% more int4 weights there\)", caplog.text)
 
 
 def test_usage_and_unknown_command(capsys):

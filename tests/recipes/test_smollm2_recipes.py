@@ -6,20 +6,20 @@
   rate and distillation), so their perplexities compare with its.
 * Shrunk (a tiny Llama, the MiniLM tokenizer, a few steps, schedules scaled), each trained recipe runs
   end to end: train -> compress -> export -> evaluate -> report.
-* The GPTQ recipe quantizes the dense run's float model after training; it is parsed once
-  ``W4A16Config`` has an ``algorithm`` field.
+* The GPTQ recipe quantizes the dense run's float model without a training step; shrunk, it runs
+  end to end too.
 """
 from __future__ import annotations
 
-import dataclasses
 import json
+import logging
 import math
 from pathlib import Path
 
 import pytest
 import yaml
 
-from compress import W4A16Config, cli, load_compressed
+from compress import cli, load_compressed
 from compress.lightning.paths import MINILM_NAME, SMOLLM2_NAME, data_root
 from compress.nn.modules import BSRLinear, BSRW8A8Linear, W4A16Linear, W8A8Linear
 
@@ -35,11 +35,9 @@ SMOLLM2_SHAPES = dict(model_type="llama", vocab_size=49152, hidden_size=576, int
 TINY_STEPS = 8
 TINY_LLAMA = dict(model_type="llama", vocab_size=30522, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
                   num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64, tie_word_embeddings=True)
-HAS_GPTQ = "algorithm" in {f.name for f in dataclasses.fields(W4A16Config)}
 
 needs_wikitext = pytest.mark.skipif(not (data_root() / "wikitext-2" / "valid.txt").is_file(),
                                     reason="needs $COMPRESS_DATA_DIR/wikitext-2/valid.txt")
-needs_gptq = pytest.mark.skipif(not HAS_GPTQ, reason="W4A16Config has no 'algorithm' field yet (GPTQ not merged)")
 
 
 def _recipe(name: str) -> dict:
@@ -58,7 +56,7 @@ def _with_model(recipe: dict, config: dict) -> dict:
     return recipe
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=needs_gptq) if n == "w4a16-gptq" else n for n in ALL])
+@pytest.mark.parametrize("name", ALL)
 def test_recipe_parses_as_written(name, capsys):
     with pytest.raises(SystemExit) as done:
         cli.main(["fit", "--config", str(RECIPES / f"smollm2-wikitext-{name}.yaml"), "--print_config"])
@@ -69,9 +67,9 @@ def test_recipe_parses_as_written(name, capsys):
     assert printed["compress"]["output_dir"] == f"runs/smollm2-wikitext-{name}"
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=needs_gptq) if n == "w4a16-gptq" else n for n in ALL[1:]])
+@pytest.mark.parametrize("name", ALL[1:])
 def test_plans_fit_smollm2s_layers(name, monkeypatch, tmp_path):
-    """Every decoder linear of SmolLM2's shapes is targeted (group size and blocks divide it); lm_head is not."""
+    """Every decoder linear of SmolLM2's shapes is targeted (blocks divide it); lm_head is not."""
     monkeypatch.setattr("sys.argv", ["compress"])
     shapes = dict(SMOLLM2_SHAPES, num_hidden_layers=2)
     config = _write(_with_model(_recipe(name), shapes), tmp_path / f"{name}.yaml")
@@ -109,7 +107,6 @@ def test_sparse_recipes_distil_from_a_dense_snapshot_taken_before_pruning(name):
     assert distillation["start_step"] <= pruning["start_step"] < pruning["end_step"] < recipe["trainer"]["max_steps"]
 
 
-@needs_gptq
 def test_gptq_recipe_quantizes_the_dense_runs_float_model_without_training(monkeypatch, tmp_path):
     recipe = _recipe("w4a16-gptq")
     assert recipe["model"]["init_args"]["model_name_or_path"] == _recipe("dense")["compress"]["output_dir"] + "/float"
@@ -119,16 +116,17 @@ def test_gptq_recipe_quantizes_the_dense_runs_float_model_without_training(monke
     parsed = cli.CompressCLI(args=["--config", str(config), "--trainer.accelerator=cpu"], run=False)
     (quantization,) = [cb for cb in parsed.trainer.callbacks if type(cb).__name__ == "QuantizationAware"]
     (configs,) = quantization.plan.rules.values()
-    assert [(type(c).__name__, c.group_size, c.algorithm) for c in configs] == [("W4A16Config", 64, "gptq")]
+    assert [(type(c).__name__, c.group_size, c.algorithm) for c in configs] == [("W4A16Config", 128, "gptq")]
 
 
 def _scaled_step(step: int, total: int) -> int:
-    return max(1, round(step * TINY_STEPS / total))
+    return 0 if step == 0 else max(1, round(step * TINY_STEPS / total))
 
 
 def shrink(recipe: dict, out_dir: Path) -> dict:
     """The recipe with a tiny Llama and the MiniLM tokenizer (no SmolLM2 files needed), short data,
-    TINY_STEPS steps and its schedules (callbacks, distillation) scaled to them."""
+    TINY_STEPS steps (none for a recipe without training steps) and its schedules (callbacks,
+    distillation) scaled to them."""
     total = recipe["trainer"]["max_steps"]
     _with_model(recipe, TINY_LLAMA)
     distillation = recipe["model"]["init_args"].get("distillation")
@@ -136,7 +134,7 @@ def shrink(recipe: dict, out_dir: Path) -> dict:
         distillation["start_step"] = _scaled_step(distillation["start_step"], total)
     recipe["data"]["init_args"].update(tokenizer=MINILM_NAME, block_size=32, batch_size=4, max_train_blocks=32,
                                        max_eval_blocks=8)
-    recipe["trainer"].update(max_steps=TINY_STEPS, accelerator="cpu", enable_progress_bar=False,
+    recipe["trainer"].update(max_steps=TINY_STEPS if total else 0, accelerator="cpu", enable_progress_bar=False,
                              log_every_n_steps=1, num_sanity_val_steps=0)
     for callback in recipe["trainer"].get("callbacks", []):
         args = callback["init_args"]
@@ -181,3 +179,19 @@ def test_sparse50_w8a8_recipe_prunes_quantizes_distils_and_exports(tmp_path):
 @pytest.mark.parametrize("name", ["dense", "w8a8-qat", "w4a16-qat", "sparse50"])
 def test_other_trained_recipes_run_end_to_end(name, tmp_path):
     _check_run(name, _run(name, tmp_path), tmp_path / "run")
+
+
+@needs_wikitext
+def test_gptq_recipe_runs_without_a_training_step(tmp_path, caplog):
+    """max_steps 0: Calibration draws its batches at fit start, GPTQ rounds every targeted layer, and
+    Export saves them; the float copy is the model as loaded."""
+    recipe = shrink(_recipe("w4a16-gptq"), tmp_path / "run")
+    config = _write(recipe, tmp_path / "gptq.yaml")
+    with caplog.at_level(logging.INFO):
+        assert cli.main(["run", "--config", str(config)]) == 0
+    assert "GPTQ quantized 14 layers on 16 training batches" in caplog.text
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert len(report["models"]) == 2
+    assert all(math.isfinite(m["metrics"]["perplexity"]) for m in report["models"])
+    exported = load_compressed(tmp_path / "run" / "compressed")
+    assert sum(isinstance(m, W4A16Linear) for m in exported.modules()) == 7 * 2
