@@ -1,0 +1,115 @@
+"""Post-training quantization of a pretrained causal LM: perplexity of round-to-nearest against GPTQ.
+
+Each variant is ``compress.convert(copy of the model, config, calibration_data=batches)`` on every
+linear layer the default plan targets (``lm_head`` and embeddings stay dense), with
+``algorithm="rtn"`` and ``algorithm="gptq"``: W8A8 (dynamic per-token activations) and W4A16 at each
+``--group-sizes`` (GPTQ also with activation order at the largest). Calibration: the first
+``--calibration-batches`` training batches of the data module (for the default WikiText-2, the first
+90% of ``valid.txt``); perplexity: its validation blocks (the held-back 10%), the numbers
+``compress evaluate`` reports. The model runs in fp16 on a GPU (the inference modules call our
+kernels; calibration and GPTQ in fp32) and in fp32 on the CPU (the references).
+
+The JSON holds, per variant, the perplexity and its increase over the dense model, and per scheme
+the share of round-to-nearest's increase that GPTQ removes, ``1 - (ppl_gptq - ppl) / (ppl_rtn - ppl)``
+(issue target for SmolLM2: at least 0.5 at g32 and g128)::
+
+    python -m scripts.bench.post_training --model SmolLM2-135M-Instruct \\
+        --out benchmarks/results/smollm2-post-training-h100.json
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import time
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM
+
+import compress
+from compress.configs import W4A16Config, W8A8Config
+from compress.eval.evaluate import cast_for_inference, environment, evaluate_metrics
+from compress.lightning.data import LanguageModelingData
+from compress.lightning.tasks import build_model
+
+
+def variants(group_sizes: list[int]) -> dict[str, object]:
+    """{name: config} of every compressed variant, round-to-nearest and GPTQ side by side."""
+    found = {"w8a8-rtn": W8A8Config(), "w8a8-gptq": W8A8Config(algorithm="gptq")}
+    for size in group_sizes:
+        found[f"w4a16-g{size}-rtn"] = W4A16Config(group_size=size)
+        found[f"w4a16-g{size}-gptq"] = W4A16Config(group_size=size, algorithm="gptq")
+    largest = max(group_sizes)
+    found[f"w4a16-g{largest}-gptq-actorder"] = W4A16Config(group_size=largest, algorithm="gptq", gptq_act_order=True)
+    return found
+
+
+def perplexity(model, data: LanguageModelingData, device: torch.device, dtype: torch.dtype) -> float:
+    model = cast_for_inference(model, device, dtype)
+    return float(evaluate_metrics(model, data.val_dataloader(), device)["perplexity"])
+
+
+def gptq_share(results: dict[str, dict], dense: float) -> dict[str, float]:
+    """Per scheme with both variants: the share of round-to-nearest's perplexity increase GPTQ removes."""
+    shares = {}
+    for name, entry in results.items():
+        if not name.endswith("-rtn") or name.replace("-rtn", "-gptq") not in results:
+            continue
+        rtn_increase = entry["perplexity"] - dense
+        gptq_increase = results[name.replace("-rtn", "-gptq")]["perplexity"] - dense
+        shares[name.removesuffix("-rtn")] = 1.0 - gptq_increase / rtn_increase if rtn_increase > 0 else float("nan")
+    return shares
+
+
+def run(args) -> dict:
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = torch.float16 if device.type == "cuda" else torch.float32
+    data = LanguageModelingData(tokenizer=args.tokenizer or args.model, block_size=args.block_size,
+                                batch_size=args.batch_size, max_eval_blocks=args.max_eval_blocks)
+    data.setup("fit")
+    batches = []
+    for batch in data.train_dataloader():
+        if len(batches) == args.calibration_batches:
+            break
+        batches.append({k: v.to(device) for k, v in batch.items()})
+    base = build_model(AutoModelForCausalLM, args.model, None, "float32").eval()
+    dense = perplexity(copy.deepcopy(base), data, device, dtype)
+    results = {}
+    for name, config in variants(args.group_sizes).items():
+        start = time.perf_counter()
+        model = compress.convert(copy.deepcopy(base).to(device), config, calibration_data=batches)
+        convert_s = time.perf_counter() - start
+        value = perplexity(model, data, device, dtype)
+        results[name] = {"perplexity": value, "increase": value / dense - 1.0, "convert_s": convert_s,
+                         "config": config.to_dict()}
+        print(f"{name:28s} perplexity {value:8.3f} ({100 * (value / dense - 1):+6.1f}%)  convert {convert_s:5.1f} s",
+              flush=True)
+    return {"environment": environment(device), "model": args.model, "dtype": str(dtype).removeprefix("torch."),
+            "calibration_blocks": sum(len(b["input_ids"]) for b in batches), "block_size": args.block_size,
+            "eval_blocks": len(data.val_dataloader().dataset), "dense_perplexity": dense, "variants": results,
+            "gptq_share_of_rtn_increase_removed": gptq_share(results, dense)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m scripts.bench.post_training", description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default="SmolLM2-135M-Instruct", help="a model name, directory or .gguf file")
+    parser.add_argument("--tokenizer", default=None, help="tokenizer name or path (default: the model's)")
+    parser.add_argument("--group-sizes", type=lambda s: [int(v) for v in s.split(",")], default=[32, 64, 128])
+    parser.add_argument("--calibration-batches", type=int, default=16)
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--block-size", type=int, default=1024)
+    parser.add_argument("--max-eval-blocks", type=int, default=None)
+    parser.add_argument("--out", type=Path, default=None, help="write the JSON results here")
+    args = parser.parse_args(argv)
+    result = run(args)
+    print(f"dense perplexity {result['dense_perplexity']:.3f}; GPTQ share of RTN's increase removed: "
+          + ", ".join(f"{k} {v:.2f}" for k, v in result["gptq_share_of_rtn_increase_removed"].items()))
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
