@@ -16,7 +16,7 @@ def _callbacks(recipe):
 
 def test_edits_reach_callbacks_and_dotted_paths(tmp_path):
     out = tmp_path / "copy.yaml"
-    code = edit.run_command([str(SPARSE), str(out), "BlockPruning.allocation=global", "BlockPruning.spread=0.25",
+    code = edit.main([str(SPARSE), str(out), "BlockPruning.allocation=global", "BlockPruning.spread=0.25",
                       "model.init_args.learning_rate=5.0e-5", "trainer.max_epochs=4"])
     assert code == 0
     recipe = yaml.safe_load(out.read_text())
@@ -31,7 +31,7 @@ def test_the_edited_recipe_still_parses_with_the_cli(tmp_path, capsys):
     from compress.cli import run_command
 
     out = tmp_path / "copy.yaml"
-    assert edit.run_command([str(SPARSE), str(out), "BlockPruning.allocation=global"]) == 0
+    assert edit.main([str(SPARSE), str(out), "BlockPruning.allocation=global"]) == 0
     with pytest.raises(SystemExit) as done:
         run_command(["fit", "--config", str(out), "--print_config"])
     assert done.value.code in (0, None)
@@ -46,5 +46,5 @@ def test_the_edited_recipe_still_parses_with_the_cli(tmp_path, capsys):
 ])
 def test_bad_edits_are_refused_without_writing(tmp_path, capsys, bad, words):
     out = tmp_path / "copy.yaml"
-    assert edit.run_command([str(SPARSE), str(out), bad]) == 2
+    assert edit.main([str(SPARSE), str(out), bad]) == 2
     assert words in capsys.readouterr().err and not out.exists()
