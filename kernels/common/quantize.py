@@ -79,6 +79,11 @@ def non_finite_poison(v):
 
 
 @triton.jit
+def _max_keeping_nan(a, b):
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
 def row_scales(
     x_ptr, static_ptr, offs_m, M, K, stride_xm, stride_xk,
     STATIC: tl.constexpr, STATIC_PER_ROW: tl.constexpr, EVEN_K: tl.constexpr,
@@ -99,16 +104,16 @@ def row_scales(
         offs_k = tl.arange(0, BLOCK_K)
         row_ptrs = x_ptr + offs_m[:, None].to(tl.int64) * stride_xm
         absmax = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)
-        poison = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)
         for k0 in tl.range(0, K, BLOCK_K, num_stages=SCALE_STAGES):  # several tiles in flight
             if EVEN_K:
                 mask = row_ok[:, None]
             else:
                 mask = row_ok[:, None] & ((k0 + offs_k) < K)[None, :]
-            v = tl.load(row_ptrs + (k0 + offs_k)[None, :] * stride_xk, mask=mask, other=0.0).to(tl.float32)
-            absmax = tl.maximum(absmax, tl.abs(v))
-            poison += v * 0.0
-        scale = tl.math.div_rn(tl.max(absmax, axis=1), 127.0) + tl.sum(poison, axis=1)  # NaN for a non-finite row
+            v = tl.load(row_ptrs + (k0 + offs_k)[None, :] * stride_xk, mask=mask, other=0.0)
+            absmax = tl.maximum(absmax, tl.abs(v.to(tl.float32)), propagate_nan=tl.PropagateNan.ALL)
+        # NaN-propagating max, then Inf -> NaN: a row holding a NaN or an Inf gets a NaN scale
+        scale = tl.math.div_rn(tl.reduce(absmax, 1, _max_keeping_nan), 127.0)
+        scale = tl.where(scale < float("inf"), scale, float("nan"))
     return tl.where(scale == 0.0, 1.0, scale)
 
 

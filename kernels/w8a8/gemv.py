@@ -29,10 +29,12 @@ of one row:
    order and the bias (:mod:`compress_kernels.common.splitk`): one launch, deterministic.
 
 A NaN or Inf in the row makes its output row NaN, as the reference's NaN scale does. Dynamic: the
-scale pass, which reads the whole row, makes ``s_x`` NaN. Static (no scale pass): the main loop sums
-``v * 0`` over the x values it reads and adds that (0, or NaN) to ``s_x`` in the epilogue (with
-split-K, each split over its own slice; the NaN partial then makes the sum NaN). Keeping that sum
-out of the dynamic main loop matters: there it cost 9-10% at M = 1 on 4096-wide layers (H100).
+scale pass, which reads the whole row, takes a NaN-propagating max and turns an Inf scale into NaN,
+so ``s_x`` is NaN. Static (no scale pass): the main loop sums ``v * 0`` over the x values it reads
+and adds that (0, or NaN) to ``s_x`` in the epilogue (with split-K, each split over its own slice; the
+NaN partial then makes the sum NaN). Keeping work out of the dynamic path matters: the sum in the main
+loop cost 9-10% at M = 1 on 4096-wide layers, a second accumulator in the scale pass 25% at
+K = 8192, N = 28672 (H100).
 """
 from __future__ import annotations
 
