@@ -29,7 +29,7 @@ from compress.checkpoint.manifest import (
 from compress.checkpoint.safe_write import check_save_target, fsync_path, replace_directory
 from compress.nn.fusion import is_fused
 from compress.nn.modules import INFERENCE_MODULES
-from compress.plan import compressed_layers
+from compress.nn.qat import compressed_layers
 
 logger = logging.getLogger(__name__)
 

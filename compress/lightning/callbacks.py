@@ -51,18 +51,9 @@ from compress.core.sparsity import (
     movement_block_scores,
     shrink_mask,
 )
-from compress.nn.qat import CompressedLinear
-from compress.plan import (
-    DEFAULT_EXCLUDE,
-    Plan,
-    calibrate,
-    compressed_layers,
-    convert,
-    forward_batch,
-    gptq_layers,
-    prepare,
-    run_gptq,
-)
+from compress.nn.qat import CompressedLinear, compressed_layers
+from compress.calibration import calibrate, forward_batch, gptq_layers, run_gptq
+from compress.plan import DEFAULT_EXCLUDE, Plan, convert, prepare
 
 logger = logging.getLogger(__name__)
 ALLOCATIONS = ("layer", "global")  # BlockPruning: each layer to the target, or all layers ranked together

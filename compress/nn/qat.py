@@ -286,3 +286,8 @@ class CompressedLinear(Float32Buffers, nn.Linear):
         if self.sparse_config is not None:
             parts.append(f"block_sparsity={1.0 - self.mask.float().mean().item():.3f}")
         return ", ".join(parts)
+
+
+def compressed_layers(model: nn.Module) -> dict[str, "CompressedLinear"]:
+    """``{name: layer}`` of every :class:`CompressedLinear` in ``model`` (the prepared layers)."""
+    return {name: m for name, m in model.named_modules() if isinstance(m, CompressedLinear)}

@@ -35,7 +35,7 @@ from torch import nn
 import compress
 from compress.core.quant import quantize_groupwise
 from compress.core.sparsity import mask_from_scores
-from compress.plan import compressed_layers
+from compress.nn.qat import compressed_layers
 from scripts.bench import anchors
 
 LLAMA2_7B = dict(hidden_size=4096, intermediate_size=11008, num_attention_heads=32, num_key_value_heads=32,

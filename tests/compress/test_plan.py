@@ -10,8 +10,10 @@ import compress
 from compress import BlockSparseConfig, Plan, W4A16Config, W8A8Config
 from compress.nn.modules import BSRLinear, BSRW8A8Linear, W4A16Linear, W8A8Linear
 from compress.nn.qat import CompressedLinear
+import compress.calibration as calibration_module
 import compress.plan as plan_module
-from compress.plan import compressed_layers, prune_one_shot
+from compress.nn.qat import compressed_layers
+from compress.plan import prune_one_shot
 
 
 class Tiny(nn.Module):
@@ -88,7 +90,7 @@ def _prepared_and_trained(plan, static=False):
     layers = compressed_layers(model)
     prune_one_shot(model)
     if static:
-        compress.plan.calibrate(model, [_ids(5), _ids(6)])
+        compress.calibration.calibrate(model, [_ids(5), _ids(6)])
     for layer in layers.values():
         if layer.quant_config is not None:
             layer.enable_fake_quant(True)
@@ -354,7 +356,7 @@ def test_gptq_hessian_is_of_the_smoothed_inputs():
     factors = torch.linspace(0.5, 2.0, 64)
     layer.input_smoothing.mul_(factors)
     batches = _float_batches()
-    stats = plan_module.collect_hessians(model, {"0": layer}, lambda m: [m(x) for x in batches])
+    stats = calibration_module.collect_hessians(model, {"0": layer}, lambda m: [m(x) for x in batches])
     x = torch.cat(batches) / factors
     torch.testing.assert_close(stats["0"][0], x.T @ x, rtol=1e-5, atol=1e-3)
     assert stats["0"][1] == 48
@@ -371,14 +373,14 @@ def test_convert_with_gptq_failing_on_a_later_layer_leaves_the_model_as_it_was(m
     before = _snapshot(model)
     layers = ["0", "2", "4"]
     if fail_in == "gptq":
-        real = plan_module.gptq_quantize
+        real = calibration_module.gptq_quantize
 
         def gptq_quantize(weight, *args, **kwargs):
             if weight.shape == (64, 64):
                 raise ValueError("GPTQ: the damped Hessian is not positive definite")
             return real(weight, *args, **kwargs)
 
-        monkeypatch.setattr(plan_module, "gptq_quantize", gptq_quantize)
+        monkeypatch.setattr(calibration_module, "gptq_quantize", gptq_quantize)
         error = r"GPTQ: layer '4': GPTQ: the damped Hessian is not positive definite"
     else:
         real = plan_module.export_module

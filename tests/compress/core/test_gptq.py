@@ -24,7 +24,8 @@ from compress.core.quant import (
 )
 from compress.core.sparsity import block_mask, expand_mask
 from compress.nn.modules import is_inference_module
-from compress.plan import compressed_layers, run_gptq
+from compress.calibration import run_gptq
+from compress.nn.qat import compressed_layers
 
 
 def _hessian(x):

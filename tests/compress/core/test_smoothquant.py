@@ -7,7 +7,8 @@ from torch import nn
 import compress
 from compress import W8A8Config
 from compress.core.smoothquant import apply_smoothquant, find_input_norms, smoothing_factors
-from compress.plan import compressed_layers, forward_batch
+from compress.calibration import forward_batch
+from compress.nn.qat import compressed_layers
 
 
 class PreNorm(nn.Module):

@@ -9,7 +9,7 @@ import lightning.pytorch as pl
 import torch
 
 from compress.lightning.callbacks import BlockPruning
-from compress.plan import compressed_layers
+from compress.nn.qat import compressed_layers
 from tests.compress.lightning.test_callbacks import TinyTask, loader
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ import torch
 import compress.lightning.callbacks as callbacks_module
 from compress.configs import W8A8Config
 from compress.lightning.callbacks import BlockPruning, Calibration, Export, QuantizationAware
-from compress.plan import compressed_layers
+from compress.nn.qat import compressed_layers
 from tests.compress.lightning.test_callbacks import TinyTask, loader
 
 if __name__ == "__main__":

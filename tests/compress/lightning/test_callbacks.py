@@ -25,7 +25,7 @@ from compress.lightning.callbacks import (
     QuantizationAware,
     target_model,
 )
-from compress.plan import compressed_layers
+from compress.nn.qat import compressed_layers
 
 REPO = pathlib.Path(__file__).resolve().parents[3]
 
