@@ -147,7 +147,8 @@ def gptq_layer(layer: CompressedLinear, xtx: torch.Tensor, tokens: int) -> tuple
     config, k = layer.quant_config, layer.in_features
     h, w = hessian(xtx, tokens), layer.weight.detach().float()  # pruned weights too, if still there
     keep = None if layer.mask is None else expand_mask(layer.mask, tuple(w.shape), layer.sparse_config.block)
-    knobs = dict(keep=keep, damping=config.gptq_damping, act_order=config.gptq_act_order, block=config.gptq_block)
+    act_order = config.gptq_act_order if config.gptq_act_order is not None else keep is None
+    knobs = dict(keep=keep, damping=config.gptq_damping, act_order=act_order, block=config.gptq_block)
     if isinstance(config, W8A8Config):
         row_scale = per_channel_scale(layer.masked_weight().detach().float())  # the export's rule
         q, scale = gptq_quantize(w, h, INT8_QMAX, k, scale=row_scale[:, None], **knobs)

@@ -15,7 +15,9 @@ al., 2020) during QAT; the exported module stores the learned scales.
 nearest, the default) or ``"gptq"`` (Frantar et al., 2022: :mod:`compress.core.gptq`, run on
 calibration data by :func:`compress.convert` or the ``Calibration`` callback), with its knobs
 ``gptq_damping`` (fraction of the Hessian's mean diagonal added to it, in (0, 1]),
-``gptq_act_order`` (sweep the input channels by decreasing Hessian diagonal) and ``gptq_block``
+``gptq_act_order`` (sweep the input channels by decreasing Hessian diagonal; None, the default: on
+for dense layers, off for block-sparse ones, where the natural order compensates more of the
+pruning: 0.27 against 0.78 of round-to-nearest's output error on a synthetic layer) and ``gptq_block``
 (columns per lazy batch). The knobs must keep their defaults with ``"rtn"``. Each config converts to and
 from a plain dict (``to_dict`` / :func:`config_from_dict`) for the checkpoint manifest, and
 jsonargparse builds them from YAML mappings since they are plain dataclasses.
@@ -33,7 +35,7 @@ BLOCK_SIZES = (32,)
 BLOCK_SCORES = ("magnitude", "l2", "movement", "fisher")
 GRADIENT_SCORES = ("movement", "fisher")  # scores summed from gradients over training steps
 ALGORITHMS = ("rtn", "gptq")  # how weights are rounded: to nearest, or GPTQ's error-compensating sweep
-GPTQ_DEFAULTS = {"gptq_damping": 0.01, "gptq_act_order": False, "gptq_block": 128}
+GPTQ_DEFAULTS = {"gptq_damping": 0.01, "gptq_act_order": None, "gptq_block": 128}
 
 
 def _check_choice(name: str, value, allowed: tuple) -> None:
@@ -64,7 +66,7 @@ class _AlgorithmMixin:
         _check_type(f"{name}.gptq_damping", self.gptq_damping, (int, float))
         if not 0.0 < self.gptq_damping <= 1.0:
             raise ValueError(f"{name}.gptq_damping: expected a fraction in (0, 1], got {self.gptq_damping}")
-        _check_type(f"{name}.gptq_act_order", self.gptq_act_order, (bool,))
+        _check_type(f"{name}.gptq_act_order", self.gptq_act_order, (bool, type(None)))
         _check_type(f"{name}.gptq_block", self.gptq_block, (int,))
         if self.gptq_block < 1:
             raise ValueError(f"{name}.gptq_block: expected a positive int, got {self.gptq_block}")
@@ -96,7 +98,7 @@ class W8A8Config(_AlgorithmMixin, _ConfigMixin):
     learnable_scale: bool = False
     algorithm: str = "rtn"
     gptq_damping: float = 0.01
-    gptq_act_order: bool = False
+    gptq_act_order: Optional[bool] = None
     gptq_block: int = 128
 
     def __post_init__(self):
@@ -123,15 +125,16 @@ class W8A8Config(_AlgorithmMixin, _ConfigMixin):
 class W4A16Config(_AlgorithmMixin, _ConfigMixin):
     """int4 weights, fp16/bf16 activations; ``group_size`` in (32, 64, 128) or None (per channel).
 
-    ``algorithm="gptq"``: GPTQ rounds the weights and picks each group's scale from the group's
-    error-updated weights when its sweep reaches the group (:mod:`compress.core.gptq`).
+    ``algorithm="gptq"``: each group's scale is searched first (a clipped absmax that minimises the
+    group's rounding error weighted by the inputs' energy), then GPTQ rounds the weights on those
+    scales (:mod:`compress.core.gptq`).
     """
 
     group_size: Optional[int] = 128
     learnable_scale: bool = False
     algorithm: str = "rtn"
     gptq_damping: float = 0.01
-    gptq_act_order: bool = False
+    gptq_act_order: Optional[bool] = None
     gptq_block: int = 128
 
     def __post_init__(self):

@@ -3,7 +3,7 @@
 Each variant is ``compress.convert(copy of the model, config, calibration_data=batches)`` on every
 linear layer the default plan targets (``lm_head`` and embeddings stay dense), with
 ``algorithm="rtn"`` and ``algorithm="gptq"``: W8A8 (dynamic per-token activations) and W4A16 at each
-``--group-sizes`` (GPTQ also with activation order at the largest). Calibration: the first
+``--group-sizes`` (GPTQ with activation order, its default, and also without it at the largest). Calibration: the first
 ``--calibration-batches`` training batches of the data module (for the default WikiText-2, the first
 90% of ``valid.txt``); perplexity: its validation blocks (the held-back 10%), the numbers
 ``compress evaluate`` reports. The model runs in fp16 on a GPU (the inference modules call our
@@ -41,7 +41,8 @@ def variants(group_sizes: list[int]) -> dict[str, object]:
         found[f"w4a16-g{size}-rtn"] = W4A16Config(group_size=size)
         found[f"w4a16-g{size}-gptq"] = W4A16Config(group_size=size, algorithm="gptq")
     largest = max(group_sizes)
-    found[f"w4a16-g{largest}-gptq-actorder"] = W4A16Config(group_size=largest, algorithm="gptq", gptq_act_order=True)
+    found[f"w4a16-g{largest}-gptq-natural-order"] = W4A16Config(group_size=largest, algorithm="gptq",
+                                                                gptq_act_order=False)
     return found
 
 

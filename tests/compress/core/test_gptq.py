@@ -1,4 +1,4 @@
-"""Tests for compress/core/gptq.py (and its glue in compress/plan.py): known solutions, an independent
+"""Tests for compress/core/gptq.py (and its glue in compress/calibration.py): known solutions, an independent
 column-by-column reference, error against round-to-nearest, the kernels' integer and scale contract
 of the exported modules, sparsity, and GPTQ end to end on a tiny Llama."""
 import dataclasses
@@ -10,7 +10,15 @@ from torch import nn
 import compress
 from compress import W4A16Config, W8A8Config
 from compress._kernels import reference
-from compress.core.gptq import add_to_hessian, gptq_quantize, hessian, inverse_cholesky
+from compress.core.gptq import (
+    MIN_SHRINK,
+    SCALE_GRID,
+    add_to_hessian,
+    gptq_quantize,
+    hessian,
+    inverse_cholesky,
+    search_group_scales,
+)
 from compress.core.quant import (
     INT4_QMAX,
     INT8_QMAX,
@@ -55,26 +63,69 @@ def _hadamard(k):
     return h
 
 
+def _brute_force_scales(w, importance, group_size, qmax):
+    """Per row and group, every grid scale tried one by one in float64; the first with the least error."""
+    n, k = w.shape
+    best = torch.zeros(n, k // group_size)
+    for row in range(n):
+        for group in range(k // group_size):
+            cols = slice(group * group_size, (group + 1) * group_size)
+            v, d = w[row, cols].double(), importance[cols].double()
+            errors = []
+            for i in range(SCALE_GRID):
+                s = safe_scale(v.abs().amax().float() * (1.0 - i * (1.0 - MIN_SHRINK) / SCALE_GRID), qmax).double()
+                q = torch.clamp(torch.round(v / s), -qmax - 1, qmax)
+                errors.append((float((d * (v - q * s) ** 2).sum()), s))
+            best[row, group] = min(errors, key=lambda e: e[0])[1]  # min keeps the first (largest) on ties
+    return best
+
+
+def test_searched_scales_are_the_grid_point_of_least_weighted_error():
+    generator = torch.Generator().manual_seed(1)
+    w = torch.randn(6, 64, generator=generator) * torch.rand(1, 64, generator=generator)
+    importance = torch.rand(64, generator=generator) ** 4  # a few inputs matter most
+    scale = search_group_scales(w, importance, 32, INT4_QMAX)
+    torch.testing.assert_close(scale, _brute_force_scales(w, importance, 32, INT4_QMAX), rtol=1e-6, atol=0)
+    absmax = w.reshape(6, 2, 32).abs().amax(-1)
+    assert bool((scale <= absmax / INT4_QMAX * (1 + 1e-6)).all()) and bool((scale >= absmax / INT4_QMAX * MIN_SHRINK).all())
+    assert bool((scale < absmax / INT4_QMAX * (1 - 1e-6)).any())  # clipping pays somewhere here
+
+
+def test_searched_scales_never_lose_to_absmax_and_keep_zero_groups_at_one():
+    w = torch.randn(8, 64)
+    w[0, :32] = 0
+    importance = torch.rand(64)
+    scale = search_group_scales(w, importance, 32, INT4_QMAX)
+    assert scale[0, 0] == 1.0
+
+    def weighted_error(s):
+        q = torch.clamp(torch.round(w.reshape(8, 2, 32) / s[..., None]), -8, 7)
+        return ((q * s[..., None] - w.reshape(8, 2, 32)) ** 2 * importance.reshape(1, 2, 32)).sum(-1)
+    assert bool((weighted_error(scale) <= weighted_error(quantize_groupwise(w, 32)[1]) + 1e-6).all())
+
+
 @pytest.mark.parametrize("act_order", [False, True])
-def test_orthogonal_inputs_give_round_to_nearest_exactly(act_order):
-    """X with orthogonal columns: H is diagonal, so no error is spread and GPTQ is round-to-nearest."""
+def test_orthogonal_inputs_give_round_to_nearest_on_the_searched_scales(act_order):
+    """X with orthogonal columns: H is diagonal, so no error is spread and GPTQ rounds each weight to
+    the nearest point of its group's scale, searched on the original weights."""
     k = 128
-    column_scales = 2.0 ** torch.randint(-2, 3, (k,)).float()  # powers of two: X^T X exactly diagonal
+    generator = torch.Generator().manual_seed(2)
+    column_scales = 2.0 ** torch.randint(-2, 3, (k,), generator=generator).float()  # X^T X exactly diagonal
     h = _hessian(_hadamard(k) * column_scales)
     assert torch.count_nonzero(h - torch.diag(h.diagonal())) == 0
-    w = torch.randn(16, k)
-    for group_size in (32, k):
-        q, scale = gptq_quantize(w, h, INT4_QMAX, group_size, act_order=act_order)
-        q_rtn, scale_rtn = quantize_groupwise(w, group_size)
-        assert torch.equal(q, q_rtn) and torch.equal(scale, scale_rtn)
+    w = torch.randn(16, k, generator=generator)
+    q, scale = gptq_quantize(w, h, INT4_QMAX, 32, act_order=act_order)
+    assert torch.equal(scale, search_group_scales(w, h.diagonal(), 32, INT4_QMAX))
+    assert torch.equal(q, quantize_groupwise(w, 32, scale)[0])
     q, scale = gptq_quantize(w, h, INT8_QMAX, k, scale=per_channel_scale(w)[:, None], act_order=act_order)
     assert torch.equal(q, quantize_per_channel(w)[0])
 
 
 def _reference_gptq(w, h, group_size, qmax, damping=0.01, act_order=False):
     """GPTQ column by column in float64 with the inverse-Hessian downdate (OBQ's form, no Cholesky,
-    no lazy batches); a group's scale from its current weights when the sweep first reaches it."""
+    no lazy batches); a group's scale searched on its current weights when the sweep first reaches it."""
     k = w.shape[1]
+    importance = h.diagonal().clone()
     h = h.double() + damping * h.double().diagonal().mean() * torch.eye(k, dtype=torch.float64)
     order = torch.argsort(h.diagonal(), descending=True, stable=True) if act_order else torch.arange(k)
     h_inv, w = torch.linalg.inv(h[order][:, order]), w.double()[:, order]
@@ -84,7 +135,8 @@ def _reference_gptq(w, h, group_size, qmax, damping=0.01, act_order=False):
         group = group_of[j]
         if not scale[:, group].any():
             members = [p for p in range(k) if group_of[p] == group]
-            scale[:, group] = safe_scale(w[:, members].abs().amax(dim=1), qmax)
+            current = w[:, members].float()
+            scale[:, group] = search_group_scales(current, importance[order[members]], len(members), qmax)[:, 0]
         s = scale[:, group].double()
         q[:, j] = torch.clamp(torch.round(w[:, j] / s), -qmax - 1, qmax)
         w[:, j:] -= ((w[:, j] - q[:, j] * s) / h_inv[j, j])[:, None] * h_inv[j, j:][None, :]
@@ -98,8 +150,8 @@ def test_lazy_batches_match_the_column_by_column_reference(group_size, act_order
     h = _hessian(x)
     q, scale = gptq_quantize(w, h, INT4_QMAX, group_size, act_order=act_order, block=48)  # groups straddle blocks
     q_ref, scale_ref = _reference_gptq(w, h, group_size, INT4_QMAX, act_order=act_order)
-    assert (q.double() == q_ref).float().mean() > 0.999  # float32 vs float64: a rare tie may flip
-    torch.testing.assert_close(scale, scale_ref, rtol=1e-4, atol=0)
+    assert (q.double() == q_ref).float().mean() > 0.995  # float32 vs float64: a rare tie may flip
+    assert (torch.isclose(scale, scale_ref, rtol=1e-4, atol=0)).float().mean() > 0.99  # ... and so a grid point
 
 
 @pytest.mark.parametrize("scheme", ["w4 g32", "w4 per channel", "w4 g32 act_order", "w8"])
@@ -147,10 +199,12 @@ def test_pruned_weights_stay_zero_and_their_loss_is_compensated():
     low_rank = torch.randn(512, 32, generator=generator) @ torch.randn(32, 128, generator=generator)
     x, w = low_rank + 0.3 * torch.randn(512, 128, generator=generator), torch.randn(64, 128, generator=generator)
     keep = expand_mask(block_mask(w, 0.5, 32, "magnitude"), tuple(w.shape), 32)
-    q, scale = gptq_quantize(w, _hessian(x), INT4_QMAX, 32, keep=keep)
-    gptq = dequantize_groupwise(q, scale, 32)
-    assert (gptq[~keep] == 0).all() and (gptq[keep] != 0).any()
-    assert _output_error(x, w, gptq) < 0.5 * _output_error(x, w, _rtn_int4(w * keep, 32))  # measured: 0.27
+    rtn = _output_error(x, w, _rtn_int4(w * keep, 32))
+    for act_order, bound in ((False, 0.5), (True, 0.9)):  # measured: 0.27 in natural order, 0.78 in activation order
+        q, scale = gptq_quantize(w, _hessian(x), INT4_QMAX, 32, keep=keep, act_order=act_order)
+        gptq = dequantize_groupwise(q, scale, 32)
+        assert (gptq[~keep] == 0).all() and (gptq[keep] != 0).any()
+        assert _output_error(x, w, gptq) < bound * rtn
 
 
 # ---- the exported modules hold GPTQ's integers and scales (the kernels' contract) ------------------
