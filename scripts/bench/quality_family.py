@@ -1,0 +1,95 @@
+"""A model-quality results file (``benchmarks/results/<family>-<gpu>.json``) from one ``compress evaluate`` report.
+
+    python -m scripts.bench.quality_family --report runs/smollm2-wikitext-compare/report.json \\
+        --recipe-prefix recipes/smollm2-wikitext- --commit abc1234 \\
+        --targets w8a8-qat=1 w4a16-qat=3 w4a16-gptq=8 sparse50=15 sparse50-w8a8=18 \\
+        --description "..." --out benchmarks/results/smollm2-h100.json
+
+The report (:mod:`compress.eval.report`) compares saved models on one device, the dense baseline
+first. Each of its models becomes one run of the schema :mod:`scripts.bench.pages` reads: variant =
+the model's name in the report, recipe = ``<recipe-prefix><variant>.yaml``, the primary metric's
+value, ``steps`` = that recipe's ``trainer.max_steps`` (0: post-training only), ``latency_ms`` per
+batch and the baseline's as ``dense_latency_ms`` (same report, same device), ``counts_for`` both the
+metric and the speed figure, ``source`` (commit, report path, model dir) and no note. One seed: the
+recipes' ``seed_everything``. Targets: ``variant=limit``, in percent for a perplexity (lower is
+better) and in points for an accuracy.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import yaml
+
+from compress.eval.report import read_json
+
+
+def recipe_facts(path: Path) -> tuple[int, int]:
+    """(``seed_everything``, ``trainer.max_steps``) of a recipe file."""
+    if not path.is_file():
+        raise FileNotFoundError(f"expected the recipe {path} (from --recipe-prefix and the report's model name)")
+    recipe = yaml.safe_load(path.read_text())
+    return int(recipe.get("seed_everything", 0)), int(recipe.get("trainer", {}).get("max_steps", -1))
+
+
+def parse_targets(items: list[str]) -> dict[str, float]:
+    targets = {}
+    for item in items:
+        variant, sep, limit = item.partition("=")
+        if not sep or not variant:
+            raise ValueError(f"--targets: expected variant=limit, got {item!r}")
+        targets[variant] = float(limit)
+    return targets
+
+
+def family(report_path: Path, recipe_prefix: str, commit: str, targets: dict[str, float], name: str,
+           description: str) -> dict:
+    """The results file's content (see the module docstring)."""
+    report = read_json(report_path)
+    base = report.baseline
+    if base.name != "dense":
+        raise ValueError(f"{report_path}: expected the dense model first (named 'dense'), got {base.name!r}")
+    metric = base.primary_metric
+    unknown = sorted(set(targets) - {m.name for m in report.models})
+    if unknown:
+        raise ValueError(f"--targets: {unknown} are not models of {report_path} ({[m.name for m in report.models]})")
+    dense_ms = {str(p.batch_size): round(p.latency_ms, 4) for p in base.latency}
+    runs = []
+    for model in report.models:
+        recipe = Path(f"{recipe_prefix}{model.name}.yaml")
+        seed, steps = recipe_facts(recipe)
+        runs.append({
+            "variant": model.name, "recipe": str(recipe), "seed": seed, metric: model.metrics[metric],
+            "steps": steps, "latency_ms": {str(p.batch_size): round(p.latency_ms, 4) for p in model.latency},
+            "dense_latency_ms": dense_ms, "linear_weight_bytes": model.linear_weight_bytes,
+            "counts_for": ["metric", "speed"],
+            "source": {"commit": commit, "report": str(report_path), "model": model.source or model.name},
+            "note": "",
+        })
+    return {"family": name, "description": description, "gpu": report.device, "environment":
+            {k: v for k, v in report.environment.items() if k != "gpu"}, "metric": metric,
+            "higher_is_better": base.higher_is_better, "targets": targets,
+            "target_unit": "points" if base.higher_is_better else "percent", "runs": runs}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m scripts.bench.quality_family", description=__doc__.split("\n")[0])
+    parser.add_argument("--report", type=Path, required=True, help="a compress evaluate report.json, dense first")
+    parser.add_argument("--recipe-prefix", required=True, help="recipe path of a variant = prefix + name + .yaml")
+    parser.add_argument("--commit", required=True, help="the commit the runs measured")
+    parser.add_argument("--targets", nargs="*", default=[], help="variant=limit (percent or points)")
+    parser.add_argument("--family", required=True, help="the family's name (the page's)")
+    parser.add_argument("--description", required=True, help="one sentence: model, data, how it was measured")
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    data = family(args.report, args.recipe_prefix, args.commit, parse_targets(args.targets), args.family,
+                  args.description)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(data, indent=2) + "\n")
+    print(f"wrote {args.out}: {len(data['runs'])} runs")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
