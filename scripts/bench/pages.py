@@ -42,6 +42,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from scripts.bench.markdown import require, table
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 RESULTS = Path("benchmarks/results")
 PAGES_DIR = Path("docs/results")
@@ -61,21 +63,6 @@ class Page:
 
 
 # ---- shared formatting ---------------------------------------------------------------------------
-
-def require(data: dict, key: str, where: str):
-    """``data[key]``, or a ValueError naming the file and the key that is missing."""
-    if not isinstance(data, dict):
-        raise TypeError(f"{where}: expected a JSON object, got {type(data).__name__}")
-    if key not in data:
-        raise ValueError(f"{where}: expected a {key!r} entry, found only {sorted(data)}")
-    return data[key]
-
-
-def table(head: list[str], rows: list[list[str]]) -> list[str]:
-    """A Markdown table (a list of lines)."""
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    return lines + ["| " + " | ".join(row) + " |" for row in rows]
-
 
 VERDICT = {True: "met", False: "**not met**", None: "not measured"}
 

@@ -1,0 +1,17 @@
+"""Markdown and JSON helpers shared by the results pages' sections."""
+from __future__ import annotations
+
+
+def require(data: dict, key: str, where: str):
+    """``data[key]``, or a ValueError naming the file and the key that is missing."""
+    if not isinstance(data, dict):
+        raise TypeError(f"{where}: expected a JSON object, got {type(data).__name__}")
+    if key not in data:
+        raise ValueError(f"{where}: expected a {key!r} entry, found only {sorted(data)}")
+    return data[key]
+
+
+def table(head: list[str], rows: list[list[str]]) -> list[str]:
+    """A Markdown table (a list of lines)."""
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    return lines + ["| " + " | ".join(row) + " |" for row in rows]
