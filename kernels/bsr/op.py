@@ -37,7 +37,7 @@ from __future__ import annotations
 import torch
 
 from compress_kernels.bsr.densify import bsr_to_dense
-from compress_kernels.bsr.dispatch import BsrConfig, pick
+from compress_kernels.bsr.dispatch import BsrConfig, cached_pick
 from compress_kernels.bsr.gemm import launch_gemm
 from compress_kernels.bsr.gemv import launch_gemv
 from compress_kernels.bsr.indices import check_bsr_indices
@@ -54,7 +54,7 @@ def launch(x2, crow_indices, col_indices, values, out_features: int, bias=None,
     """Run validated ``x2`` (M, K) (unit column stride) through the picked kernel (or ``config``);
     returns (M, out_features) in x2's dtype."""
     m, k = x2.shape
-    config = config or pick(m, out_features, k, col_indices.shape[0], x2.device, prefetch_allowed(values))
+    config = config or cached_pick(m, out_features, k, col_indices.shape[0], x2.device, prefetch_allowed(values))
     if config.kernel == "dense":  # large M: cuBLAS on the dense weight
         weight = bsr_to_dense(crow_indices, col_indices, values, out_features, k)
         return torch.nn.functional.linear(x2, weight, None if bias is None else bias.to(x2.dtype))

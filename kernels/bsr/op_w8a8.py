@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 
 from compress_kernels.bsr.densify import bsr_to_dense
-from compress_kernels.bsr.dispatch import BsrConfig, pick_w8a8
+from compress_kernels.bsr.dispatch import BsrConfig, cached_pick_w8a8
 from compress_kernels.bsr.gemm_w8a8 import launch_gemm_w8a8
 from compress_kernels.bsr.op import check_parts
 from compress_kernels.common.checks import check_quantized, check_same_device, check_shape, check_tensor, check_x_scale
@@ -35,7 +35,7 @@ def launch(x2, crow_indices, col_indices, values, w_scale, out_features: int, bi
            config: BsrConfig | None = None) -> torch.Tensor:
     """Run validated ``x2`` (M, K) through the picked path (or ``config``); returns (M, out_features)."""
     m, k = x2.shape
-    config = config or pick_w8a8(m, out_features, k, col_indices.shape[0], x2.device)
+    config = config or cached_pick_w8a8(m, out_features, k, col_indices.shape[0], x2.device)
     if config.kernel == "dense":  # large M: the dense W8A8 kernels on the dense int8 weight
         w_q = bsr_to_dense(crow_indices, col_indices, values, out_features, k)
         return launch_dense_w8a8(x2 if x2.stride(-1) == 1 else x2.contiguous(), w_q, w_scale, bias, x_scale)
@@ -74,7 +74,7 @@ def bsr_w8a8_matmul_quantized(xq, s_x, crow_indices, col_indices, values, w_scal
     check_same_device(xq, w_scale=w_scale, values=values)
     m, k = xq.shape
     xq, s_x, w_scale = xq.contiguous(), s_x.contiguous(), w_scale.contiguous()
-    config = pick_w8a8(m, out_features, k, col_indices.shape[0], xq.device)
+    config = cached_pick_w8a8(m, out_features, k, col_indices.shape[0], xq.device)
     if config.kernel == "dense":  # large M: the dense W8A8 GEMM
         w_q = bsr_to_dense(crow_indices, col_indices, values, out_features, k)
         return w8a8_matmul_quantized(xq, s_x, w_q, w_scale, bias, out_dtype)

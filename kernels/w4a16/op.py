@@ -18,7 +18,7 @@ import torch
 
 from compress_kernels.common.checks import check_activation, check_bias, check_same_device, check_shape, check_tensor
 from compress_kernels.w4a16.dequant import launch_dequant
-from compress_kernels.w4a16.dispatch import TileConfig, pick
+from compress_kernels.w4a16.dispatch import TileConfig, cached_pick
 from compress_kernels.w4a16.fma import launch_fma
 from compress_kernels.w4a16.tiled import launch_tiled
 from compress_kernels.w4a16.wgmma import launch_wgmma
@@ -60,7 +60,7 @@ def launch(x2, qweight, scales, group_size: int, bias=None, config: TileConfig |
     y = torch.empty((m, n), dtype=x2.dtype, device=x2.device)
     if m == 0:
         return y
-    cfg = config or pick(m, n, k, group_size, scales.element_size(), x2.device)
+    cfg = config or cached_pick(m, n, k, group_size, scales.element_size(), x2.device)
     if cfg.path == "dequant":
         launch_dequant(x2, qweight, scales, group_size, bias, y)
         return y

@@ -22,7 +22,7 @@ import torch
 from compress_kernels.common.checks import (check_activation, check_bias, check_quantized, check_same_device,
                                             check_shape, check_tensor, check_x_scale)
 from compress_kernels.common.quantize import quantize_rows
-from compress_kernels.w8a8.dispatch import TileConfig, pick
+from compress_kernels.w8a8.dispatch import TileConfig, cached_pick
 from compress_kernels.w8a8.gemm import launch_tiles
 from compress_kernels.w8a8.gemv import launch_gemv
 from compress_kernels.w8a8.tma import launch_tma, tma_ready
@@ -52,7 +52,7 @@ def launch(x2, w_q, w_scale, bias=None, x_scale=None, config: TileConfig | None 
     y = torch.empty((m, n), dtype=x2.dtype, device=x2.device)
     if m == 0:
         return y
-    cfg = config or pick(m, n, k, x2.device, tma_ok=tma_ready(w_q))
+    cfg = config or cached_pick(m, n, k, x2.device, tma_ok=tma_ready(w_q))
     w_scale = w_scale.contiguous()
     bias = bias.contiguous() if bias is not None else None
     if cfg.path == "gemv":  # one launch: the row is quantized in the kernel
@@ -111,7 +111,7 @@ def w8a8_matmul_quantized(xq, s_x, w_q, w_scale, bias=None, out_dtype=torch.floa
         return y
     xq = xq.contiguous()
     bias = bias.contiguous() if bias is not None else None
-    cfg = pick(m, n, k, xq.device, quantized=True, tma_ok=tma_ready(w_q, xq))
+    cfg = cached_pick(m, n, k, xq.device, quantized=True, tma_ok=tma_ready(w_q, xq))
     return launch_gemm(xq, s_x.contiguous(), w_q, w_scale.contiguous(), bias, cfg, y)
 
 
