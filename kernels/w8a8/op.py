@@ -20,6 +20,8 @@ return calls bound to the weights, which launch without the custom op in eager m
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from compress_kernels.common.bound import BoundMatmul, BoundQuantizedMatmul
@@ -49,14 +51,16 @@ def _validate(x, w_q, w_scale, bias, x_scale) -> None:
     check_x_scale(x, x_scale)
 
 
-def launch(x2, w_q, w_scale, bias=None, x_scale=None, config: TileConfig | None = None) -> torch.Tensor:
-    """Run validated 2-D ``x2`` (M, K) through the picked path (or ``config``); returns (M, N) in x2's dtype."""
+def launch(x2, w_q, w_scale, bias=None, x_scale=None, config: TileConfig | None = None,
+           tma_ok: bool | None = None) -> torch.Tensor:
+    """Run validated 2-D ``x2`` (M, K) through the picked path (or ``config``); returns (M, N) in x2's dtype.
+    ``tma_ok``: ``tma_ready(w_q)`` when the caller knows it already (a bound call), else None."""
     m, k = x2.shape
     n = w_q.shape[0]
     y = torch.empty((m, n), dtype=x2.dtype, device=x2.device)
     if m == 0:
         return y
-    cfg = config or cached_pick(m, n, k, x2.device, tma_ok=tma_ready(w_q))
+    cfg = config or cached_pick(m, n, k, x2.device, tma_ok=tma_ready(w_q) if tma_ok is None else tma_ok)
     w_scale = w_scale.contiguous()
     bias = bias.contiguous() if bias is not None else None
     if cfg.path == "gemv":  # one launch: the row is quantized in the kernel
@@ -80,10 +84,10 @@ def launch_gemm(xq, s_x, w_q, w_scale, bias, cfg: TileConfig, y) -> torch.Tensor
     return y
 
 
-def launch_nd(x, w_q, w_scale, bias=None, x_scale=None) -> torch.Tensor:
+def launch_nd(x, w_q, w_scale, bias=None, x_scale=None, tma_ok: bool | None = None) -> torch.Tensor:
     """:func:`launch` on validated ``x`` (..., K): (..., N) in x's dtype (the custom op's work after validation)."""
     k = x.shape[-1]
-    y2 = launch(x.reshape(-1, k), w_q, w_scale, bias, x_scale)
+    y2 = launch(x.reshape(-1, k), w_q, w_scale, bias, x_scale, tma_ok=tma_ok)
     return y2.reshape(*x.shape[:-1], w_q.shape[0])
 
 
@@ -157,7 +161,8 @@ def bind_w8a8_matmul(x, w_q, w_scale, bias=None, x_scale=None) -> BoundMatmul:
     if x_scale is not None and x_scale.numel() != 1:
         raise ValueError(f"x_scale: expected None or one static scale for every token (a bound call serves any "
                          f"number of tokens), got shape {tuple(x_scale.shape)}")
-    return BoundMatmul("w8a8_matmul", launch_nd, (w_q, w_scale, bias, x_scale), x)
+    launch_bound = functools.partial(launch_nd, tma_ok=tma_ready(w_q))  # a fact of w_q: read once
+    return BoundMatmul("w8a8_matmul", launch_bound, (w_q, w_scale, bias, x_scale), x)
 
 
 def bind_w8a8_matmul_quantized(xq, s_x, w_q, w_scale, bias=None, out_dtype=torch.float16) -> BoundQuantizedMatmul:
