@@ -15,7 +15,14 @@ explains each kernel, each table and the current figures.
     norm_quant/  layer_norm_quantize(x, weight, bias, eps, x_scale=None), rms_norm_quantize(x, weight, eps,
                  x_scale=None), gelu_quantize(x, x_scale=None): ``(y, xq, s_x)``, the op's output and its
                  per-token int8 copy (rows of at most ``NORM_QUANT_MAX_ROW`` features)
-    common/      checks, device facts, tiles, split-K, PDL, L2 prefetch, int8 quantize, int4 unpack
+    common/      checks, bound calls, device facts, tiles, split-K, PDL, L2 prefetch, int8 quantize, int4 unpack
+
+``bind_<op>(x, ...)`` for each matmul op above (``bind_w8a8_matmul``, ``bind_w8a8_matmul_quantized``,
+``bind_w4a16_matmul``, ``bind_bsr_matmul_parts``, ``bind_bsr_w8a8_matmul_parts``,
+``bind_bsr_w8a8_matmul_quantized``) takes the op's arguments, validates them in full once and returns
+a call bound to the weight side: ``call(x)`` checks only x (dtype, device, K) and, in eager mode,
+launches without the custom op's dispatch (:mod:`compress_kernels.common.bound`). The inference
+modules call the ops this way.
 
 ``interpreting()`` says whether Triton runs its CPU interpreter (``TRITON_INTERPRET=1``), where the
 launchers accept CPU tensors. This package never imports ``compress``.
@@ -44,11 +51,12 @@ except ImportError:  # pragma: no cover - Triton ships with every Linux install 
     TRITON_AVAILABLE = False
 
 if TRITON_AVAILABLE:
-    from compress_kernels.bsr import bsr_matmul, bsr_matmul_parts, bsr_w8a8_matmul_parts, bsr_w8a8_matmul_quantized
+    from compress_kernels.bsr import (bind_bsr_matmul_parts, bind_bsr_w8a8_matmul_parts, bind_bsr_w8a8_matmul_quantized,
+                                      bsr_matmul, bsr_matmul_parts, bsr_w8a8_matmul_parts, bsr_w8a8_matmul_quantized)
     from compress_kernels.norm_quant import MAX_ROW as NORM_QUANT_MAX_ROW
     from compress_kernels.norm_quant import gelu_quantize, layer_norm_quantize, rms_norm_quantize
-    from compress_kernels.w4a16 import w4a16_matmul
-    from compress_kernels.w8a8 import w8a8_matmul, w8a8_matmul_quantized
+    from compress_kernels.w4a16 import bind_w4a16_matmul, w4a16_matmul
+    from compress_kernels.w8a8 import bind_w8a8_matmul, bind_w8a8_matmul_quantized, w8a8_matmul, w8a8_matmul_quantized
 else:  # pragma: no cover
 
     def _missing(*_args, **_kwargs):
@@ -56,12 +64,19 @@ else:  # pragma: no cover
 
     w8a8_matmul = w4a16_matmul = bsr_matmul = bsr_matmul_parts = bsr_w8a8_matmul_parts = _missing
     w8a8_matmul_quantized = bsr_w8a8_matmul_quantized = layer_norm_quantize = gelu_quantize = _missing
-    rms_norm_quantize = _missing
+    rms_norm_quantize = bind_w8a8_matmul = bind_w8a8_matmul_quantized = bind_w4a16_matmul = _missing
+    bind_bsr_matmul_parts = bind_bsr_w8a8_matmul_parts = bind_bsr_w8a8_matmul_quantized = _missing
     NORM_QUANT_MAX_ROW = 0
 
 __all__ = [
     "NORM_QUANT_MAX_ROW",
     "TRITON_AVAILABLE",
+    "bind_bsr_matmul_parts",
+    "bind_bsr_w8a8_matmul_parts",
+    "bind_bsr_w8a8_matmul_quantized",
+    "bind_w4a16_matmul",
+    "bind_w8a8_matmul",
+    "bind_w8a8_matmul_quantized",
     "bsr_matmul",
     "bsr_matmul_parts",
     "bsr_matmul_ref",

@@ -24,10 +24,23 @@ model is cast (``model.half().cuda()`` after export): :class:`compress.core.floa
 a cast move the ``float32`` buffers to another device but never changes their dtype, while ``bias`` and
 BSR ``values`` follow the model dtype.
 
-On CUDA inputs in fp16/bf16 the forward calls the Triton launcher; everywhere else it calls the
+On CUDA inputs in fp16/bf16 the forward calls the Triton kernels; everywhere else it calls the
 pure-PyTorch reference of the same op (``kernels/reference.py``), logged once per class. Padding
 (W4A16 with K not a multiple of the group size) appends zero input channels to the weight and to
 ``x``, so the result is exact.
+
+How the kernels are called. In eager mode (e.g. ``model.generate`` as most users run it) a forward
+must cost little host time, since a decode step calls every linear layer once with a few rows. The
+first kernel call binds the op to the module's buffers (``compress_kernels.bind_<op>``: every
+argument validated once) and keeps that call; later calls check only ``x`` (dtype, device, K) and
+launch without the custom op's dispatch. The bound call is kept while the buffers passed are the same
+tensor objects and ``x`` keeps its dtype and device; a cast or move (``_apply``) drops it, and so do
+pickling and ``deepcopy`` (it is a cache, not state). In-place changes of buffer values
+(``load_state_dict``) need no rebinding: the call holds the buffers themselves. A buffer whose dtype
+differs from ``x``'s (``bias`` and BSR ``values`` when the module was not cast to x's dtype) is
+converted once and the copy kept until the buffer is replaced or changed in place. While
+``torch.compile`` traces, the forward calls the public launchers instead (validated at trace time,
+their ``torch.library`` custom ops in the graph).
 
 BSR index *values* are checked where they come in (``check_indices()``: :func:`compress.load_compressed`
 runs it on every block-sparse layer; ``from_float`` builds valid ones), so the forwards pass
@@ -68,8 +81,20 @@ def _log_once(cls_name: str, reason: str) -> None:
         logger.info("%s: %s; using the pure-PyTorch reference (kernels/reference.py)", cls_name, reason)
 
 
+def _version(t: torch.Tensor) -> int | None:
+    """``t``'s in-place version counter; None for inference-mode tensors, which have none."""
+    return None if t.is_inference() else t._version
+
+
+def _same_objects(a: tuple, b: tuple) -> bool:
+    """Whether two argument tuples hold the very same objects, position by position."""
+    return len(a) == len(b) and all(p is q for p, q in zip(a, b))
+
+
 class _InferenceLinear(Float32Buffers):
-    """Shared plumbing: dtype-stable float32 buffers, kernel-or-reference dispatch, bias buffer."""
+    """Shared plumbing: dtype-stable float32 buffers, kernel-or-reference dispatch, bound kernel calls, bias."""
+
+    _CACHES = ("_bound_calls", "_dtype_copies")  # instance caches: dropped by a cast, a move, pickling and copying
 
     def __init__(self, in_features: int, out_features: int, bias: bool):
         super().__init__()
@@ -88,7 +113,57 @@ class _InferenceLinear(Float32Buffers):
         return False
 
     def _bias_for(self, x: torch.Tensor):
-        return None if self.bias is None else self.bias.to(x.dtype)
+        return self._in_dtype("bias", self.bias, x.dtype)
+
+    def _in_dtype(self, name: str, t: torch.Tensor | None, dtype: torch.dtype):
+        """Buffer ``t`` (named ``name``) in ``dtype``: itself when it has that dtype, else a copy converted
+        once and kept until the buffer is replaced or changed in place."""
+        if t is None or t.dtype == dtype:
+            return t
+        if torch.compiler.is_compiling():  # a traced graph converts as it runs
+            return t.to(dtype)
+        copies = self.__dict__.setdefault("_dtype_copies", {})
+        kept = copies.get(name)
+        if kept is not None and kept[0] is t and kept[1] == _version(t) and kept[2].dtype == dtype:
+            return kept[2]
+        copy = t.to(dtype)
+        copies[name] = (t, _version(t), copy)
+        return copy
+
+    def _kernel(self, op: str, x: torch.Tensor, *args, **public_kwargs) -> torch.Tensor:
+        """``compress_kernels.<op>(x, *args)``: while torch.compile traces, the public launcher (with
+        ``public_kwargs``); in eager mode the call ``bind_<op>`` bound to ``args`` (module docstring)."""
+        if torch.compiler.is_compiling():
+            return _kernels.launcher(op)(x, *args, **public_kwargs)
+        return self._bound(op, (x.dtype, x.device), args, lambda: _kernels.launcher(f"bind_{op}")(x, *args))(x)
+
+    def _quantized_kernel(self, op: str, x: torch.Tensor, xq: torch.Tensor, s_x: torch.Tensor, *args) -> torch.Tensor:
+        """``compress_kernels.<op>(xq, s_x, *args)`` for handed-over int8 inputs (eager mode only), bound as
+        :meth:`_kernel` binds."""
+        bind = lambda: _kernels.launcher(f"bind_{op}")(xq, s_x, *args)  # noqa: E731
+        return self._bound(op, (x.dtype, xq.device), args, bind)(xq, s_x)
+
+    def _bound(self, op: str, key: tuple, args: tuple, bind):
+        """The bound call kept for ``op``, or ``bind()`` when ``key`` (x's dtype and device) or any of
+        ``args`` (compared by identity) changed since it was made."""
+        calls = self.__dict__.setdefault("_bound_calls", {})
+        kept = calls.get(op)
+        if kept is not None and kept[0] == key and _same_objects(kept[1], args):
+            return kept[2]
+        call = bind()
+        calls[op] = (key, args, call)
+        return call
+
+    def _apply(self, fn, recurse=True):
+        for name in self._CACHES:  # they hold the tensors a cast or move replaces
+            self.__dict__.pop(name, None)
+        return super()._apply(fn, recurse)
+
+    def __getstate__(self):
+        state = dict(super().__getstate__())
+        for name in self._CACHES:
+            state.pop(name, None)
+        return state
 
     @staticmethod
     def _copy_bias(module: "_InferenceLinear", linear: nn.Linear) -> None:
@@ -164,12 +239,13 @@ class W8A8Linear(_TakesHandedInput, _InferenceLinear):
             return self._matmul_quantized(x, *handed)
         x = _smoothed(x, self.input_smoothing)
         if self._use_kernel(x):
-            return _kernels.launcher("w8a8_matmul")(x, self.w_q, self.w_scale, self._bias_for(x), self.act_scale)
+            return self._kernel("w8a8_matmul", x, self.w_q, self.w_scale, self._bias_for(x), self.act_scale)
         return _kernels.reference.w8a8_matmul_ref(x, self.w_q, self.w_scale, self.bias, self.act_scale)
 
     def _matmul_quantized(self, x, xq, s_x) -> torch.Tensor:
         if self._use_kernel(x):
-            y = _kernels.launcher("w8a8_matmul_quantized")(xq, s_x, self.w_q, self.w_scale, self._bias_for(x), x.dtype)
+            y = self._quantized_kernel("w8a8_matmul_quantized", x, xq, s_x, self.w_q, self.w_scale, self._bias_for(x),
+                                       x.dtype)
         else:
             y = _kernels.reference.w8a8_matmul_quantized_ref(xq, s_x, self.w_q, self.w_scale, self.bias, x.dtype)
         return y.reshape(*x.shape[:-1], self.out_features)
@@ -230,8 +306,7 @@ class W4A16Linear(_InferenceLinear):
         if pad:
             x = F.pad(x, (0, pad))
         if self._use_kernel(x):
-            kernel = _kernels.launcher("w4a16_matmul")
-            return kernel(x, self.qweight, self.scales, self.group_size, self._bias_for(x))
+            return self._kernel("w4a16_matmul", x, self.qweight, self.scales, self.group_size, self._bias_for(x))
         return _kernels.reference.w4a16_matmul_ref(x, self.qweight, self.scales, self.group_size, self.bias)
 
     def dequantized_weight(self) -> torch.Tensor:
@@ -290,10 +365,9 @@ class BSRLinear(_BlockSparseIndices, _InferenceLinear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self._use_kernel(x):
-            kernel = _kernels.launcher("bsr_matmul_parts")
-            values = self.values.to(x.dtype)
-            return kernel(x, self.crow_indices, self.col_indices, values, self.out_features, self._bias_for(x),
-                          check_indices=False)
+            values = self._in_dtype("values", self.values, x.dtype)
+            return self._kernel("bsr_matmul_parts", x, self.crow_indices, self.col_indices, values, self.out_features,
+                                self._bias_for(x), check_indices=False)
         return _kernels.reference.bsr_matmul_ref(x, self.crow_indices, self.col_indices, self.values,
                                                   self.out_features, self.bias)
 
@@ -361,15 +435,14 @@ class BSRW8A8Linear(_BlockSparseIndices, _TakesHandedInput, _InferenceLinear):
         x = _smoothed(x, self.input_smoothing)
         parts = (self.crow_indices, self.col_indices, self.values, self.w_scale, self.out_features)
         if self._use_kernel(x):
-            return _kernels.launcher("bsr_w8a8_matmul_parts")(x, *parts, self._bias_for(x), self.act_scale,
-                                                              check_indices=False)
+            return self._kernel("bsr_w8a8_matmul_parts", x, *parts, self._bias_for(x), self.act_scale,
+                                check_indices=False)
         return _kernels.reference.bsr_w8a8_matmul_ref(x, *parts, self.bias, self.act_scale)
 
     def _matmul_quantized(self, x, xq, s_x) -> torch.Tensor:
         parts = (self.crow_indices, self.col_indices, self.values, self.w_scale, self.out_features)
         if self._use_kernel(x):
-            y = _kernels.launcher("bsr_w8a8_matmul_quantized")(xq, s_x, *parts, self._bias_for(x), x.dtype,
-                                                               check_indices=False)
+            y = self._quantized_kernel("bsr_w8a8_matmul_quantized", x, xq, s_x, *parts, self._bias_for(x), x.dtype)
         else:
             y = _kernels.reference.bsr_w8a8_matmul_quantized_ref(xq, s_x, *parts, self.bias, x.dtype)
         return y.reshape(*x.shape[:-1], self.out_features)

@@ -4,7 +4,8 @@
 Read each table top to bottom: the first row that matches decides. Each row says why, with the figure
 measured on an H100 or H200 (us per call, the kernel benchmark's method; ``docs/kernels.md``). The
 tables depend on shapes and the number of stored blocks only (never on index values), so a call is the
-same every time and can be captured in a CUDA graph.
+same every time and can be captured in a CUDA graph. Being pure functions of their arguments, they are
+remembered per argument tuple (:func:`cached_pick`, :func:`cached_pick_w8a8`: what the launchers call).
 
 Kernels (``BsrConfig.kernel``):
 
@@ -16,6 +17,7 @@ Kernels (``BsrConfig.kernel``):
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import triton
@@ -36,6 +38,7 @@ GEMV_PREFETCH_BYTES = 8192  # one-row kernel: bytes of each block row's stored b
 PREFETCH_MAX_WEIGHTS = 128 * 2**20  # ... on layers of at most this many weights (N * K)
 W8A8_SPLIT_MAX_BLOCK_ROWS = 384  # DDS + W8A8, M <= 16: block rows are shared up to this many of them
 W8A8_LONG_ROW_BLOCKS = 64  # DDS + W8A8: rows this long get 8 shares at M <= 16 and 4 at M <= 64
+PICK_CACHE_SIZE = 4096  # argument tuples remembered by the cached picks (a model has a few shapes per M)
 
 
 @dataclass(frozen=True)
@@ -120,6 +123,12 @@ def pick(m: int, n: int, k: int, nnz: int, device, can_prefetch: bool) -> BsrCon
     return BsrConfig("gemm", 256, 32, 2, 4, 3)
 
 
+@functools.lru_cache(maxsize=PICK_CACHE_SIZE)
+def cached_pick(m: int, n: int, k: int, nnz: int, device, can_prefetch: bool) -> BsrConfig:
+    """:func:`pick`, remembered per argument tuple (``device`` as a tensor's, with its index)."""
+    return pick(m, n, k, nnz, device, can_prefetch)
+
+
 def small_layer_tile(m: int, block_rows: int, blocks_per_row: float, few_programs: int) -> BsrConfig:
     """DDS on layers of at most ``SMALL_LAYER`` weights (few block rows) at 16 < M <= 64 or M > 256.
 
@@ -175,3 +184,9 @@ def pick_w8a8(m: int, n: int, k: int, nnz: int, device) -> BsrConfig:
     if m <= 256 or (small_layer and block_rows * triton.cdiv(m, 128) < few_programs):
         return BsrConfig("gemm", 64, 32, 4, 4, 3)
     return BsrConfig("gemm", 128, 32, 4, 4, 3)
+
+
+@functools.lru_cache(maxsize=PICK_CACHE_SIZE)
+def cached_pick_w8a8(m: int, n: int, k: int, nnz: int, device) -> BsrConfig:
+    """:func:`pick_w8a8`, remembered per argument tuple (``device`` as a tensor's, with its index)."""
+    return pick_w8a8(m, n, k, nnz, device)

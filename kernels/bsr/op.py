@@ -21,7 +21,9 @@ Entry points: ``bsr_matmul(x, weight, bias)`` for a ``torch.sparse_bsr`` weight 
 ``bsr_matmul_parts(x, crow, col, values, out_features, bias)`` for the parts the inference module
 keeps as buffers. Both validate and call the custom op ``compress_kernels::bsr_matmul`` (with a
 fake implementation), so callers compile under ``torch.compile`` and capture in CUDA graphs: the
-launch depends only on shapes, never on the index values, and does no host synchronisation. The
+launch depends only on shapes, never on the index values, and does no host synchronisation.
+``bind_bsr_matmul_parts`` validates once (indices not checked) and returns a call bound to the
+parts, which in eager mode launches without the custom op (:mod:`compress_kernels.common.bound`). The
 index *values* are checked (:func:`compress_kernels.bsr.indices.check_bsr_indices`: one pass and one
 synchronisation) unless the caller passes ``check_indices=False``, as the inference modules do,
 having checked them once when the layer was built or loaded; with it, indices that break the
@@ -37,10 +39,11 @@ from __future__ import annotations
 import torch
 
 from compress_kernels.bsr.densify import bsr_to_dense
-from compress_kernels.bsr.dispatch import BsrConfig, pick
+from compress_kernels.bsr.dispatch import BsrConfig, cached_pick
 from compress_kernels.bsr.gemm import launch_gemm
 from compress_kernels.bsr.gemv import launch_gemv
 from compress_kernels.bsr.indices import check_bsr_indices
+from compress_kernels.common.bound import BoundMatmul
 from compress_kernels.common.checks import check_activation, check_bias, check_same_device, check_tensor
 from compress_kernels.common.prefetch import prefetch_allowed
 from compress_kernels.reference import BSR_BLOCK
@@ -54,7 +57,7 @@ def launch(x2, crow_indices, col_indices, values, out_features: int, bias=None,
     """Run validated ``x2`` (M, K) (unit column stride) through the picked kernel (or ``config``);
     returns (M, out_features) in x2's dtype."""
     m, k = x2.shape
-    config = config or pick(m, out_features, k, col_indices.shape[0], x2.device, prefetch_allowed(values))
+    config = config or cached_pick(m, out_features, k, col_indices.shape[0], x2.device, prefetch_allowed(values))
     if config.kernel == "dense":  # large M: cuBLAS on the dense weight
         weight = bsr_to_dense(crow_indices, col_indices, values, out_features, k)
         return torch.nn.functional.linear(x2, weight, None if bias is None else bias.to(x2.dtype))
@@ -70,6 +73,16 @@ def launch(x2, crow_indices, col_indices, values, out_features: int, bias=None,
     return y
 
 
+def launch_nd(x, crow_indices, col_indices, values, out_features: int, bias=None) -> torch.Tensor:
+    """:func:`launch` on validated ``x`` (..., K): (..., out_features) in x's dtype (the custom op's work)."""
+    k = x.shape[-1]
+    x2 = x.reshape(-1, k)
+    if x2.shape[0] > 0 and x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    y = launch(x2, crow_indices, col_indices, values, out_features, bias)
+    return y.reshape(*x.shape[:-1], out_features)
+
+
 @torch.library.custom_op("compress_kernels::bsr_matmul", mutates_args=())
 def _bsr_matmul_op(
     x: torch.Tensor,
@@ -79,12 +92,7 @@ def _bsr_matmul_op(
     out_features: int,
     bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    k = x.shape[-1]
-    x2 = x.reshape(-1, k)
-    if x2.shape[0] > 0 and x2.stride(-1) != 1:
-        x2 = x2.contiguous()
-    y = launch(x2, crow_indices, col_indices, values, out_features, bias)
-    return y.reshape(*x.shape[:-1], out_features)
+    return launch_nd(x, crow_indices, col_indices, values, out_features, bias)
 
 
 @_bsr_matmul_op.register_fake
@@ -152,6 +160,14 @@ def bsr_matmul_parts(x, crow_indices, col_indices, values, out_features, bias=No
     """
     check_parts(x, crow_indices, col_indices, values, out_features, bias, check_indices=check_indices)
     return torch.ops.compress_kernels.bsr_matmul(x, crow_indices, col_indices, values, out_features, bias)
+
+
+def bind_bsr_matmul_parts(x, crow_indices, col_indices, values, out_features, bias=None) -> BoundMatmul:
+    """:func:`bsr_matmul_parts` with every argument validated now, against ``x`` (the index *values* not:
+    check them once where they come in), and the parts bound for later inputs of x's dtype, device
+    and K (:class:`compress_kernels.common.bound.BoundMatmul`)."""
+    check_parts(x, crow_indices, col_indices, values, out_features, bias, check_indices=False)
+    return BoundMatmul("bsr_matmul", launch_nd, (crow_indices, col_indices, values, out_features, bias), x)
 
 
 def bsr_matmul(x, weight, bias=None, *, check_indices=True):

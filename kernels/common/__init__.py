@@ -2,6 +2,7 @@
 per-token int8 quantization and int4 unpacking.
 
 checks     validation with errors naming the expected and the actual value
+bound      ops bound to their weights: validated once, launched without the custom op in eager mode
 device     SM count, L2 size and compute capability, read from the device (H100 values off CUDA)
 tiles      grouped tile order, K split ranges, wrapped weight columns (``@triton.jit`` helpers)
 splitk     the split-K reduction (a second pass, or by the last split in the kernel) and its counters

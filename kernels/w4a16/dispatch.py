@@ -3,8 +3,9 @@
 Read :func:`pick` top to bottom: the first row that matches decides. Each row says why, with the
 figure measured on an H100 (us per call, the kernel benchmark's method; ``docs/kernels.md``). The
 table depends on shapes and dtypes only, so a call is the same every time and can be captured in a
-CUDA graph on its first run; there is no autotuning. A K tile never crosses a scale group (BLOCK_K
-divides G, or G = K).
+CUDA graph on its first run; there is no autotuning. Being a pure function of its arguments, it is
+remembered per argument tuple (:func:`cached_pick`, what the launcher calls). A K tile never crosses
+a scale group (BLOCK_K divides G, or G = K).
 
 Paths (``TileConfig.path``):
 
@@ -17,6 +18,7 @@ Paths (``TileConfig.path``):
 """
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import triton
@@ -38,6 +40,7 @@ DEQUANT_MIN_M = 128  # from here on, dequantize once and let cuBLAS run the fp16
 PAIR_TILE = 128  # K tile of the swapped nibble pairs: 16 packed words, 4 nibble pairs of 32 channels
 FMA_MIN_PROGRAMS = 512  # the one-row kernel's K split: programs to reach (measured, see fma_split_k) ...
 FMA_MAX_SPLIT_CHANNELS = 1536  # ... and the most K channels one split may span
+PICK_CACHE_SIZE = 4096  # argument tuples remembered by cached_pick (a model has a few shapes per M)
 
 
 class TileConfig(NamedTuple):
@@ -104,6 +107,12 @@ def pick(m: int, n: int, k: int, group_size: int, scale_bytes: int, device) -> T
     # 65-127 rows: 128x128 tiles, the weight dequantized before the dot, 8 warps
     cfg = TileConfig(128, 128, min(64, tile_k), num_warps=8, num_stages=4)
     return cfg._replace(split_k=split_k_for(m, n, k, cfg, sms))
+
+
+@functools.lru_cache(maxsize=PICK_CACHE_SIZE)
+def cached_pick(m: int, n: int, k: int, group_size: int, scale_bytes: int, device) -> TileConfig:
+    """:func:`pick`, remembered per argument tuple (``device`` as a tensor's, with its index)."""
+    return pick(m, n, k, group_size, scale_bytes, device)
 
 
 def wgmma_serves(m: int, n: int, k: int, group_size: int) -> bool:

@@ -8,17 +8,20 @@ complement. ``scales`` (K/G, N) fp32 or x's dtype, G in {32, 64, 128} or G = K (
     W[n, k] = q[k, n] * scales[k // G, n]       y = x @ W.T (+ bias)     fp32 accumulation
 
 Which kernel runs is decided by :func:`compress_kernels.w4a16.dispatch.pick` from the shapes and the
-scale dtype alone. ``w4a16_matmul`` validates and calls the custom op
-``torch.ops.compress_kernels.w4a16_matmul`` (with a fake implementation, so callers compile under
-``torch.compile`` and capture in CUDA graphs).
+scale dtype alone (remembered per shape: ``cached_pick``). ``w4a16_matmul`` validates and calls the
+custom op ``torch.ops.compress_kernels.w4a16_matmul`` (with a fake implementation, so callers compile
+under ``torch.compile`` and capture in CUDA graphs). ``bind_w4a16_matmul`` validates once and returns a
+call bound to the weights, which in eager mode launches without the custom op
+(:mod:`compress_kernels.common.bound`).
 """
 from __future__ import annotations
 
 import torch
 
+from compress_kernels.common.bound import BoundMatmul
 from compress_kernels.common.checks import check_activation, check_bias, check_same_device, check_shape, check_tensor
 from compress_kernels.w4a16.dequant import launch_dequant
-from compress_kernels.w4a16.dispatch import TileConfig, pick
+from compress_kernels.w4a16.dispatch import TileConfig, cached_pick
 from compress_kernels.w4a16.fma import launch_fma
 from compress_kernels.w4a16.tiled import launch_tiled
 from compress_kernels.w4a16.wgmma import launch_wgmma
@@ -60,7 +63,7 @@ def launch(x2, qweight, scales, group_size: int, bias=None, config: TileConfig |
     y = torch.empty((m, n), dtype=x2.dtype, device=x2.device)
     if m == 0:
         return y
-    cfg = config or pick(m, n, k, group_size, scales.element_size(), x2.device)
+    cfg = config or cached_pick(m, n, k, group_size, scales.element_size(), x2.device)
     if cfg.path == "dequant":
         launch_dequant(x2, qweight, scales, group_size, bias, y)
         return y
@@ -71,14 +74,19 @@ def launch(x2, qweight, scales, group_size: int, bias=None, config: TileConfig |
     return y
 
 
+def launch_nd(x, qweight, scales, group_size: int, bias=None) -> torch.Tensor:
+    """:func:`launch` on validated ``x`` (..., K): (..., N) in x's dtype (the custom op's work after validation)."""
+    k = x.shape[-1]
+    y2 = launch(x.reshape(-1, k), qweight, scales, group_size, bias)
+    return y2.reshape(*x.shape[:-1], qweight.shape[1])
+
+
 @torch.library.custom_op("compress_kernels::w4a16_matmul", mutates_args=())
 def _w4a16_op(
     x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, group_size: int, bias: torch.Tensor | None
 ) -> torch.Tensor:
     _validate(x, qweight, scales, group_size, bias)
-    k = x.shape[-1]
-    y2 = launch(x.reshape(-1, k), qweight, scales, group_size, bias)
-    return y2.reshape(*x.shape[:-1], qweight.shape[1])
+    return launch_nd(x, qweight, scales, group_size, bias)
 
 
 @_w4a16_op.register_fake
@@ -91,3 +99,10 @@ def w4a16_matmul(x, qweight, scales, group_size, bias=None) -> torch.Tensor:
     """``y = x @ dequant(qweight, scales).T (+ bias)``: x (..., K) fp16/bf16 -> (..., N) in x's dtype."""
     _validate(x, qweight, scales, group_size, bias)
     return torch.ops.compress_kernels.w4a16_matmul(x, qweight, scales, group_size, bias)
+
+
+def bind_w4a16_matmul(x, qweight, scales, group_size, bias=None) -> BoundMatmul:
+    """:func:`w4a16_matmul` with every argument validated now, against ``x``, and the weight side bound
+    for later inputs of x's dtype, device and K (:class:`compress_kernels.common.bound.BoundMatmul`)."""
+    _validate(x, qweight, scales, group_size, bias)
+    return BoundMatmul("w4a16_matmul", launch_nd, (qweight, scales, group_size, bias), x)

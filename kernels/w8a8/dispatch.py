@@ -3,7 +3,8 @@
 Read :func:`pick` top to bottom: the first row that matches decides. Each row says why, with the
 figure measured on an H100 (us per call, the kernel benchmark's method; ``docs/kernels.md``).
 The table depends on shapes only (never on values), so a call is the same every time and can be
-captured in a CUDA graph on its first run; there is no autotuning.
+captured in a CUDA graph on its first run; there is no autotuning. Being a pure function of its
+arguments, it is remembered per argument tuple (:func:`cached_pick`, what the launchers call).
 
 Paths (``TileConfig.path``):
 
@@ -15,6 +16,7 @@ Paths (``TileConfig.path``):
 """
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import triton
@@ -26,6 +28,7 @@ SMALL_LAYER = 4 * 2**20  # N * K at most this (MiniLM's 384 / 1536): the layer s
 NARROW_MAX_WEIGHTS = 64 * 2**20  # 2 <= M <= 16 up to this many weights: 32 outputs per program
 GEMV_MAX_SMALL_M = 4  # small layers take the one-row kernel up to this many rows
 GEMV_WIDE_N = 264 * 64  # wider layers walk K in 512-deep steps in the one-row kernel
+PICK_CACHE_SIZE = 4096  # argument tuples remembered by cached_pick (a model has a few shapes per M)
 
 
 class TileConfig(NamedTuple):
@@ -87,6 +90,12 @@ def pick(m: int, n: int, k: int, device, quantized: bool = False, tma_ok: bool =
     if tma_ok and split_k_for(m, n, k, TMA_TILE, sms) == 1:
         return TMA_TILE
     return POINTER_TILE._replace(split_k=split_k_for(m, n, k, POINTER_TILE, sms))
+
+
+@functools.lru_cache(maxsize=PICK_CACHE_SIZE)
+def cached_pick(m: int, n: int, k: int, device, quantized: bool = False, tma_ok: bool = True) -> TileConfig:
+    """:func:`pick`, remembered per argument tuple (``device`` as a tensor's, with its index)."""
+    return pick(m, n, k, device, quantized=quantized, tma_ok=tma_ok)
 
 
 def small_layer_tile(m: int, n: int, sms: int) -> TileConfig:

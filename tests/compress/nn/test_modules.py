@@ -1,5 +1,6 @@
 """Tests for compress/nn/modules.py: inference modules vs the float layer, dtype-stable buffers, padding,
-and per-layer SQNR on the real all-MiniLM-L6-v2 weights and real SST-2 activations."""
+per-layer SQNR on the real all-MiniLM-L6-v2 weights and real SST-2 activations, and the kernel branch's
+bound calls (bound once, rebound after a cast or a new buffer, equal to the compiled custom ops)."""
 import pathlib
 
 import pytest
@@ -235,3 +236,117 @@ def test_kernel_dispatch_under_the_triton_interpreter(make, monkeypatch):
     got = module(x)
     assert got.shape == expected.shape and got.dtype == torch.float16
     torch.testing.assert_close(got, expected, atol=2e-2, rtol=2e-2)
+
+
+# ---- bound kernel calls (eager) and the custom ops (compiled), under the Triton interpreter ---------
+MAKERS = {
+    "w8a8": lambda l: W8A8Linear.from_float(l, W8A8Config()),
+    "w8a8-static": lambda l: W8A8Linear.from_float(l, W8A8Config("static"), act_scale=torch.tensor(0.03)),
+    "w4a16": lambda l: W4A16Linear.from_float(l, W4A16Config(32)),
+    "bsr": lambda l: BSRLinear.from_float(l),
+    "bsr-w8a8": lambda l: BSRW8A8Linear.from_float(l, mask=block_mask(l.weight, 0.5)),
+}
+
+
+@pytest.fixture
+def kernel_modules(monkeypatch):
+    """Make the modules take their kernel branch on the CPU (the interpreter runs the Triton kernels)."""
+    import compress_kernels
+    from compress_kernels import interpreting
+
+    if not compress_kernels.TRITON_AVAILABLE or not interpreting():
+        pytest.skip("needs the project's Triton kernels and TRITON_INTERPRET=1 (set by conftest without a GPU)")
+    for cls in (W8A8Linear, W4A16Linear, BSRLinear, BSRW8A8Linear):
+        monkeypatch.setattr(cls, "_use_kernel", lambda self, x: x.dtype in (torch.float16, torch.bfloat16))
+
+
+def _bound_calls(module) -> dict:
+    return module.__dict__.get("_bound_calls", {})
+
+
+@pytest.mark.parametrize("kind", list(MAKERS))
+def test_eager_forward_binds_once_and_equals_the_compiled_custom_op(kind, kernel_modules):
+    torch.manual_seed(0)
+    module = MAKERS[kind](nn.Linear(64, 64)).half()
+    x = torch.randn(2, 3, 64, dtype=torch.float16)
+    first = module(x)
+    (call,) = [kept[2] for kept in _bound_calls(module).values()]
+    assert torch.equal(module(x), first) and [kept[2] for kept in _bound_calls(module).values()] == [call]
+    compiled = torch.compile(module, backend="aot_eager", fullgraph=True)
+    assert torch.equal(compiled(x), first)  # the public launcher and its custom op, traced
+
+
+@pytest.mark.parametrize("kind", ["w8a8", "w4a16", "bsr"])
+def test_a_cast_drops_the_bound_call_and_another_input_dtype_binds_anew(kind, kernel_modules):
+    torch.manual_seed(0)
+    module = MAKERS[kind](nn.Linear(64, 64)).half()
+    x = torch.randn(4, 64, dtype=torch.float16)
+    y16 = module(x)
+    y_bf16_input = module(x.bfloat16())  # fp16 buffers, bf16 input: bias (and BSR values) converted, bound anew
+    assert [key for key, _, _ in _bound_calls(module).values()] == [(torch.bfloat16, x.device)]
+    module.bfloat16()
+    assert not _bound_calls(module) and not module.__dict__.get("_dtype_copies")  # dropped with the old tensors
+    y = module(x.bfloat16())
+    assert y.dtype == torch.bfloat16 and torch.equal(y, y_bf16_input)  # the same conversion, made by the cast
+    torch.testing.assert_close(y.float(), y16.float(), atol=5e-2, rtol=5e-2)
+
+
+def test_reassigned_bias_is_used_and_in_place_changes_are_seen(kernel_modules):
+    torch.manual_seed(0)
+    module = W4A16Linear.from_float(nn.Linear(64, 64), W4A16Config(32)).half()
+    x = torch.randn(4, 64, dtype=torch.float16)
+    before = module(x)
+    module.bias = module.bias + 1  # a new tensor: rebound
+    torch.testing.assert_close(module(x), before + 1, atol=1e-2, rtol=0)
+    with torch.no_grad():
+        module.bias.sub_(1)  # in place: the bound call holds this very tensor
+    torch.testing.assert_close(module(x), before, atol=1e-2, rtol=0)
+
+
+def test_a_bias_in_another_dtype_is_converted_once_and_refreshed_after_in_place_changes(kernel_modules):
+    torch.manual_seed(0)
+    module = W8A8Linear.from_float(nn.Linear(64, 64), W8A8Config())  # float32 bias, fp16 input
+    x = torch.randn(4, 64, dtype=torch.float16)
+    y = module(x)
+    copy = module.__dict__["_dtype_copies"]["bias"][2]
+    module(x)
+    assert copy.dtype == torch.float16 and module.__dict__["_dtype_copies"]["bias"][2] is copy
+    with torch.no_grad():
+        module.bias.add_(1)
+    torch.testing.assert_close(module(x), y + 1, atol=1e-2, rtol=0)
+    assert module.__dict__["_dtype_copies"]["bias"][2] is not copy
+
+
+def test_bound_calls_are_neither_copied_nor_pickled(kernel_modules):
+    import copy
+    import pickle
+
+    module = MAKERS["bsr-w8a8"](nn.Linear(64, 64)).half()
+    x = torch.randn(2, 64, dtype=torch.float16)
+    y = module(x)
+    assert _bound_calls(module)
+    clone = copy.deepcopy(module)
+    assert not _bound_calls(clone) and torch.equal(clone(x), y)
+    restored = pickle.loads(pickle.dumps(module))
+    assert not _bound_calls(restored) and torch.equal(restored(x), y)
+
+
+@pytest.mark.parametrize("kind", ["w8a8", "w4a16", "bsr"])
+def test_bad_inputs_fail_clearly_on_the_kernel_branch(kind, kernel_modules):
+    module = MAKERS[kind](nn.Linear(64, 64)).half()
+    module(torch.randn(2, 64, dtype=torch.float16))
+    with pytest.raises(ValueError, match=r"x: expected shape \(\.\.\., 64\)"):
+        module(torch.randn(2, 32, dtype=torch.float16))
+
+
+@pytest.mark.parametrize("kind", ["w8a8", "bsr-w8a8"])
+def test_handed_over_int8_inputs_run_the_bound_quantized_gemm(kind, kernel_modules):
+    from compress_kernels.reference import quantize_per_token
+
+    torch.manual_seed(0)
+    module = MAKERS[kind](nn.Linear(64, 64)).half()
+    x = torch.randn(2, 3, 64, dtype=torch.float16)
+    xq, s_x = quantize_per_token(x.reshape(-1, 64))
+    y = module._matmul_quantized(x, xq, s_x)
+    assert torch.equal(module._matmul_quantized(x, xq, s_x), y) and len(_bound_calls(module)) == 1
+    torch.testing.assert_close(y, module(x), atol=2e-2, rtol=2e-2)

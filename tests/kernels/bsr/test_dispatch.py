@@ -4,8 +4,8 @@ Off CUDA the device facts are an H100's (132 SMs), so these picks are the H100's
 import pytest
 import torch
 
-from compress_kernels.bsr.dispatch import (DENSE, DENSIFY_MIN_M, GEMV_PREFETCH_BYTES, SMALL_LAYER, BsrConfig, densifies,
-                                           gemv_serves, pick, pick_w8a8)
+from compress_kernels.bsr.dispatch import (DENSE, DENSIFY_MIN_M, GEMV_PREFETCH_BYTES, SMALL_LAYER, BsrConfig,
+                                           cached_pick, cached_pick_w8a8, densifies, gemv_serves, pick, pick_w8a8)
 
 CPU = torch.device("cpu")
 
@@ -119,3 +119,12 @@ def test_the_sm_count_sizes_the_programs(monkeypatch):
     assert choose(2048, 1024, 1024, 32 * 8) == BsrConfig("gemm", 128, 32, 2, 4, 3)
     monkeypatch.setattr("compress_kernels.bsr.dispatch.sm_count", lambda device: 16)
     assert choose(2048, 1024, 1024, 32 * 8) == BsrConfig("gemm", 256, 32, 2, 4, 3)
+
+
+def test_the_cached_picks_are_the_picks_remembered():
+    for m, n, k, nnz in ((1, 4096, 4096, 8192), (64, 576, 1536, 432), (4096, 1024, 1024, 1024)):
+        assert cached_pick(m, n, k, nnz, CPU, True) == pick(m, n, k, nnz, CPU, True)
+        assert cached_pick_w8a8(m, n, k, nnz, CPU) == pick_w8a8(m, n, k, nnz, CPU)
+    hits = cached_pick.cache_info().hits
+    cached_pick(1, 4096, 4096, 8192, CPU, True)
+    assert cached_pick.cache_info().hits == hits + 1

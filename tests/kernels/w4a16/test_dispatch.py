@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from compress_kernels.w4a16.dispatch import TileConfig, balanced_split_k, fma_split_k, pick, wholek_block_k
+from compress_kernels.w4a16.dispatch import TileConfig, balanced_split_k, cached_pick, fma_split_k, pick, wholek_block_k
 from compress_kernels.w4a16.wholek import WHOLEK_MAX_K
 
 CPU = torch.device("cpu")
@@ -116,3 +116,11 @@ def test_every_pick_is_a_config_its_launcher_takes(m):
         assert cfg.path in ("wholek", "fma", "tiled", "wgmma", "dequant")
         if cfg.path != "dequant":
             assert g % cfg.block_k == 0 or g == k or cfg.path == "wholek"
+
+
+def test_the_cached_pick_is_the_pick_remembered():
+    for m, n, k, g, scale_bytes in ((1, 4096, 4096, 128, 4), (16, 11008, 4096, 64, 2), (300, 576, 640, 128, 4)):
+        assert cached_pick(m, n, k, g, scale_bytes, CPU) == pick(m, n, k, g, scale_bytes, CPU)
+    hits = cached_pick.cache_info().hits
+    cached_pick(1, 4096, 4096, 128, 4, CPU)
+    assert cached_pick.cache_info().hits == hits + 1

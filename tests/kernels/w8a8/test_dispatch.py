@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from compress_kernels.w8a8.dispatch import (POINTER_TILE, SMALL_LAYER_TILES, TMA_TILE, TileConfig, gemv_tile, pick,
-                                            small_layer_tile)
+from compress_kernels.w8a8.dispatch import (POINTER_TILE, SMALL_LAYER_TILES, TMA_TILE, TileConfig, cached_pick,
+                                            gemv_tile, pick, small_layer_tile)
 
 CPU = torch.device("cpu")
 
@@ -67,3 +67,12 @@ def test_the_sm_count_sizes_the_tiles():
 def test_gemv_tile_rounds_short_k_up_to_a_power_of_two():
     assert gemv_tile(4096, 100) == TileConfig(1, 8, 128, path="gemv")
     assert gemv_tile(4096, 10).block_k == 32
+
+
+def test_the_cached_pick_is_the_pick_remembered():
+    for m, n, k, quantized, tma_ok in ((1, 4096, 4096, False, True), (1, 576, 576, True, True),
+                                       (1024, 4096, 4096, False, False)):
+        assert cached_pick(m, n, k, CPU, quantized, tma_ok) == pick(m, n, k, CPU, quantized=quantized, tma_ok=tma_ok)
+    hits = cached_pick.cache_info().hits
+    cached_pick(1, 4096, 4096, CPU, False, True)
+    assert cached_pick.cache_info().hits == hits + 1

@@ -1,0 +1,101 @@
+"""Ops bound to their weights: the weight side validated once, then each call checks its input and launches.
+
+An inference layer calls one op with the same weight-side arguments (quantized weight, scales, BSR
+indices, bias) on every forward. The public functions (``w4a16_matmul`` ...) check every argument on
+every call and then go through the op's ``torch.library`` custom op, whose eager dispatch costs more
+Python than the launch itself: about 0.2 ms of host time per call on an H100, where a decode step of a
+small model has a few microseconds of GPU work per layer. Each op's ``op.py`` therefore also has a
+``bind_<op>(x, ...)``: it validates every argument in full against a first input ``x`` and returns a
+call bound to the weight-side arguments, for later inputs of x's dtype, device and K.
+
+:class:`BoundMatmul` (``w8a8_matmul``, ``w4a16_matmul``, ``bsr_matmul_parts``,
+``bsr_w8a8_matmul_parts``), called with ``x`` (..., K):
+
+1. checks what can differ from the first input: a tensor of that dtype on that device, with at least
+   one dimension and K features (``TypeError`` / ``ValueError`` naming what was expected and what came);
+2. in eager mode (:func:`launches_directly`) runs the op's ``launch_nd``: the very function its
+   custom op runs once it has validated, so the same kernels, tiles and bits;
+3. otherwise calls the custom op: while ``torch.compile`` traces (its fake implementation gives the
+   graph its shapes), on tensor subclasses (``FakeTensor``, functorch wrappers) and while autograd
+   records (the op has no backward, and says so).
+
+:class:`BoundQuantizedMatmul` (``w8a8_matmul_quantized``, ``bsr_w8a8_matmul_quantized``: plain
+launchers, no custom op) checks ``xq`` (M, K) int8 and ``s_x`` (M,) float32 on the bound device and
+launches.
+
+A bound call holds the weight-side tensors themselves, so in-place changes of their values (e.g.
+``load_state_dict``) reach it; tensors *replaced* (a cast, a move, an assignment) do not: bind again
+(``compress.nn.modules`` does, keyed on the tensors' identity).
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+
+def launches_directly(x) -> bool:
+    """True when an op may skip its custom op and launch: eager mode (not while ``torch.compile``
+    traces), a plain ``torch.Tensor`` (not a FakeTensor, functorch wrapper or FX proxy) and no
+    autograd graph being recorded for it. Under CUDA-graph capture the custom op would run the same
+    launch (its eager dispatch adds only host work), so capture launches directly too."""
+    if torch.compiler.is_compiling():
+        return False
+    return type(x) is torch.Tensor and not (x.requires_grad and torch.is_grad_enabled())
+
+
+class BoundMatmul:
+    """``compress_kernels.<op_name>(x, *weights)`` for inputs of one dtype, device and K (module docstring)."""
+
+    __slots__ = ("op_name", "launch_nd", "weights", "dtype", "device", "in_features")
+
+    def __init__(self, op_name: str, launch_nd: Callable, weights: tuple, x: torch.Tensor):
+        self.op_name, self.launch_nd, self.weights = op_name, launch_nd, weights
+        self.dtype, self.device, self.in_features = x.dtype, x.device, x.shape[-1]
+
+    def check(self, x) -> None:
+        """TypeError / ValueError unless ``x`` is a tensor of the bound dtype, device and K."""
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"x: expected a torch.Tensor, got {type(x).__name__}")
+        if x.dtype != self.dtype:
+            raise TypeError(f"x: expected dtype {self.dtype} (the dtype {self.op_name} was bound for), got {x.dtype}")
+        if x.device != self.device:
+            raise ValueError(f"x: expected device {self.device} (where {self.op_name} was bound), got {x.device}")
+        shape = x.shape
+        if not shape or shape[-1] != self.in_features:
+            raise ValueError(f"x: expected shape (..., {self.in_features}), got {tuple(shape)}")
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        self.check(x)
+        if launches_directly(x):
+            return self.launch_nd(x, *self.weights)
+        return getattr(torch.ops.compress_kernels, self.op_name)(x, *self.weights)
+
+
+class BoundQuantizedMatmul:
+    """``launch(xq, s_x, *weights)`` for per-token int8 inputs with the bound device and K (module docstring)."""
+
+    __slots__ = ("op_name", "launch", "weights", "device", "in_features")
+
+    def __init__(self, op_name: str, launch: Callable, weights: tuple, xq: torch.Tensor):
+        self.op_name, self.launch, self.weights = op_name, launch, weights
+        self.device, self.in_features = xq.device, xq.shape[1]
+
+    def check(self, xq, s_x) -> None:
+        """TypeError / ValueError unless ``xq`` is (M, K) int8 and ``s_x`` (M,) float32, both on the bound device."""
+        for name, t, dtype in (("xq", xq, torch.int8), ("s_x", s_x, torch.float32)):
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+            if t.dtype != dtype:
+                raise TypeError(f"{name}: expected dtype {dtype}, got {t.dtype}")
+            if t.device != self.device:
+                raise ValueError(f"{name}: expected device {self.device} (where {self.op_name} was bound), "
+                                 f"got {t.device}")
+        if xq.dim() != 2 or xq.shape[1] != self.in_features:
+            raise ValueError(f"xq: expected shape (M, {self.in_features}), got {tuple(xq.shape)}")
+        if tuple(s_x.shape) != (xq.shape[0],):
+            raise ValueError(f"s_x: expected shape ({xq.shape[0]},) (one scale per row of xq), got {tuple(s_x.shape)}")
+
+    def __call__(self, xq: torch.Tensor, s_x: torch.Tensor) -> torch.Tensor:
+        self.check(xq, s_x)
+        return self.launch(xq, s_x, *self.weights)

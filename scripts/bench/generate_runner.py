@@ -1,0 +1,190 @@
+"""The generate benchmark's measurements: the models, ``model.generate`` eager and compiled, and the harness.
+
+Models (:class:`ModelSource`), each built afresh per variant in the variant's dtype on the device,
+then the variant applied (:data:`scripts.bench.decode_variants.VARIANTS`: ``compress.convert`` for
+``w8a8`` / ``w4a16``, random 50% block masks for ``dds50``), sibling linears *not* fused (as users
+run ``generate``) unless asked:
+
+* ``smollm2``: SmolLM2-135M-Instruct, real weights, loaded once through the project's model sources
+  (``compress.lightning.tasks.build_model``: the Q4_1 GGUF in ``$SMOLLM2_DIR``, de-quantized) and
+  copied per variant;
+* ``llama2-7b``: the decode benchmark's random-weight Llama with Llama-2-7B shapes
+  (:func:`scripts.bench.decode_variants.build_model`), ``layers`` decoder layers.
+
+With ``tiny`` both are tiny random Llamas (``smollm2`` keeps its grouped-query attention and tied
+embeddings), for the CPU tests.
+
+Timing of ``model.generate(prompt, max_new_tokens=T, min_new_tokens=T)`` (greedy; ``min_new_tokens``
+keeps end-of-sequence from stopping it early, so every call makes exactly T tokens per sequence):
+the median wall time of ``repeats`` calls, each synchronised before and after, gives tokens/s =
+batch * T / time (the prefill included, as a user sees it).
+
+* eager (:func:`bench_eager`): ``transformers``' default (a dynamic cache), after one short warm-up
+  call (Triton compiles the kernels there);
+* compiled (:func:`bench_compiled`): :func:`compress.eval.generate.compile_for_generate` (a static
+  cache, the decode step compiled and, on CUDA, replayed as a CUDA graph); the first call, which
+  compiles, is timed apart (``compile_s``). With ``fullgraph`` a failed compile is retried once
+  without it (the figures say which ran);
+* harness (:func:`bench_harness`): :func:`scripts.bench.decode_runner.bench_batch` on the same
+  model: the project's own static-cache loop, one compiled decoder layer, one CUDA graph per step
+  (its ``layer_idx`` changes are undone after).
+"""
+from __future__ import annotations
+
+import copy
+import logging
+import statistics
+import time
+from types import SimpleNamespace
+
+import torch
+from torch import nn
+
+from compress.eval.generate import compile_for_generate, uncompile_for_generate
+from compress.eval.timing import synchronize
+from scripts.bench.decode_variants import VARIANTS, Variant, build_model, llama_config
+
+logger = logging.getLogger(__name__)
+
+MODELS = ("smollm2", "llama2-7b")
+SMOLLM2_NAME = "SmolLM2-135M-Instruct"
+TINY_SMOLLM2 = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+                    vocab_size=256, tie_word_embeddings=True, attn_implementation="sdpa")
+HARNESS_WARMUP = 3  # decode steps before the harness captures its graph (the timing module's minimum)
+
+
+class ModelSource:
+    """Builds model ``name`` for each variant: the SmolLM2 weights are loaded once and copied."""
+
+    def __init__(self, name: str, args):
+        if name not in MODELS:
+            raise ValueError(f"model: expected one of {MODELS}, got {name!r}")
+        self.name, self.args, self._base = name, args, None
+        if name == "smollm2" and not args.tiny:
+            from transformers import AutoModelForCausalLM
+
+            from compress.lightning.tasks import build_model as build_pretrained
+
+            self._base = build_pretrained(AutoModelForCausalLM, SMOLLM2_NAME, None, "float32").eval()
+
+    def build(self, variant: str) -> nn.Module:
+        """The model in the variant's dtype on the device, the variant applied (and siblings fused if asked)."""
+        spec, args = VARIANTS[variant], self.args
+        if self._base is not None:
+            model = copy.deepcopy(self._base).to(device=args.device, dtype=spec.dtype).eval()
+        else:
+            model = build_model(self.config(), spec.dtype, args.device, args.seed)
+        if args.fuse:
+            from compress.nn.fusion import fuse_siblings
+
+            fuse_siblings(model, dense=True)
+        if spec.apply is not None:
+            spec.apply(model, args.seed)
+        return model
+
+    def config(self):
+        """The random model's ``LlamaConfig`` (``llama2-7b``, or a tiny ``smollm2`` stand-in)."""
+        positions = self.args.prompt_len + self.args.new_tokens + HARNESS_WARMUP + 8
+        if self.name == "llama2-7b":
+            return llama_config(self.args.layers, self.args.tiny, positions)
+        from transformers import LlamaConfig
+
+        return LlamaConfig(num_hidden_layers=2, max_position_embeddings=positions, **TINY_SMOLLM2)
+
+
+def random_prompt(model: nn.Module, batch: int, length: int, seed: int) -> torch.Tensor:
+    """Seeded random token ids (batch, length) on the model's device."""
+    generator = torch.Generator().manual_seed(seed)
+    prompt = torch.randint(0, model.config.vocab_size, (batch, length), generator=generator)
+    return prompt.to(next(model.parameters()).device)
+
+
+@torch.no_grad()
+def generate(model: nn.Module, prompt: torch.Tensor, new_tokens: int) -> torch.Tensor:
+    """Greedy ``model.generate`` making exactly ``new_tokens`` tokens per sequence."""
+    out = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new_tokens,
+                         min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+    if out.shape != (prompt.shape[0], prompt.shape[1] + new_tokens):
+        raise RuntimeError(f"generate: expected {new_tokens} new tokens per sequence, got shape {tuple(out.shape)}")
+    return out
+
+
+def timed_generates(model: nn.Module, prompt: torch.Tensor, new_tokens: int, repeats: int) -> tuple[dict, torch.Tensor]:
+    """``(figures, last output)`` of ``repeats`` timed :func:`generate` calls (see the module docstring)."""
+    device = prompt.device
+    times, out = [], None
+    for _ in range(repeats):
+        synchronize(device)
+        start = time.perf_counter()
+        out = generate(model, prompt, new_tokens)
+        synchronize(device)
+        times.append(time.perf_counter() - start)
+    seconds = statistics.median(times)
+    batch = prompt.shape[0]
+    return dict(tokens_per_s=batch * new_tokens / seconds, ms_per_token=1e3 * seconds / new_tokens,
+                times_s=times), out
+
+
+def bench_eager(model: nn.Module, prompt: torch.Tensor, args) -> tuple[dict, torch.Tensor]:
+    """The default ``generate`` (dynamic cache, eager), after one short warm-up call."""
+    uncompile_for_generate(model)
+    began = time.perf_counter()
+    generate(model, prompt, min(args.new_tokens, 4))
+    synchronize(prompt.device)
+    warmup_s = time.perf_counter() - began
+    figures, out = timed_generates(model, prompt, args.new_tokens, args.repeats)
+    return dict(figures, warmup_s=warmup_s), out
+
+
+def bench_compiled(model: nn.Module, prompt: torch.Tensor, args, eager_out: torch.Tensor | None) -> dict:
+    """``generate`` after :func:`compile_for_generate`; the first (compiling) call timed as ``compile_s``."""
+    from scripts.bench.decode import reset_compiler
+
+    fullgraph, error = args.fullgraph, None
+    while True:
+        reset_compiler()
+        compile_for_generate(model, backend=args.compile_backend, mode=args.compile_mode, fullgraph=fullgraph)
+        mode = model.generation_config.compile_config.mode
+        try:
+            began = time.perf_counter()
+            generate(model, prompt, args.new_tokens)
+            synchronize(prompt.device)
+            compile_s = time.perf_counter() - began
+            break
+        except Exception as err:  # noqa: BLE001 - a graph break under fullgraph: once more without it
+            uncompile_for_generate(model)
+            if not fullgraph:
+                raise
+            logger.warning("fullgraph compile failed (%s); retrying with fullgraph=False", str(err).splitlines()[0])
+            fullgraph, error = False, f"{type(err).__name__}: {err}"[:1000]
+    try:
+        figures, out = timed_generates(model, prompt, args.new_tokens, args.repeats)
+    finally:
+        uncompile_for_generate(model)
+        reset_compiler()
+    figures.update(compile_s=compile_s, fullgraph=fullgraph, backend=args.compile_backend, mode=mode)
+    if error is not None:
+        figures["fullgraph_error"] = error
+    if eager_out is not None:  # greedy tokens agree unless a near-tie flips under other rounding
+        new = slice(prompt.shape[1], None)
+        figures["tokens_equal_to_eager"] = float((out[:, new] == eager_out[:, new]).float().mean())
+    return figures
+
+
+def bench_harness(model: nn.Module, variant: str, batch: int, args) -> dict:
+    """The decode harness's tokens/s on ``model`` (same batch, prompt length and new tokens)."""
+    from scripts.bench.decode import reset_compiler, strict_recompiles
+    from scripts.bench.decode_runner import bench_batch
+
+    harness_args = SimpleNamespace(prompt_len=args.prompt_len, steps=args.new_tokens, warmup=HARNESS_WARMUP,
+                                   seed=args.seed, repeats=args.repeats, compile_backend=args.compile_backend,
+                                   compile_mode=None)
+    layer_indices = [layer.self_attn.layer_idx for layer in model.model.layers]
+    reset_compiler()
+    try:
+        with strict_recompiles():
+            return bench_batch(model, Variant(VARIANTS[variant].dtype, True, None), batch, harness_args)
+    finally:
+        for layer, index in zip(model.model.layers, layer_indices):
+            layer.self_attn.layer_idx = index
+        reset_compiler()

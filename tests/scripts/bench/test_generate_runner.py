@@ -1,0 +1,60 @@
+"""scripts.bench.generate_runner on the CPU: exact token counts, the fullgraph retry, the harness leaving
+the model as it found it, and the tiny SmolLM2 stand-in's shapes."""
+from __future__ import annotations
+
+import argparse
+
+import pytest
+import torch
+
+from scripts.bench import generate_runner as runner
+
+CPU = torch.device("cpu")
+
+
+def _args(**overrides) -> argparse.Namespace:
+    args = dict(tiny=True, device=CPU, seed=0, layers=2, prompt_len=4, new_tokens=3, repeats=1, fuse=False,
+                compile_backend="aot_eager", compile_mode=None, fullgraph=False)
+    return argparse.Namespace(**{**args, **overrides})
+
+
+def test_tiny_sources_build_each_variant():
+    smollm2 = runner.ModelSource("smollm2", _args()).build("w8a8")
+    assert smollm2.config.num_key_value_heads == 2 and smollm2.config.tie_word_embeddings
+    assert type(smollm2.model.layers[0].mlp.up_proj).__name__ == "W8A8Linear"
+    llama = runner.ModelSource("llama2-7b", _args(fuse=True)).build("fp16")
+    assert llama.model.layers[0].self_attn.q_proj.__class__.__name__ == "SiblingOutput"
+    with pytest.raises(ValueError, match="expected one of"):
+        runner.ModelSource("gpt2", _args())
+
+
+def test_generate_makes_exactly_the_new_tokens_asked_for():
+    model = runner.ModelSource("llama2-7b", _args()).build("fp16")
+    prompt = runner.random_prompt(model, 2, 4, seed=0)
+    figures, out = runner.timed_generates(model, prompt, 5, repeats=2)
+    assert out.shape == (2, 9) and len(figures["times_s"]) == 2 and figures["tokens_per_s"] > 0
+
+
+def test_a_failed_fullgraph_compile_is_retried_without_it(monkeypatch):
+    model = runner.ModelSource("llama2-7b", _args()).build("fp16")
+    prompt = runner.random_prompt(model, 1, 4, seed=0)
+    calls = []
+    real = runner.generate
+
+    def first_compiled_call_fails(model, prompt, new_tokens):
+        calls.append(model.generation_config.compile_config.fullgraph)
+        if len(calls) == 1:
+            raise RuntimeError("graph break")
+        return real(model, prompt, new_tokens)
+
+    monkeypatch.setattr(runner, "generate", first_compiled_call_fails)
+    figures = runner.bench_compiled(model, prompt, _args(fullgraph=True), None)
+    assert calls[:2] == [True, False] and figures["fullgraph"] is False and "graph break" in figures["fullgraph_error"]
+    assert model.generation_config.cache_implementation is None  # compile settings undone after timing
+
+
+def test_the_harness_restores_the_layer_indices():
+    model = runner.ModelSource("llama2-7b", _args()).build("fp16")
+    figures = runner.bench_harness(model, "fp16", 1, _args())
+    assert figures["tokens_per_s"] > 0
+    assert [layer.self_attn.layer_idx for layer in model.model.layers] == [0, 1]
