@@ -21,8 +21,18 @@ them with eager calls or with another graph: a slice of a pool zeroed before cap
 their slices for good; pools are never freed), or, when the pool is short, a buffer zeroed inside the
 graph (a memset node per launch, ~1-2 us each at decode). :func:`last_split_buffers` gives a launcher
 both the partials workspace and the counters.
+
+The counters and pools outlive every call, so they must not come from a CUDA-graph memory pool.
+``torch.compile``'s CUDA-graph trees (mode ``reduce-overhead``) run their warm-up calls with every
+allocation of the calling thread routed to the graph's pool, and refuse a pool tensor that stays alive
+afterwards ("tensor(s) in the cudagraph pool not tracked as outputs"). So the long-lived buffers are
+allocated and zeroed by a short-lived helper thread (:func:`_outside_graph_pools`), whose allocations go
+to the ordinary caching allocator; it synchronizes the device before handing the buffer back. That
+happens once per device and stream (and per growth), never in a steady state.
 """
 from __future__ import annotations
+
+import threading
 
 import torch
 import triton
@@ -113,6 +123,29 @@ def splitk_reduce(partial: torch.Tensor, bias: torch.Tensor | None, y: torch.Ten
     )
 
 
+def _outside_graph_pools(count: int, device: torch.device) -> torch.Tensor:
+    """A zeroed int32 (count,) tensor on ``device`` allocated by another thread, so that no CUDA-graph pool
+    the calling thread allocates into (torch.compile's warm-up) holds it; the device is synchronized."""
+    if device.type != "cuda":
+        return torch.zeros(count, dtype=torch.int32, device=device)
+    made: list = []
+
+    def allocate():
+        try:
+            with torch.cuda.device(device):
+                made.append(torch.zeros(count, dtype=torch.int32, device=device))
+                torch.cuda.synchronize(device)
+        except BaseException as error:  # handed to the caller
+            made.append(error)
+
+    worker = threading.Thread(target=allocate, name="compress-kernels-counters")
+    worker.start()
+    worker.join()
+    if isinstance(made[0], BaseException):
+        raise made[0]
+    return made[0]
+
+
 _COUNTERS: dict[tuple[int, int], torch.Tensor] = {}
 CAPTURE_POOL = 2**20  # counters per pool of capture slices (4 MiB): ~30 decode-step graphs of a 7B model
 _CAPTURE_POOLS: dict[int, list] = {}  # device index -> [pool, next free offset]
@@ -126,7 +159,7 @@ def _refill_capture_pool(device: torch.device) -> None:
         return
     if entry is not None:
         _RETIRED_POOLS.append(entry[0])
-    _CAPTURE_POOLS[device.index or 0] = [torch.zeros(CAPTURE_POOL, dtype=torch.int32, device=device), 0]
+    _CAPTURE_POOLS[device.index or 0] = [_outside_graph_pools(CAPTURE_POOL, device), 0]
 
 
 def _captured_counters(device: torch.device, count: int) -> torch.Tensor:
@@ -151,7 +184,7 @@ def tile_counters(device: torch.device, count: int) -> torch.Tensor:
     key = (device.index or 0, torch.cuda.current_stream(device).cuda_stream) if device.type == "cuda" else (-1, 0)
     cached = _COUNTERS.get(key)
     if cached is None or cached.numel() < count:
-        cached = _COUNTERS[key] = torch.zeros(max(count, 1024), dtype=torch.int32, device=device)
+        cached = _COUNTERS[key] = _outside_graph_pools(max(count, 1024), device)
     return cached
 
 

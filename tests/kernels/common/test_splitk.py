@@ -83,6 +83,29 @@ def test_gpu_graphs_of_one_split_launch_use_their_own_counters():
     assert used >= 2 * 8 and not pool.any()  # the slices handed out are back at zero after replays
 
 
+def test_long_lived_counters_are_zeroed_int32(small_pool):
+    counters = _splitk._outside_graph_pools(300, torch.device("cpu"))
+    assert counters.dtype == torch.int32 and counters.numel() == 300 and not counters.any()
+
+
+@pytest.mark.gpu
+def test_gpu_split_k_counters_survive_torch_compile_cuda_graph_trees(monkeypatch):
+    """torch.compile(mode="reduce-overhead") warms up with the thread's allocations routed to its graph
+    pool: counters first made there would be refused as live pool tensors; the helper thread avoids it."""
+    from compress_kernels import w4a16_matmul
+
+    monkeypatch.setattr(_splitk, "_COUNTERS", {})  # so the first counters are made inside the warm-up
+    monkeypatch.setattr(_splitk, "_CAPTURE_POOLS", {})
+    k, n, g = 4096, 8192, 128  # M = 1 on 32 Mi weights: the one-row kernel, K split, counters
+    qweight, _, scales = random_int4_weight(k, n, g, device="cuda")
+    compiled = torch.compile(lambda x: w4a16_matmul(x, qweight, scales, g), mode="reduce-overhead", fullgraph=True)
+    for _ in range(4):
+        x = torch.randn(1, k, device="cuda").half()
+        y = compiled(x).clone()
+        torch.testing.assert_close(y, w4a16_matmul(x, qweight, scales, g), rtol=0, atol=0)
+    assert _splitk._COUNTERS  # the eager path made its counters, outside the graph pool
+
+
 def test_reduces_in_kernel_only_for_short_tiles():
     assert _splitk.reduces_in_kernel(4, 16) and not _splitk.reduces_in_kernel(4, 64)
     assert not _splitk.reduces_in_kernel(1, 16)  # nothing to reduce
