@@ -1,6 +1,9 @@
 """Sections of the SmolLM2 results page (``docs/results/smollm2.md``), one per results file it reads.
 
-* ``smollm2-<gpu>.json``: the recipes' quality file (:func:`scripts.bench.pages.quality_section`);
+* ``smollm2-<gpu>.json``: the recipes' quality file (rendered by :func:`scripts.bench.pages.quality_section`);
+* ``generate-<model>-<gpu>.json`` (:mod:`scripts.bench.generate`): the modules' host time per call,
+  then tokens/s of ``model.generate`` eager and compiled and of the decode harness, the ratios, the
+  targets, and what was skipped or failed;
 * ``smollm2-post-training-<gpu>.json`` (:mod:`scripts.bench.post_training`): per variant the
   perplexity after ``compress.convert`` with round-to-nearest or GPTQ, and per scheme the share of
   round-to-nearest's increase over the float model that GPTQ removes,
@@ -40,3 +43,58 @@ def post_training_section(name: str, data: dict) -> list[str]:
         verdict = ("met" if share >= GPTQ_SHARE_TARGET else "**not met**") if scheme in GPTQ_SHARE_SCHEMES else "-"
         share_rows.append([scheme, f"{share:.2f}", verdict])
     return lines + table(["scheme", "share removed", "target"], share_rows) + [""]
+
+
+def _tokens(entry: dict | None, mode: str) -> str:
+    figure = (entry or {}).get(mode)
+    if figure is None:
+        return "-"
+    return "failed" if "error" in figure else f"{figure['tokens_per_s']:.1f}"
+
+
+def _ratio(value) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
+def generate_section(name: str, data: dict) -> list[str]:
+    """``model.generate`` eager and compiled against the decode harness (:mod:`scripts.bench.generate`)."""
+    env, config = require(data, "environment", name), require(data, "config", name)
+    ratios = require(data, "ratios", name)
+    lines = [f"## Generate: {', '.join(config['models'])}", "",
+             f"Greedy `model.generate` of {config['new_tokens']} tokens after a {config['prompt_len']}-token prompt, "
+             f"median of {config['repeats']} calls; eager = transformers' dynamic cache, compiled = "
+             "`compress.eval.generate.compile_for_generate` (static cache, decode step compiled with CUDA graphs), "
+             "harness = the decode benchmark's own loop on the same model"
+             + (f"; the Llama-2-7B shape with {config['layers']} decoder layers" if "llama2-7b" in config["models"]
+                else "") + f". GPU: {env.get('gpu')}; torch {env.get('torch')}, Triton {env.get('triton')}, "
+             f"transformers {env.get('transformers')}.", ""]
+    host = data.get("host_overhead") or []
+    if host:
+        variants = list(dict.fromkeys(v for row in host for v in row["modules"]))
+        lines += ["Host time per call at M = 1 (us, the module's forward with no wait for the GPU, against "
+                  "`F.linear`):", ""]
+        lines += table(["K x N", "F.linear"] + variants,
+                       [[f"{row['k']}x{row['n']}", f"{row['linear_us']:.1f}"]
+                        + [f"{row['modules'][v]['forward_us']:.1f}" if v in row["modules"] else "-" for v in variants]
+                        for row in host])
+        lines.append("")
+    rows = []
+    for entry in require(data, "results", name):
+        r = ratios.get(entry["model"], {}).get(str(entry["batch"]), {}).get(entry["variant"], {})
+        rows.append([entry["model"], str(entry["batch"]), entry["variant"],
+                     _tokens(entry, "eager"), _ratio(r.get("eager_vs_fp16")),
+                     _tokens(entry, "compiled"), _ratio(r.get("compiled_vs_fp16")),
+                     _tokens(entry, "harness"), _ratio(r.get("harness_vs_fp16")), _ratio(r.get("compiled_vs_harness"))])
+    lines += table(["model", "batch", "variant", "eager tok/s", "vs fp16", "compiled tok/s", "vs fp16",
+                    "harness tok/s", "vs fp16", "compiled / harness"], rows)
+    verdicts = {True: "met", False: "**not met**", None: "not measured"}
+    lines += ["", "Targets:", ""] + [f"- {target}: {verdicts[met]}" for target, met in data.get("targets", {}).items()]
+    skipped = data.get("skipped") or []
+    if skipped:
+        lines += ["", "Not run: " + "; ".join(f"{s['model']} {s['variant']} batch {s['batch']} ({s['reason']})"
+                                            for s in skipped) + "."]
+    for failure in data.get("failed") or []:
+        lines += ["", f"Failed: {failure['model']} {failure['variant']} batch {failure['batch']} {failure['mode']}: "
+                      f"{failure['error'].splitlines()[0]}"]
+    return lines + [""]
+

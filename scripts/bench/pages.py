@@ -1,6 +1,6 @@
 """Results pages: one Markdown page per benchmark family, written from the current JSON.
 
-    python -m scripts.bench.pages           # (re)write docs/results/{kernels,decode,sst2,wikitext}.md
+    python -m scripts.bench.pages           # (re)write docs/results/{kernels,decode,sst2,wikitext,smollm2}.md
     python -m scripts.bench.pages --check   # exit 1 when a committed page differs from what its JSON gives
 
 Run from the repository root. Each page is a pure function of its JSON files in
@@ -28,6 +28,10 @@ Inputs (the schemas the benchmarks write; this module only reads them):
   the seed's figure; ``speed``: the variant's speed figure), ``source`` (commit, report path, model
   name) and ``note``.
 
+* SmolLM2 (``smollm2.md``): the recipes' quality file as above (``smollm2-h100.json``, written from one
+  ``compress evaluate`` report by :mod:`scripts.bench.quality_family`), the post-training benchmark's
+  file and the generate benchmark's files, rendered by :mod:`scripts.bench.llm_sections`.
+
 Loss against dense: accuracy in points, ``100 * (dense - value)``; perplexity in percent,
 ``100 * (value / dense - 1)``. A target is met when the loss is at most the target. Means are taken
 over the seeds the variant has, against the dense mean over the same seeds.
@@ -42,6 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from scripts.bench.llm_sections import generate_section, post_training_section
 from scripts.bench.markdown import require, table
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -347,6 +352,15 @@ def quality_section(name: str, data: dict) -> list[str]:
     return lines + (["", "## Notes on the runs", ""] + notes if notes else []) + [""]
 
 
+def smollm2_section(name: str, data: dict) -> list[str]:
+    """The SmolLM2 page's section for one of its files, chosen by the file's name."""
+    if name.startswith("generate-"):
+        return generate_section(name, data)
+    if "post-training" in name:
+        return post_training_section(name, data)
+    return ["## Recipes: fine-tune, compress, export", ""] + quality_section(name, data)
+
+
 # ---- the figures block of docs/kernels.md --------------------------------------------------------
 
 KERNELS_DOC = Path("docs/kernels.md")
@@ -399,6 +413,9 @@ PAGES = (
          "", quality_section),
     Page("wikitext.md", "Small Llama on WikiText-2: perplexity and speed of the recipes", ("wikitext-h100.json",),
          "", quality_section),
+    Page("smollm2.md", "SmolLM2-135M-Instruct: recipes, post-training GPTQ and generate speed",
+         ("smollm2-h100.json", "smollm2-post-training-cpu.json", "generate-smollm2-h100.json",
+          "generate-llama2-7b-h100.json"), "", smollm2_section),
 )
 
 
