@@ -92,12 +92,24 @@ class Plan:
         return None
 
     def targets(self, model: nn.Module) -> dict[str, tuple]:
-        """{module name: configs} for every linear layer of ``model`` the plan selects."""
-        return {
-            name: configs
-            for name, module in model.named_modules()
-            if name and isinstance(module, nn.Linear) and (configs := self.configs_for(name)) is not None
-        }
+        """{module name: configs} for every linear layer of ``model`` the plan selects; a linear whose
+        weight is an embedding's (tied) stays dense, with a log line: compressing it would rewrite the
+        embedding table too."""
+        tied = tied_to_embeddings(model)
+        found = {}
+        for name, module in model.named_modules():
+            if not name or not isinstance(module, nn.Linear) or (configs := self.configs_for(name)) is None:
+                continue
+            if id(module.weight) in tied:
+                logger.info("plan: %s left dense: its weight is the embedding %s's (tied)", name, tied[id(module.weight)])
+                continue
+            found[name] = configs
+        return found
+
+
+def tied_to_embeddings(model: nn.Module) -> dict[int, str]:
+    """{id(weight): embedding module name} of every ``nn.Embedding``'s weight in ``model``."""
+    return {id(module.weight): name for name, module in model.named_modules() if isinstance(module, nn.Embedding)}
 
 
 def as_plan(plan) -> Plan:

@@ -58,6 +58,25 @@ def test_patterns_first_match_wins_and_exclude_can_be_changed():
     assert "classifier" in compressed_layers(model)
 
 
+def test_a_linear_tied_to_an_embedding_stays_dense_with_a_log_line(caplog):
+    class TiedOutput(nn.Module):  # Whisper's proj_out: the output layer shares the decoder's embedding table
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(100, 64)
+            self.body = nn.Linear(64, 64)
+            self.proj_out = nn.Linear(64, 100, bias=False)
+            self.proj_out.weight = self.embed.weight
+
+    model = TiedOutput()
+    table = model.embed.weight.detach().clone()
+    with caplog.at_level(logging.INFO, logger="compress.plan"):
+        compress.prepare(model, Plan({"*": BlockSparseConfig(0.5)}, exclude=()))
+    assert set(compressed_layers(model)) == {"body"} and isinstance(model.proj_out, nn.Linear)
+    assert "plan: proj_out left dense: its weight is the embedding embed's (tied)" in caplog.text
+    compress.convert(model)
+    assert model.proj_out.weight is model.embed.weight and torch.equal(model.embed.weight, table)
+
+
 def test_prepare_composes_pruning_and_quantization():
     model = compress.prepare(_model(), BlockSparseConfig(0.5))
     compress.prepare(model, W8A8Config())
