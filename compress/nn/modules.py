@@ -19,7 +19,9 @@ BSRW8A8Linear  the BSR indices, ``values`` (nnz, 32, 32) int8, and   ``kernels.b
 ``BSRW8A8Linear`` serves a layer both pruned into blocks and quantized to W8A8: it holds exactly the
 int8 weight and scales ``W8A8Linear`` would, minus the absent blocks, and computes the same output.
 
-``bias`` (N,) is a buffer in the model dtype. Scales and indices must keep their dtype when the
+``bias`` (N,) is a buffer in the model dtype. ``weight`` is no weight: an empty tensor in the model
+dtype on the module's device (a non-persistent buffer, never saved), for model code that asks
+``layer.weight.dtype`` or ``.device``. Scales and indices must keep their dtype when the
 model is cast (``model.half().cuda()`` after export): :class:`compress.core.float32.Float32Buffers` lets
 a cast move the ``float32`` buffers to another device but never changes their dtype, while ``bias`` and
 BSR ``values`` follow the model dtype.
@@ -103,6 +105,15 @@ class _InferenceLinear(Float32Buffers):
                 raise ValueError(f"{name}: expected a positive int, got {value!r}")
         self.in_features, self.out_features = in_features, out_features
         self.register_buffer("bias", torch.zeros(out_features) if bias else None)
+        self.register_buffer("compute_dtype_marker", torch.empty(0), persistent=False)
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """An empty tensor in the model dtype and on the module's device (it follows casts and moves, as
+        ``bias`` does), for model code that reads ``layer.weight.dtype`` / ``.device`` (T5's feed-forward
+        casts its input to ``wo.weight.dtype``). The weight itself is in the quantized buffers:
+        :meth:`dequantized_weight` rebuilds it."""
+        return self.compute_dtype_marker
 
     def _use_kernel(self, x: torch.Tensor) -> bool:
         """True for CUDA fp16/bf16 inputs; logs (once) why the reference runs otherwise."""
@@ -166,9 +177,11 @@ class _InferenceLinear(Float32Buffers):
         return state
 
     @staticmethod
-    def _copy_bias(module: "_InferenceLinear", linear: nn.Linear) -> None:
+    def _copy_float_state(module: "_InferenceLinear", linear: nn.Module) -> None:
+        """The float layer's bias, and its dtype and device as the ``weight`` marker's."""
         if linear.bias is not None:
             module.bias = linear.bias.detach().clone()
+        module.compute_dtype_marker = linear.weight.new_empty(0)
 
 
 def _smoothed(x: torch.Tensor, input_smoothing: torch.Tensor | None) -> torch.Tensor:
@@ -230,7 +243,7 @@ class W8A8Linear(_TakesHandedInput, _InferenceLinear):
             module.act_scale.copy_(act_scale.detach().float().reshape(()))
         if input_smoothing is not None:
             module.input_smoothing.copy_(input_smoothing.detach().float())
-        cls._copy_bias(module, linear)
+        cls._copy_float_state(module, linear)
         return module.to(source.device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -298,7 +311,7 @@ class W4A16Linear(_InferenceLinear):
         q, scale = quantize_groupwise(source, module.group_size, weight_scale)  # (N, Kp), (N, Kp/G)
         module.qweight.copy_(pack_int4(q.T.contiguous()))
         module.scales.copy_(scale.T)
-        cls._copy_bias(module, linear)
+        cls._copy_float_state(module, linear)
         return module.to(source.device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -356,7 +369,7 @@ class BSRLinear(_BlockSparseIndices, _InferenceLinear):
         crow, col, values = dense_to_bsr(source, block, mask)
         module = cls(linear.in_features, linear.out_features, linear.bias is not None, col.numel(), block)
         module.crow_indices, module.col_indices, module.values = crow, col, values.clone()
-        cls._copy_bias(module, linear)
+        cls._copy_float_state(module, linear)
         return module.to(source.device)
 
     @property
@@ -422,6 +435,7 @@ class BSRW8A8Linear(_BlockSparseIndices, _TakesHandedInput, _InferenceLinear):
         for name in ("act_scale", "input_smoothing", "bias"):
             if getattr(dense, name) is not None:
                 setattr(module, name, getattr(dense, name).clone())
+        module.compute_dtype_marker = dense.weight.new_empty(0)
         return module
 
     @property

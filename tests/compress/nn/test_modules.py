@@ -76,6 +76,35 @@ def test_half_keeps_scales_and_indices_but_casts_bias_and_bsr_values():
         assert module(x).dtype == torch.float16
 
 
+def test_weight_is_an_empty_marker_of_the_model_dtype_that_follows_casts_and_is_never_saved():
+    linear = _linear().to(torch.bfloat16)
+    w8 = W8A8Linear.from_float(linear, W8A8Config())
+    modules = [w8, W4A16Linear.from_float(linear, W4A16Config(64)), BSRLinear.from_float(linear),
+               BSRW8A8Linear.from_w8a8(w8)]
+    for module in modules:
+        assert module.weight.dtype == torch.bfloat16 and module.weight.numel() == 0
+        assert module.half().weight.dtype == torch.float16
+        assert "compute_dtype_marker" not in module.state_dict() and "weight" not in module.state_dict()
+
+
+def test_t5_feed_forward_runs_on_inference_modules():
+    """T5's feed-forward reads ``wo.weight.dtype`` (and casts its input to it) before calling ``wo``."""
+    import compress
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    torch.manual_seed(0)
+    config = T5Config(vocab_size=64, d_model=32, d_kv=8, d_ff=64, num_layers=1, num_decoder_layers=1, num_heads=4,
+                      decoder_start_token_id=0, pad_token_id=0)
+    model = T5ForConditionalGeneration(config).eval()
+    ids = torch.randint(1, 64, (2, 7))
+    with torch.no_grad():
+        dense = model(input_ids=ids, decoder_input_ids=ids).logits
+        compress.convert(model, W8A8Config(), calibration_data=[{"input_ids": ids, "decoder_input_ids": ids}])
+        quantized = model(input_ids=ids, decoder_input_ids=ids).logits
+    assert isinstance(model.encoder.block[0].layer[1].DenseReluDense.wo, W8A8Linear)
+    assert sqnr_db(dense, quantized) > 20
+
+
 def test_static_w8a8_needs_a_scale():
     with pytest.raises(ValueError, match="calibrate first"):
         W8A8Linear.from_float(_linear(), W8A8Config(activation="static"))
