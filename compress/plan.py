@@ -10,7 +10,8 @@ A plan says which ``nn.Linear`` layers get which configs:
 * a :class:`Plan` (rules + ``exclude`` patterns).
 
 Eligible: ``nn.Linear`` modules whose names match no ``exclude`` pattern; by default embeddings,
-classifier heads (``classifier``, ``score``, ``pooler``, ``qa_outputs``) and ``lm_head`` stay dense.
+classifier heads (``classifier``, ``score``, ``pooler``, ``qa_outputs``) and ``lm_head`` stay dense, and
+so does any linear whose weight is an embedding's (tied, e.g. Whisper's ``proj_out``), with a log line.
 
 ``prepare(model, plan)`` swaps the targeted layers for :class:`compress.nn.qat.CompressedLinear`
 (training path). ``convert(model)`` swaps every ``CompressedLinear`` for its inference module;
