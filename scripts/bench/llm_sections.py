@@ -56,6 +56,11 @@ def _ratio(value) -> str:
     return "-" if value is None else f"{value:.2f}x"
 
 
+def _provenance(data: dict) -> str:
+    code = data.get("provenance")
+    return "" if not code else f" Code: commit `{code['commit']}`; {code['note']}."
+
+
 def generate_section(name: str, data: dict) -> list[str]:
     """``model.generate`` eager and compiled against the decode harness (:mod:`scripts.bench.generate`)."""
     env, config = require(data, "environment", name), require(data, "config", name)
@@ -67,12 +72,12 @@ def generate_section(name: str, data: dict) -> list[str]:
              "harness = the decode benchmark's own loop on the same model"
              + (f"; the Llama-2-7B shape with {config['layers']} decoder layers" if "llama2-7b" in config["models"]
                 else "") + f". GPU: {env.get('gpu')}; torch {env.get('torch')}, Triton {env.get('triton')}, "
-             f"transformers {env.get('transformers')}.", ""]
+             f"transformers {env.get('transformers')}." + _provenance(data), ""]
     host = data.get("host_overhead") or []
     if host:
         variants = list(dict.fromkeys(v for row in host for v in row["modules"]))
-        lines += ["Host time per call at M = 1 (us, the module's forward with no wait for the GPU, against "
-                  "`F.linear`):", ""]
+        lines += ["Host time per call at M = 1 on SmolLM2's layer shapes (us, the module's forward with no wait "
+                  "for the GPU, against `F.linear`):", ""]
         lines += table(["K x N", "F.linear"] + variants,
                        [[f"{row['k']}x{row['n']}", f"{row['linear_us']:.1f}"]
                         + [f"{row['modules'][v]['forward_us']:.1f}" if v in row["modules"] else "-" for v in variants]

@@ -4,7 +4,7 @@ import pytest
 from scripts.bench.llm_sections import generate_section, post_training_section
 
 
-def _post_training():
+def post_training_data():
     variants = {"w4a16-g32-rtn": (40.0, 0.25), "w4a16-g32-gptq": (34.0, 0.0625)}
     return {"environment": {"torch": "2", "triton": "3"}, "model": "SmolLM2-135M-Instruct", "dtype": "float32",
             "calibration_blocks": 16, "block_size": 512, "eval_blocks": 12, "dense_perplexity": 32.0,
@@ -13,16 +13,16 @@ def _post_training():
 
 
 def test_post_training_lists_every_variant_and_checks_the_share_target_where_it_applies():
-    text = "\n".join(post_training_section("pt.json", _post_training()))
+    text = "\n".join(post_training_section("pt.json", post_training_data()))
     assert "| w4a16-g32-gptq | 34.00 | +6.2% | 1.5 |" in text
     assert "| w4a16-g32 | 0.75 | met |" in text and "| w8a8 | 0.20 | - |" in text
-    broken = _post_training()
+    broken = post_training_data()
     del broken["variants"]
     with pytest.raises(ValueError, match="pt.json: expected a 'variants' entry"):
         post_training_section("pt.json", broken)
 
 
-def _generate():
+def generate_data():
     fp16 = {"model": "smollm2", "variant": "fp16", "batch": 1, "eager": {"tokens_per_s": 30.0},
             "compiled": {"tokens_per_s": 200.0}, "harness": {"tokens_per_s": 600.0}}
     w4 = {"model": "smollm2", "variant": "w4a16", "batch": 1, "eager": {"tokens_per_s": 15.0},
@@ -41,10 +41,12 @@ def _generate():
 
 
 def test_generate_section_gives_figures_ratios_failures_and_verdicts():
-    text = "\n".join(generate_section("generate-smollm2-h100.json", _generate()))
-    assert "| 576x576 | 21.0 | 122.4 |" in text
+    text = "\n".join(generate_section("generate-smollm2-h100.json", generate_data()))
+    assert "| 576x576 | 21.0 | 122.4 |" in text and "Code:" not in text
     assert "| smollm2 | 1 | fp16 | 30.0 | 1.00x | 200.0 | 1.00x | 600.0 | 1.00x | 0.33x |" in text
     assert "| smollm2 | 1 | w4a16 | 15.0 | 0.50x | failed | - | - | - | - |" in text
     assert "- eager generate no slower than fp16: **not met**" in text and "- 7b w4a16 >= 2x: not measured" in text
     assert "Not run: smollm2 w8a8 batch 8 (time budget spent)." in text
     assert "Failed: smollm2 w4a16 batch 1 compiled: RuntimeError: boom" in text and "more" not in text
+    with_code = {**generate_data(), "provenance": {"commit": "abc1234", "note": "before the fix"}}
+    assert "Code: commit `abc1234`; before the fix." in "\n".join(generate_section("g.json", with_code))

@@ -5,6 +5,7 @@ import json
 import pytest
 
 from scripts.bench import pages
+from tests.scripts.bench.test_llm_sections import generate_data, post_training_data
 
 
 def kernel_report(gpu):
@@ -86,7 +87,10 @@ def root(tmp_path):
     results.mkdir(parents=True)
     files = {"kernels-h100.json": kernel_report("GPU A"), "kernels-h200.json": kernel_report("GPU B"),
              "decode-h100.json": decode_report("GPU A"), "decode-h200.json": decode_report("GPU B"),
-             "sst2-h100.json": sst2_data(), "wikitext-h100.json": wikitext_data()}
+             "sst2-h100.json": sst2_data(), "wikitext-h100.json": wikitext_data(),
+             "smollm2-h100.json": {**wikitext_data(), "family": "smollm2"},
+             "smollm2-post-training-cpu.json": post_training_data(), "generate-smollm2-h100.json": generate_data(),
+             "generate-llama2-7b-h100.json": generate_data()}
     for name, data in files.items():
         (results / name).write_text(json.dumps(data))
     return tmp_path
@@ -99,7 +103,7 @@ def written(root):
 
 
 def test_every_page_says_it_is_generated_and_from_which_json(written):
-    assert sorted(written) == ["decode.md", "kernels.md", "sst2.md", "wikitext.md"]
+    assert sorted(written) == ["decode.md", "kernels.md", "smollm2.md", "sst2.md", "wikitext.md"]
     for p in pages.PAGES:
         text = written[p.name]
         assert text.startswith(f"# {p.title}\n")
@@ -137,6 +141,11 @@ EXPECTED_LINES = [
     ("wikitext.md", "| w8a8-qat | 0 | 206.00 | +3.0% | 100 |"),
     ("wikitext.md",
      "| w8a8-qat | at most 2.0 percent above dense | 0 | 206.00 | 200.00 | +3.0% | **not met** | 0 of 1 |"),
+    # smollm2: the recipes' quality section, then post-training and generate (scripts/bench/llm_sections.py)
+    ("smollm2.md", "## Recipes: fine-tune, compress, export"),
+    ("smollm2.md", "| w8a8-qat | 0 | 206.00 | +3.0% | 100 |"),
+    ("smollm2.md", "| w4a16-g32 | 0.75 | met |"),
+    ("smollm2.md", "| smollm2 | 1 | fp16 | 30.0 | 1.00x | 200.0 | 1.00x | 600.0 | 1.00x | 0.33x |"),
 ]
 
 
