@@ -29,11 +29,11 @@ uncorrelated): clipping a rare large weight buys a finer step for all the others
 that carry energy decide. The result is (q int8 (N, K), scales (N, K/G)) and the dequantized weight
 is exactly ``q * s``: the kernel's ``unpack(qweight) * scales``. Measured on SmolLM2-135M (CPU, g32,
 docs/journal.md): round-to-nearest +29% perplexity over the float model, GPTQ with plain absmax
-scales +16%, with the searched scales +7% (activation order both).
+scales +16%, with the searched scales +6% to +7% (activation order both).
 
-Activation order (``act_order``; the configs use it on dense layers): columns are swept by decreasing ``diag(H)``
-(the inputs with the most energy first, while most columns are left to absorb their error), then
-put back. Groups stay groups of consecutive original channels, as the kernel reads them; the rule
+Activation order (``act_order``; the configs use it on dense layers): columns are swept by
+decreasing ``diag(H)`` (the inputs with the most energy first, while most columns are left to absorb
+their error), then put back. Groups stay groups of consecutive original channels, as the kernel reads them; the rule
 above still holds, so a group's scale comes from its weights as they are when the sweep first
 touches it, and its later columns are clamped to that range.
 
