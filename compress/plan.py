@@ -124,6 +124,20 @@ def as_plan(plan) -> Plan:
     raise TypeError(f"plan: expected {_PLAN_FORMS}, got {type(plan).__name__}")
 
 
+def _other_matrix_modules(model: nn.Module) -> str:
+    """A sentence naming the module types other than ``nn.Linear`` / ``nn.Embedding`` that hold a 2-D
+    ``weight`` (e.g. transformers' ``Conv1D`` in GPT-2), with a count and one name each; "" if none."""
+    seen: dict[str, list[str]] = {}
+    for name, module in model.named_modules():
+        weight = module._parameters.get("weight") if name else None
+        if weight is not None and weight.dim() == 2 and not isinstance(module, (nn.Linear, nn.Embedding)):
+            seen.setdefault(type(module).__name__, []).append(name)
+    if not seen:
+        return ""
+    listed = ", ".join(f"{kind} x{len(names)} (e.g. {names[0]!r})" for kind, names in seen.items())
+    return f"; it also has matrix layers of other types, which plans do not target: {listed}"
+
+
 def _linear_names(model: nn.Module) -> list[str]:
     return [name for name, module in model.named_modules() if name and isinstance(module, nn.Linear)]
 
@@ -221,7 +235,7 @@ def prepare(model: nn.Module, plan) -> nn.Module:
     if not targets:
         names = _linear_names(model)
         raise ValueError(f"plan matched no eligible linear layer; the model's linear layers are {names[:20]}"
-                         f"{' ...' if len(names) > 20 else ''}")
+                         f"{' ...' if len(names) > 20 else ''}{_other_matrix_modules(model)}")
     # 1. check every target before touching any.
     for name, configs in targets.items():
         module = model.get_submodule(name)

@@ -77,6 +77,17 @@ def test_a_linear_tied_to_an_embedding_stays_dense_with_a_log_line(caplog):
     assert model.proj_out.weight is model.embed.weight and torch.equal(model.embed.weight, table)
 
 
+def test_a_plan_matching_nothing_names_the_matrix_layers_of_other_types():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=16, n_embd=32, n_layer=1, n_head=2))
+    with pytest.raises(ValueError) as error:
+        compress.prepare(model, W8A8Config())
+    message = str(error.value)
+    assert "the model's linear layers are ['lm_head']" in message
+    assert "other types, which plans do not target: Conv1D x4 (e.g. 'transformer.h.0.attn.c_attn')" in message
+
+
 def test_prepare_composes_pruning_and_quantization():
     model = compress.prepare(_model(), BlockSparseConfig(0.5))
     compress.prepare(model, W8A8Config())
