@@ -16,7 +16,6 @@ the launcher figure is absent (it needs CUDA or the interpreter).
 """
 from __future__ import annotations
 
-import time
 from typing import Callable
 
 import torch
@@ -24,7 +23,7 @@ from torch import nn
 
 from compress.configs import W4A16Config, W8A8Config
 from compress.core.sparsity import block_mask
-from compress.eval.timing import synchronize
+from compress.eval.timing import host_ms, synchronize
 from compress.nn.modules import BSRLinear, BSRW8A8Linear, W4A16Linear, W8A8Linear
 
 SMOLLM2_SHAPES = ((576, 576), (576, 192), (576, 1536), (1536, 576))  # (K, N) of q/o, k/v, gate/up, down
@@ -68,11 +67,7 @@ def us_per_call(work: Callable[[], object], device: torch.device, calls: int, wa
     for _ in range(warmup):
         work()
     synchronize(device)
-    start = time.perf_counter()
-    for _ in range(calls):
-        work()
-    synchronize(device)
-    return (time.perf_counter() - start) / calls * 1e6
+    return host_ms(lambda: ([work() for _ in range(calls)], synchronize(device))) / calls * 1e3
 
 
 @torch.no_grad()

@@ -14,7 +14,7 @@ Each section is a pure function of its JSON, like every page of :mod:`scripts.be
 """
 from __future__ import annotations
 
-from scripts.bench.markdown import require, table
+from scripts.bench.markdown import VERDICT, provenance, ratio, require, table
 
 GPTQ_SHARE_TARGET = 0.5
 GPTQ_SHARE_SCHEMES = ("w4a16-g32", "w4a16-g128")
@@ -40,7 +40,7 @@ def post_training_section(name: str, data: dict) -> list[str]:
               f"{GPTQ_SHARE_TARGET:g} at g32 and g128):", ""]
     share_rows = []
     for scheme, share in shares.items():
-        verdict = ("met" if share >= GPTQ_SHARE_TARGET else "**not met**") if scheme in GPTQ_SHARE_SCHEMES else "-"
+        verdict = VERDICT[share >= GPTQ_SHARE_TARGET] if scheme in GPTQ_SHARE_SCHEMES else "-"
         share_rows.append([scheme, f"{share:.2f}", verdict])
     return lines + table(["scheme", "share removed", "target"], share_rows) + [""]
 
@@ -50,15 +50,6 @@ def _tokens(entry: dict | None, mode: str) -> str:
     if figure is None:
         return "-"
     return "failed" if "error" in figure else f"{figure['tokens_per_s']:.1f}"
-
-
-def _ratio(value) -> str:
-    return "-" if value is None else f"{value:.2f}x"
-
-
-def _provenance(data: dict) -> str:
-    code = data.get("provenance")
-    return "" if not code else f" Code: commit `{code['commit']}`; {code['note']}."
 
 
 def generate_section(name: str, data: dict) -> list[str]:
@@ -72,7 +63,7 @@ def generate_section(name: str, data: dict) -> list[str]:
              "harness = the decode benchmark's own loop on the same model"
              + (f"; the Llama-2-7B shape with {config['layers']} decoder layers" if "llama2-7b" in config["models"]
                 else "") + f". GPU: {env.get('gpu')}; torch {env.get('torch')}, Triton {env.get('triton')}, "
-             f"transformers {env.get('transformers')}." + _provenance(data), ""]
+             f"transformers {env.get('transformers')}." + provenance(data), ""]
     host = data.get("host_overhead") or []
     if host:
         variants = list(dict.fromkeys(v for row in host for v in row["modules"]))
@@ -87,13 +78,12 @@ def generate_section(name: str, data: dict) -> list[str]:
     for entry in require(data, "results", name):
         r = ratios.get(entry["model"], {}).get(str(entry["batch"]), {}).get(entry["variant"], {})
         rows.append([entry["model"], str(entry["batch"]), entry["variant"],
-                     _tokens(entry, "eager"), _ratio(r.get("eager_vs_fp16")),
-                     _tokens(entry, "compiled"), _ratio(r.get("compiled_vs_fp16")),
-                     _tokens(entry, "harness"), _ratio(r.get("harness_vs_fp16")), _ratio(r.get("compiled_vs_harness"))])
+                     _tokens(entry, "eager"), ratio(r.get("eager_vs_fp16")),
+                     _tokens(entry, "compiled"), ratio(r.get("compiled_vs_fp16")),
+                     _tokens(entry, "harness"), ratio(r.get("harness_vs_fp16")), ratio(r.get("compiled_vs_harness"))])
     lines += table(["model", "batch", "variant", "eager tok/s", "vs fp16", "compiled tok/s", "vs fp16",
                     "harness tok/s", "vs fp16", "compiled / harness"], rows)
-    verdicts = {True: "met", False: "**not met**", None: "not measured"}
-    lines += ["", "Targets:", ""] + [f"- {target}: {verdicts[met]}" for target, met in data.get("targets", {}).items()]
+    lines += ["", "Targets:", ""] + [f"- {target}: {VERDICT[met]}" for target, met in data.get("targets", {}).items()]
     skipped = data.get("skipped") or []
     if skipped:
         lines += ["", "Not run: " + "; ".join(f"{s['model']} {s['variant']} batch {s['batch']} ({s['reason']})"

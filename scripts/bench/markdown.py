@@ -1,4 +1,5 @@
-"""Markdown and JSON helpers shared by the results pages' sections."""
+"""Markdown and JSON helpers shared by the results pages' sections (:mod:`scripts.bench.pages`,
+:mod:`scripts.bench.llm_sections`)."""
 from __future__ import annotations
 
 
@@ -15,3 +16,16 @@ def table(head: list[str], rows: list[list[str]]) -> list[str]:
     """A Markdown table (a list of lines)."""
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     return lines + ["| " + " | ".join(row) + " |" for row in rows]
+
+
+VERDICT = {True: "met", False: "**not met**", None: "not measured"}
+
+
+def ratio(value) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
+def provenance(report: dict) -> str:
+    """The code a run measured, when its JSON says (optional ``provenance``: commit and note)."""
+    code = report.get("provenance")
+    return "" if not code else f" Code: commit `{code['commit']}`; {code['note']}."
