@@ -406,25 +406,17 @@ class Calibration(pl.Callback):
     A run without training steps (``trainer.max_steps: 0``, the post-training path in a recipe) is
     calibrated at fit start instead, on the first ``num_batches`` training batches (see ``on_fit_start``).
 
-    GPTQ (layers whose config says ``algorithm="gptq"``, W8A8 or W4A16): the first ``num_batches``
+    GPTQ (layers whose config says ``algorithm="gptq"``, W8A8 or W4A16): at the end of training
+    (``on_train_end``, before :class:`Export` converts in ``on_fit_end``), the first ``num_batches``
     batches of the training dataloader are run once more (eval mode, no gradients) to collect each
     layer's Hessian, summed over DDP ranks, then each layer's weight is rounded by GPTQ (rank 0's
-    result broadcast) and held on its grid with GPTQ's scales. ``gptq_at="end"`` (default): at the end
-    of training (``on_train_end``, before :class:`Export` converts in ``on_fit_end``), so the export
-    stores GPTQ's integers and scales. ``gptq_at="start"``: before the first training step, so QAT
-    starts from GPTQ's rounding and scales instead of round-to-nearest's (a learnable scale takes
-    GPTQ's values and trains on from there; otherwise the scales stay fixed and the weights move on
-    that grid); the export then quantizes the trained weights with those scales.
+    result broadcast) and held on its grid, so the export stores GPTQ's integers and scales.
     """
 
     PHASES = ("smooth", "observe", "done")
 
-    def __init__(self, num_batches: int = 8, observer: str = "absmax", smoothquant_alpha: Optional[float] = None,
-                 gptq_at: str = "end"):
+    def __init__(self, num_batches: int = 8, observer: str = "absmax", smoothquant_alpha: Optional[float] = None):
         super().__init__()
-        if gptq_at not in ("start", "end"):
-            raise ValueError(f"gptq_at: expected 'start' (before the first training step) or 'end', got {gptq_at!r}")
-        self.gptq_at, self.gptq_done = gptq_at, False
         if not isinstance(num_batches, int) or isinstance(num_batches, bool) or num_batches < 1:
             raise ValueError(f"num_batches: expected a positive int, got {num_batches!r}")
         if observer not in OBSERVERS:
@@ -442,14 +434,11 @@ class Calibration(pl.Callback):
                 if isinstance(m.quant_config, W8A8Config)}
 
     def on_train_start(self, trainer, pl_module):
-        if self.gptq_at == "start" and not self.gptq_done:
-            self._run_gptq(target_model(pl_module), self._batch_runner(trainer, pl_module))
-            self.gptq_done = True
         if self.phase == "done":
             return
         layers = self._w8a8_layers(pl_module)
         if not layers:
-            if not gptq_layers(target_model(pl_module)) and not self.gptq_done:
+            if not gptq_layers(target_model(pl_module)):
                 rank_zero_warn("Calibration: no W8A8 or GPTQ layers to calibrate (add a QuantizationAware callback "
                                "with a W8A8Config, or a config with algorithm='gptq'); nothing to do")
             self.phase = "done"
@@ -540,12 +529,11 @@ class Calibration(pl.Callback):
         rank_zero_info(f"Calibration: GPTQ quantized {len(results)} layers on {self.num_batches} training batches")
 
     def state_dict(self):
-        return {"phase": self.phase, "batches_seen": self.batches_seen, "gptq_done": self.gptq_done}
+        return {"phase": self.phase, "batches_seen": self.batches_seen}
 
     def load_state_dict(self, state_dict):
         self.phase = state_dict.get("phase", self.phase)
         self.batches_seen = state_dict.get("batches_seen", 0)
-        self.gptq_done = state_dict.get("gptq_done", False)
 
 
 class Export(pl.Callback):

@@ -202,16 +202,6 @@ class CompressedLinear(Float32Buffers, nn.Linear):
             self.register_buffer("weight_scale", scale)
         self.weight_quantized = True
 
-    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
-        """A checkpoint taken after GPTQ holds a ``weight_scale`` buffer that a freshly prepared layer
-        (fixed scales) lacks: register it first, so the layer resumes on GPTQ's grid."""
-        key = prefix + "weight_scale"
-        if key in state_dict and self.weight_scale is None and self.quant_config is not None:
-            del self.weight_scale
-            self.register_buffer("weight_scale", torch.empty_like(state_dict[key], dtype=torch.float32))
-            self.weight_quantized = True
-        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
-
     # ---- quantization state --------------------------------------------------------------------------
     def enable_fake_quant(self, on: bool = True) -> None:
         """Switch fake quantization on/off; a learnable scale is initialised from the weight once."""

@@ -86,7 +86,6 @@ def _trainer(callbacks, max_steps, **kwargs):
     (lambda: Calibration(observer="minmax"), "'absmax'"),
     (lambda: Calibration(num_batches=0), "positive int"),
     (lambda: Calibration(smoothquant_alpha=2.0), "[0, 1]"),
-    (lambda: Calibration(gptq_at="middle"), "'start'"),
     (lambda: Export(dirpath=""), "non-empty"),
 ])
 def test_init_validation_lists_valid_options(make, fragment):
@@ -149,59 +148,6 @@ def test_calibration_runs_gptq_at_train_end_and_export_stores_its_weights(tmp_pa
     loaded = compress.load_compressed(tmp_path / "export", model=PreNormMLP())
     with torch.no_grad():
         assert torch.equal(loaded(x), task.model(x))
-
-
-@pytest.mark.parametrize("learnable_scale", [False, True])
-def test_gptq_at_start_rounds_before_the_first_step_and_qat_trains_on_its_grid(tmp_path, learnable_scale):
-    task = TinyTask()
-    seen = {}
-
-    class FirstStep(pl.Callback):  # listed after Calibration: its on_train_start runs after GPTQ
-        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-            if trainer.global_step == 0:
-                up = pl_module.model.up
-                seen.update(weight=up.weight.detach().clone(), scale=up.weight_scale.detach().clone(),
-                            fake_quant=up.fake_quant_enabled)
-
-    config = W4A16Config(32, algorithm="gptq", learnable_scale=learnable_scale)
-    calibration = Calibration(num_batches=2, gptq_at="start")
-    _trainer([QuantizationAware(config, start_step=0), calibration, FirstStep()], max_steps=4).fit(task, loader())
-    on_grid = seen["weight"].reshape(128, 2, 32) / seen["scale"][:, :, None]
-    assert torch.allclose(on_grid, on_grid.round(), atol=1e-4)  # GPTQ's q * s before any step
-    assert calibration.gptq_done and task.model.up.weight_quantized
-    assert not torch.equal(task.model.up.weight, seen["weight"])  # training moved the weights on
-    assert torch.equal(task.model.up.weight_scale, seen["scale"]) != learnable_scale  # LSQ trains the scales
-    prepared_out = task.model(torch.randn(3, 64, generator=torch.Generator().manual_seed(5)))
-    compress.convert(task.model)
-    assert type(task.model.up).__name__ == "W4A16Linear"
-    with torch.no_grad():  # the export computes what QAT trained
-        exported = task.model(torch.randn(3, 64, generator=torch.Generator().manual_seed(5)))
-    assert torch.allclose(exported, prepared_out, atol=1e-5)
-
-
-@pytest.mark.parametrize("learnable_scale", [False, True])
-def test_gptq_at_start_resumes_on_its_grid_without_rounding_again(tmp_path, learnable_scale):
-    def callbacks():
-        return [QuantizationAware(W4A16Config(32, algorithm="gptq", learnable_scale=learnable_scale), start_step=0),
-                Calibration(num_batches=2, gptq_at="start")]
-
-    task = TinyTask()
-    trainer = _trainer(callbacks(), max_steps=3)
-    trainer.fit(task, loader())
-    trainer.save_checkpoint(tmp_path / "mid.ckpt")
-    restored = {}
-
-    class Capture(pl.Callback):  # listed after Calibration: sees the layer after its on_train_start
-        def on_train_start(self, trainer, pl_module):
-            up = pl_module.model.up
-            restored.update(weight=up.weight.detach().clone(), scale=up.weight_scale.detach().clone())
-
-    resumed_task = TinyTask()
-    resumed = _trainer(callbacks() + [Capture()], max_steps=5)
-    resumed.fit(resumed_task, loader(), ckpt_path=tmp_path / "mid.ckpt")
-    assert resumed.callbacks[1].gptq_done and resumed_task.model.up.weight_quantized
-    assert torch.equal(restored["scale"], task.model.up.weight_scale)
-    assert torch.equal(restored["weight"], task.model.up.weight)  # not rounded a second time
 
 
 def test_gptq_without_calibration_fails_before_training():
