@@ -29,10 +29,10 @@ from torch import nn
 
 import compress
 from compress import BlockSparseConfig, W4A16Config, W8A8Config
-from compress.nn.conv1d import is_conv1d
+from compress.nn.conv1d import is_conv1d, is_linear_or_conv1d
 from compress.nn.modules import BSRLinear, BSRW8A8Linear, W4A16Linear, W8A8Linear
 from compress.nn.qat import compressed_layers
-from compress.plan import prune_one_shot
+from compress.plan import prune_one_shot, tied_to_embeddings
 
 transformers = pytest.importorskip("transformers")
 
@@ -162,11 +162,14 @@ def test_prepare_train_convert_save_load_generate(name, scheme, tmp_path):
     with torch.no_grad():
         original = _output(model, inputs)
     conv1d = {n for n, m in model.named_modules() if is_conv1d(m)}
+    tied = tied_to_embeddings(model)
+    tied_linears = {n for n, m in model.named_modules() if is_linear_or_conv1d(m) and id(m.weight) in tied}
 
     compress.prepare(model, plan)  # 1. prepare: the same function while fake quantization is off (measured: exact)
     targets = set(compressed_layers(model))
     assert targets and not any("embed" in n or "lm_head" in n for n in targets)
-    assert len(conv1d) == CONV1D_LAYERS.get(name, 0) and conv1d <= targets
+    assert len(conv1d) == CONV1D_LAYERS.get(name, 0) and conv1d <= targets and not tied_linears & targets
+    assert not arch.moe or all(".self_attn." in n for n in targets)  # MoE: the attention projections only
     with torch.no_grad():
         torch.testing.assert_close(_output(model, inputs), original, atol=1e-5, rtol=1e-5)
 
