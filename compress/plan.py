@@ -1,6 +1,7 @@
 """Compression plans and the two entry points that apply them: ``prepare`` and ``convert``.
 
-A plan says which ``nn.Linear`` layers get which configs:
+A plan says which linear layers (``nn.Linear``, and ``transformers``' ``Conv1D`` of the GPT-2 family)
+get which configs:
 
 * one config (``W8A8Config()``): every eligible linear layer,
 * a list (``[BlockSparseConfig(0.5), W8A8Config()]``): every eligible layer gets all of them
@@ -9,12 +10,16 @@ A plan says which ``nn.Linear`` layers get which configs:
   (``"encoder.layer.*.intermediate.dense"``); the first matching pattern wins,
 * a :class:`Plan` (rules + ``exclude`` patterns).
 
-Eligible: ``nn.Linear`` modules whose names match no ``exclude`` pattern; by default embeddings,
-classifier heads (``classifier``, ``score``, ``pooler``, ``qa_outputs``) and ``lm_head`` stay dense, and
-so does any linear whose weight is an embedding's (tied, e.g. Whisper's ``proj_out``), with a log line.
+Eligible: ``nn.Linear`` and ``Conv1D`` modules whose names match no ``exclude`` pattern; by default
+embeddings, classifier heads (``classifier``, ``score``, ``pooler``, ``qa_outputs``) and ``lm_head`` stay
+dense, and so does any linear whose weight is an embedding's (tied, e.g. Whisper's ``proj_out`` or
+GPT-2's ``lm_head``) and any ``Conv1D`` whose weight another module holds too, with a log line.
 
 ``prepare(model, plan)`` swaps the targeted layers for :class:`compress.nn.qat.CompressedLinear`
-(training path). ``convert(model)`` swaps every ``CompressedLinear`` for its inference module;
+(training path). A ``Conv1D`` becomes one as the ``nn.Linear`` it is: a transposed copy of its
+weight, a new Parameter in the (out, in) layout, and its own bias (:mod:`compress.nn.conv1d`: build
+optimizers after ``prepare``); after that nothing treats it apart, except that a layer exported dense
+is a ``Conv1D`` again. ``convert(model)`` swaps every ``CompressedLinear`` for its inference module;
 ``convert(model, plan, calibration_data=...)`` is the post-training path: prepare, prune one-shot,
 calibrate (SmoothQuant and static scales), GPTQ where a config says ``algorithm="gptq"``, then swap.
 
@@ -43,6 +48,7 @@ from torch import nn
 from compress.calibration import calibrate, gptq_layers, run_gptq
 from compress.configs import BlockSparseConfig, W4A16Config, W8A8Config, is_config
 from compress.core.sparsity import block_mask
+from compress.nn.conv1d import is_conv1d, is_linear_or_conv1d
 from compress.nn.modules import BSRLinear, BSRW8A8Linear, W4A16Linear, W8A8Linear
 from compress.nn.qat import CompressedLinear, compressed_layers, split_configs
 
@@ -93,16 +99,24 @@ class Plan:
         return None
 
     def targets(self, model: nn.Module) -> dict[str, tuple]:
-        """{module name: configs} for every linear layer of ``model`` the plan selects; a linear whose
-        weight is an embedding's (tied) stays dense, with a log line: compressing it would rewrite the
-        embedding table too."""
+        """{module name: configs} for every linear layer (``nn.Linear`` or ``Conv1D``) of ``model`` the
+        plan selects. Left dense, with a log line: a linear whose weight is an embedding's (tied), since
+        compressing it would rewrite the embedding table too; a ``Conv1D`` whose weight another module
+        (or the same module under another name) holds too, since preparing it would untie them (the
+        prepared layer holds a transposed copy)."""
         tied = tied_to_embeddings(model)
+        holders = weight_holders(model)
         found = {}
         for name, module in model.named_modules():
-            if not name or not isinstance(module, nn.Linear) or (configs := self.configs_for(name)) is None:
+            if not name or not is_linear_or_conv1d(module) or (configs := self.configs_for(name)) is None:
                 continue
             if id(module.weight) in tied:
                 logger.info("plan: %s left dense: its weight is the embedding %s's (tied)", name, tied[id(module.weight)])
+                continue
+            others = [other for other in holders[id(module.weight)] if other != name]
+            if is_conv1d(module) and others:
+                logger.info("plan: %s left dense: a Conv1D whose weight %s also holds (preparing it would "
+                            "untie them)", name, others[0])
                 continue
             found[name] = configs
         return found
@@ -111,6 +125,17 @@ class Plan:
 def tied_to_embeddings(model: nn.Module) -> dict[int, str]:
     """{id(weight): embedding module name} of every ``nn.Embedding``'s weight in ``model``."""
     return {id(module.weight): name for name, module in model.named_modules() if isinstance(module, nn.Embedding)}
+
+
+def weight_holders(model: nn.Module) -> dict[int, list[str]]:
+    """{id(weight): names of every module holding it as its ``weight``}, a module registered under
+    several names counted under each."""
+    holders: dict[int, list[str]] = {}
+    for name, module in model.named_modules(remove_duplicate=False):
+        weight = module._parameters.get("weight")
+        if weight is not None:
+            holders.setdefault(id(weight), []).append(name)
+    return holders
 
 
 def as_plan(plan) -> Plan:
@@ -125,12 +150,13 @@ def as_plan(plan) -> Plan:
 
 
 def _other_matrix_modules(model: nn.Module) -> str:
-    """A sentence naming the module types other than ``nn.Linear`` / ``nn.Embedding`` that hold a 2-D
-    ``weight`` (e.g. transformers' ``Conv1D`` in GPT-2), with a count and one name each; "" if none."""
+    """A sentence naming the module types other than ``nn.Linear`` / ``Conv1D`` / ``nn.Embedding`` that
+    hold a 2-D ``weight``, with a count and one name each; "" if none."""
     seen: dict[str, list[str]] = {}
     for name, module in model.named_modules():
         weight = module._parameters.get("weight") if name else None
-        if weight is not None and weight.dim() == 2 and not isinstance(module, (nn.Linear, nn.Embedding)):
+        if (weight is not None and weight.dim() == 2 and not is_linear_or_conv1d(module)
+                and not isinstance(module, nn.Embedding)):
             seen.setdefault(type(module).__name__, []).append(name)
     if not seen:
         return ""
@@ -138,8 +164,9 @@ def _other_matrix_modules(model: nn.Module) -> str:
     return f"; it also has matrix layers of other types, which plans do not target: {listed}"
 
 
-def _linear_names(model: nn.Module) -> list[str]:
-    return [name for name, module in model.named_modules() if name and isinstance(module, nn.Linear)]
+def linear_layer_names(model: nn.Module) -> list[str]:
+    """Names of the layers a plan can target (``nn.Linear`` and ``Conv1D``), in module order."""
+    return [name for name, module in model.named_modules() if name and is_linear_or_conv1d(module)]
 
 
 def replace_submodule(model: nn.Module, name: str, new: nn.Module) -> None:
@@ -221,7 +248,9 @@ def prepare(model: nn.Module, plan) -> nn.Module:
     """Swap the plan's layers for ``CompressedLinear`` (in place; returns ``model``).
 
     Layers that are already ``CompressedLinear`` get the new configs added (so a pruning plan and a
-    quantization plan compose); conflicting configs raise ``ValueError``.
+    quantization plan compose); conflicting configs raise ``ValueError``. A ``Conv1D`` is taken as
+    the ``nn.Linear`` it is, with a transposed copy of its weight (build optimizers afterwards;
+    :mod:`compress.nn.conv1d`); the number of such layers is logged.
 
     All or nothing: every target is checked before any is changed, and should building or swapping
     a layer still fail, the model is put back as it was (same module at every name, same configs
@@ -233,14 +262,15 @@ def prepare(model: nn.Module, plan) -> nn.Module:
         raise TypeError(f"model: expected an nn.Module, got {type(model).__name__}")
     targets = as_plan(plan).targets(model)
     if not targets:
-        names = _linear_names(model)
-        raise ValueError(f"plan matched no eligible linear layer; the model's linear layers are {names[:20]}"
-                         f"{' ...' if len(names) > 20 else ''}{_other_matrix_modules(model)}")
+        names = linear_layer_names(model)
+        raise ValueError(f"plan matched no eligible linear layer; the model's linear layers (nn.Linear, Conv1D) "
+                         f"are {names[:20]}{' ...' if len(names) > 20 else ''}{_other_matrix_modules(model)}")
     # 1. check every target before touching any.
     for name, configs in targets.items():
         module = model.get_submodule(name)
         if isinstance(module, CompressedLinear):
             _layer_step(name, "prepare", _check_additions, name, module, configs)
+    from_conv1d = sum(is_conv1d(model.get_submodule(name)) for name in targets)
     # 2. build and swap, undoing everything if a later layer still fails.
     rollback = _Rollback(model)
     try:
@@ -258,6 +288,8 @@ def prepare(model: nn.Module, plan) -> nn.Module:
         rollback.restore()
         raise
     logger.info("prepare: %d layers set up for compression", len(targets))
+    if from_conv1d:
+        logger.info("prepare: %d transformers Conv1D layers converted to nn.Linear (weights transposed)", from_conv1d)
     return model
 
 
@@ -339,7 +371,7 @@ def convert(model: nn.Module, plan=None, calibration_data=None) -> nn.Module:
     """
     rollback = _Rollback(model)
     for name, module in model.named_modules():
-        if name and isinstance(module, nn.Linear):
+        if name and is_linear_or_conv1d(module):
             rollback.keep_module(name)
             rollback.keep_weight_hooks(module.weight)
             if isinstance(module, CompressedLinear):

@@ -77,15 +77,34 @@ def test_a_linear_tied_to_an_embedding_stays_dense_with_a_log_line(caplog):
     assert model.proj_out.weight is model.embed.weight and torch.equal(model.embed.weight, table)
 
 
-def test_a_plan_matching_nothing_names_the_matrix_layers_of_other_types():
+def test_a_plan_matching_nothing_lists_conv1d_among_the_linear_layers():
     from transformers import GPT2Config, GPT2LMHeadModel
 
     model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=16, n_embd=32, n_layer=1, n_head=2))
     with pytest.raises(ValueError) as error:
-        compress.prepare(model, W8A8Config())
+        compress.prepare(model, {"nothing.*": W8A8Config()})
     message = str(error.value)
-    assert "the model's linear layers are ['lm_head']" in message
-    assert "other types, which plans do not target: Conv1D x4 (e.g. 'transformer.h.0.attn.c_attn')" in message
+    assert ("the model's linear layers (nn.Linear, Conv1D) are ['transformer.h.0.attn.c_attn', "
+            "'transformer.h.0.attn.c_proj', 'transformer.h.0.mlp.c_fc', 'transformer.h.0.mlp.c_proj', 'lm_head']"
+            in message)
+    assert "other types" not in message
+
+
+def test_a_plan_matching_nothing_names_the_matrix_layers_of_other_types():
+    class Transposed(nn.Module):  # a matrix layer of a type plans do not target
+        def __init__(self):
+            super().__init__()
+            self.weight = nn.Parameter(torch.randn(64, 32))
+
+        def forward(self, x):
+            return x @ self.weight
+
+    model = nn.Sequential(Transposed(), Transposed(), nn.Linear(32, 8))
+    with pytest.raises(ValueError) as error:
+        compress.prepare(model, {"nothing.*": W8A8Config()})
+    message = str(error.value)
+    assert "the model's linear layers (nn.Linear, Conv1D) are ['2']" in message
+    assert "other types, which plans do not target: Transposed x2 (e.g. '0')" in message
 
 
 def test_prepare_composes_pruning_and_quantization():

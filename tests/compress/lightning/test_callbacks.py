@@ -1,5 +1,5 @@
 """Tests for compress/lightning/callbacks.py: validation, a composed run (prune + QAT + calibration +
-export), the model they compress, the float snapshot, resume from a Lightning checkpoint, DDP on 2
+export), the same on GPT-2's Conv1D layers, the model they compress, the float snapshot, resume from a Lightning checkpoint, DDP on 2
 CPU processes, movement and Fisher scores (accumulation, schedule, state, resume, DDP), and YAML
 instantiation (jsonargparse; by class path, by the flat layout's ``compress.callbacks.X``, by short
 name)."""
@@ -123,6 +123,48 @@ def test_composed_run_prunes_quantizes_calibrates_and_exports(tmp_path):
     x = torch.randn(3, 64)
     with torch.no_grad():
         assert torch.equal(loaded(x), task.model(x))
+
+
+def test_callbacks_train_and_export_the_conv1d_layers_of_gpt2(tmp_path):
+    """prepare runs in setup, before configure_optimizers: the optimizer holds the Linear copies of
+    GPT-2's Conv1D weights, so they train (and stay pruned), and the export reloads as GPT-2."""
+    transformers = pytest.importorskip("transformers")
+
+    class GPT2Task(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+                n_embd=64, n_layer=1, n_head=2, vocab_size=128, n_positions=32, bos_token_id=1, eos_token_id=2))
+
+        def training_step(self, batch, batch_idx):
+            return self.model(input_ids=batch[0], labels=batch[0]).loss
+
+        def configure_optimizers(self):
+            return torch.optim.AdamW(self.parameters(), lr=1e-2)
+
+    task = GPT2Task()
+    initial = task.model.transformer.h[0].mlp.c_fc.weight.detach().T.clone()
+    ids = torch.randint(3, 128, (16, 12), generator=torch.Generator().manual_seed(0))
+    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(ids), batch_size=4)
+    seen = {}
+
+    class Inspect(pl.Callback):
+        def on_train_end(self, trainer, pl_module):
+            layer = pl_module.model.transformer.h[0].mlp.c_fc
+            seen.update(from_conv1d=layer.from_conv1d, weight=layer.weight.detach().clone(), mask=layer.mask.clone())
+
+    callbacks = [BlockPruning(0.5, start_step=0, end_step=2, frequency=1), QuantizationAware(W8A8Config()),
+                 Export(str(tmp_path / "export"))]
+    _trainer(callbacks + [Inspect()], max_steps=4).fit(task, data)
+    kept = expand_mask(seen["mask"], seen["weight"].shape)
+    assert seen["from_conv1d"] and mask_sparsity(seen["mask"]) == pytest.approx(0.5)
+    assert (seen["weight"][~kept] == 0).all() and not torch.equal(seen["weight"][kept], initial[kept])
+    assert type(task.model.transformer.h[0].mlp.c_fc).__name__ == "BSRW8A8Linear"
+    loaded, exported = compress.load_compressed(tmp_path / "export"), task.model.eval()  # no dropout
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(input_ids=ids[:2]).logits, exported(input_ids=ids[:2]).logits,
+                                   atol=1e-6, rtol=1e-6)
 
 
 def test_calibration_runs_gptq_at_train_end_and_export_stores_its_weights(tmp_path):
