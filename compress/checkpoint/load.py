@@ -35,6 +35,7 @@ from compress.nn.modules import INFERENCE_MODULES, BSRLinear, BSRW8A8Linear, W4A
 from compress.plan import replace_submodule
 
 logger = logging.getLogger(__name__)
+ALIGNMENT = 64  # bytes: the CPU allocator's alignment
 
 
 def _load_tensors(directory: pathlib.Path, manifest: dict) -> dict[str, torch.Tensor]:
@@ -54,6 +55,9 @@ def _load_tensors(directory: pathlib.Path, manifest: dict) -> dict[str, torch.Te
         got = {"dtype": str(tensors[name].dtype).removeprefix("torch."), "shape": list(tensors[name].shape)}
         if got != spec:
             raise CheckpointError(f"{tensor_path}: tensor {name!r}: expected {spec}, got {got}")
+    # safetensors hands out views at the file's byte offsets; a copy at an aligned address makes the
+    # loaded model compute bit for bit what the saved one did (CPU kernels pick paths by alignment)
+    tensors = {name: t if t.data_ptr() % ALIGNMENT == 0 else t.clone() for name, t in tensors.items()}
     for alias, stored in manifest.get("aliases", {}).items():
         tensors[alias] = tensors[stored]
     return tensors
