@@ -3,6 +3,7 @@ export), the model they compress, the float snapshot, resume from a Lightning ch
 CPU processes, movement and Fisher scores (accumulation, schedule, state, resume, DDP), and YAML
 instantiation (jsonargparse; by class path, by the flat layout's ``compress.callbacks.X``, by short
 name)."""
+import itertools
 import os
 import pathlib
 import subprocess
@@ -500,3 +501,30 @@ def test_callbacks_build_from_yaml_with_jsonargparse(prefix):
     with pytest.raises(jsonargparse.ArgumentError, match="num_batches"):
         parser.parse_object({"callbacks": [{"class_path": "compress.lightning.callbacks.Calibration",
                                             "init_args": {"num_batches": "many"}}]})
+
+
+def test_the_callbacks_train_the_model_a_plain_loop_with_the_schedule_trains():
+    """The callbacks are Lightning's hooks around compress.schedule: the same steps give the same model."""
+    task = TinyTask()
+    callbacks = [BlockPruning(0.5, start_step=1, end_step=5, frequency=2, score="movement"),
+                 QuantizationAware(W8A8Config(activation="static"), start_step=2),
+                 Calibration(num_batches=2, smoothquant_alpha=0.5)]
+    _trainer(callbacks, max_steps=7).fit(task, loader())
+
+    plain = TinyTask()
+    model, optimizer = plain.model, plain.configure_optimizers()
+    schedule = compress.CompressionSchedule(
+        model, pruning=compress.PruningSchedule(0.5, start_step=1, end_step=5, frequency=2, score="movement"),
+        quantization=compress.QuantizationSchedule(W8A8Config(activation="static"), start_step=2),
+        calibration=compress.CalibrationSchedule(num_batches=2, smoothquant_alpha=0.5))
+    for x, y in itertools.islice(loader(), 7):
+        nn.functional.cross_entropy(model(x), y).backward()
+        schedule.before_optimizer_step(optimizer)
+        optimizer.step()
+        schedule.step()
+        optimizer.zero_grad()
+    for name, tensor in task.model.state_dict().items():
+        assert torch.equal(model.state_dict()[name], tensor), name
+    for name, total in callbacks[0].schedule.gradient_scores.items():
+        assert torch.equal(schedule.pruning.gradient_scores[name], total), name
+    assert callbacks[2].schedule.phase == schedule.calibration.phase == "done"
