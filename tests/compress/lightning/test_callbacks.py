@@ -1,8 +1,8 @@
 """Tests for compress/lightning/callbacks.py: validation, a composed run (prune + QAT + calibration +
 export), the model they compress, the float snapshot, resume from a Lightning checkpoint, DDP on 2
-CPU processes, movement and Fisher scores (accumulation, schedule, state, resume, DDP), and YAML
+CPU processes, movement and Fisher scores (accumulation, schedule, state, resume, DDP), YAML
 instantiation (jsonargparse; by class path, by the flat layout's ``compress.callbacks.X``, by short
-name)."""
+name), and the model they train being the one a plain loop with ``compress.CompressionSchedule`` trains."""
 import itertools
 import os
 import pathlib
