@@ -26,7 +26,7 @@ def train(output_dir: Path, steps: int = 150, batch_size: int = 32, save_steps: 
     """Train with the Trainer to ``steps`` steps; returns (model, schedule)."""
     from transformers import Trainer, TrainingArguments
 
-    model, schedule, _ = build(steps, seed)  # the Trainer builds its own optimizer
+    model, schedule = build(steps, seed)
     args = TrainingArguments(output_dir=str(output_dir), max_steps=steps, per_device_train_batch_size=batch_size,
                              learning_rate=1e-3, weight_decay=0.01, lr_scheduler_type="constant", save_strategy="steps",
                              save_steps=save_steps, logging_steps=max(1, steps // 5), report_to="none", use_cpu=True,

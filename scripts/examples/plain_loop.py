@@ -25,15 +25,14 @@ from scripts.examples.digits import collate, digit_samples, logits_and_accuracy,
 
 
 def build(steps: int, seed: int = 0):
-    """(model, schedule, optimizer): pruning over the middle of training, W8A8 QAT for its last quarter."""
+    """(model, schedule): pruning over the middle of training, W8A8 QAT for its last quarter."""
     model = tiny_bert(seed)
     schedule = compress.CompressionSchedule(
         model,
         pruning=compress.PruningSchedule(sparsity=0.5, start_step=steps // 5, end_step=steps * 3 // 5,
                                          frequency=max(1, steps // 20), score="movement"),
         quantization=compress.QuantizationSchedule(W8A8Config(), start_step=steps * 3 // 4))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
-    return model, schedule, optimizer
+    return model, schedule
 
 
 def batches(samples, batch_size: int, seed: int):
@@ -47,7 +46,8 @@ def batches(samples, batch_size: int, seed: int):
 def train(steps: int = 150, batch_size: int = 32, checkpoint: Path | None = None, save_every: int = 0,
           resume: bool = False, seed: int = 0):
     """Train to ``steps`` optimizer steps (resuming from ``checkpoint`` if asked); returns (model, schedule)."""
-    model, schedule, optimizer = build(steps, seed)
+    model, schedule = build(steps, seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
     if resume:
         saved = torch.load(checkpoint, weights_only=True)
         model.load_state_dict(saved["model"])
