@@ -98,6 +98,10 @@ class Plan:
                 return configs
         return None
 
+    def prepared_layers(self, model: nn.Module) -> dict[str, CompressedLinear]:
+        """{module name: layer} of the prepared layers (:func:`prepare`) of ``model`` the plan selects."""
+        return {name: m for name, m in compressed_layers(model).items() if self.configs_for(name) is not None}
+
     def targets(self, model: nn.Module) -> dict[str, tuple]:
         """{module name: configs} for every linear layer (``nn.Linear`` or ``Conv1D``) of ``model`` the
         plan selects. Left dense, with a log line: a linear whose weight is an embedding's (tied), since
@@ -244,8 +248,14 @@ def _check_additions(name: str, layer: CompressedLinear, configs) -> None:
     split_configs([c for c in (layer.quant_config, quant, layer.sparse_config, sparse) if c is not None])
 
 
-def prepare(model: nn.Module, plan) -> nn.Module:
+def prepare(model: nn.Module, plan, fake_quant: bool = False) -> nn.Module:
     """Swap the plan's layers for ``CompressedLinear`` (in place; returns ``model``).
+
+    ``fake_quant``: switch fake quantization on in the plan's quantized layers right away, so the model
+    trains on the function its export computes (QAT without a schedule); needs a quantization config in
+    the plan. Off by default: :class:`compress.schedule.CompressionSchedule` and the Lightning callbacks
+    switch it on at their start step. Block masks stay full either way until a pruning schedule (or
+    :func:`convert`'s one-shot pruning) sets them, and static W8A8 scales need calibration.
 
     Layers that are already ``CompressedLinear`` get the new configs added (so a pruning plan and a
     quantization plan compose); conflicting configs raise ``ValueError``. A ``Conv1D`` is taken as
@@ -260,11 +270,16 @@ def prepare(model: nn.Module, plan) -> nn.Module:
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model: expected an nn.Module, got {type(model).__name__}")
+    if not isinstance(fake_quant, bool):
+        raise TypeError(f"fake_quant: expected a bool, got {type(fake_quant).__name__}")
     targets = as_plan(plan).targets(model)
     if not targets:
         names = linear_layer_names(model)
         raise ValueError(f"plan matched no eligible linear layer; the model's linear layers (nn.Linear, Conv1D) "
                          f"are {names[:20]}{' ...' if len(names) > 20 else ''}{_other_matrix_modules(model)}")
+    if fake_quant and not any(split_configs(list(configs))[0] is not None for configs in targets.values()):
+        raise ValueError("prepare: fake_quant=True needs a quantization config (W8A8Config or W4A16Config) in the "
+                         "plan; it has block sparsity only")
     # 1. check every target before touching any.
     for name, configs in targets.items():
         module = model.get_submodule(name)
@@ -287,7 +302,13 @@ def prepare(model: nn.Module, plan) -> nn.Module:
     except BaseException:
         rollback.restore()
         raise
-    logger.info("prepare: %d layers set up for compression", len(targets))
+    if fake_quant:
+        for name in targets:
+            layer = model.get_submodule(name)
+            if layer.quant_config is not None:
+                layer.enable_fake_quant(True)
+    logger.info("prepare: %d layers set up for compression (fake quantization %s)", len(targets),
+                "on" if fake_quant else "off until a schedule starts it")
     if from_conv1d:
         logger.info("prepare: %d transformers Conv1D layers converted to nn.Linear (weights transposed)", from_conv1d)
     return model

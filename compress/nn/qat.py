@@ -9,7 +9,7 @@ Parameters (an optimizer built before the swap keeps working) and holds:
 * ``mask`` (N/32, K/32) bool buffer when a :class:`BlockSparseConfig` is present (all True until
   a pruning step sets it), else None. The forward uses ``W * expand(mask)``; a gradient hook zeroes
   the gradient of pruned weights and :meth:`apply_mask_` (called after every optimizer step by the
-  pruning callback) writes exact zeros, so AdamW's momentum and weight decay cannot revive them.
+  pruning schedule) writes exact zeros, so AdamW's momentum and weight decay cannot revive them.
 * ``observer`` (:mod:`compress.core.observers`) and ``act_scale`` () float32 buffer for W8A8 layers;
   ``act_scale`` 0 means "not calibrated"; ``input_smoothing`` (K,) float32 buffer (SmoothQuant
   factors that no norm absorbed; ones by default).
@@ -18,8 +18,8 @@ Parameters (an optimizer built before the swap keeps working) and holds:
 * After GPTQ (:meth:`set_quantized_weight`): ``weight`` holds the dequantized values ``q * s`` and
   ``weight_scale`` their scales ``s`` (the LSQ Parameter takes them, else a float32 buffer of that
   name), so the fake-quantized forward and the export both give back exactly GPTQ's ``q`` and ``s``.
-* ``fake_quant_enabled`` (bool attribute): off until a QAT callback (or :func:`compress.convert`'s
-  post-training path) switches it on.
+* ``fake_quant_enabled`` (bool attribute): off until a QAT schedule (or ``prepare(..., fake_quant=True)``,
+  or :func:`compress.convert`'s post-training path) switches it on.
 
 Forward (the numerical contract: the exported module computes the same function)::
 

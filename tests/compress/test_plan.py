@@ -193,6 +193,31 @@ def test_sparse_w8a8_export_stores_only_the_kept_blocks_as_int8():
         assert torch.equal(module(x), dense[name](x))
 
 
+def test_prepare_with_fake_quant_trains_the_function_convert_exports():
+    model = compress.prepare(_model(), {"up": W4A16Config(32), "down": W8A8Config()}, fake_quant=True)
+    assert model.up.fake_quant_enabled and model.down.fake_quant_enabled
+    assert not compress.prepare(_model(), W8A8Config()).down.fake_quant_enabled  # the default: off
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    for step in range(3):
+        model(_ids(step)).pow(2).mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    ids = _ids(9)
+    with torch.no_grad():
+        trained = model(ids)
+        compress.convert(model)
+        torch.testing.assert_close(model(ids), trained, atol=1e-3, rtol=1e-3)
+
+
+@pytest.mark.parametrize("plan, fake_quant, error, fragment", [
+    (BlockSparseConfig(0.5), True, ValueError, "needs a quantization config"),
+    (W8A8Config(), "yes", TypeError, "fake_quant: expected a bool"),
+])
+def test_prepare_fake_quant_errors(plan, fake_quant, error, fragment):
+    with pytest.raises(error, match=fragment):
+        compress.prepare(_model(), plan, fake_quant=fake_quant)
+
+
 def test_static_w8a8_agreement_and_missing_calibration():
     model = _prepared_and_trained(W8A8Config(activation="static"), static=True)
     ids = _ids(9)
