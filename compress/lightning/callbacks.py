@@ -51,6 +51,7 @@ from compress.core.sparsity import (
     movement_block_scores,
     shrink_mask,
 )
+from compress.nn.experts import CompressedExperts, ExpertLinear, experts_module_name, is_fused_experts
 from compress.nn.qat import CompressedLinear, compressed_layers
 from compress.calibration import calibrate, forward_batch, gptq_layers, run_gptq
 from compress.plan import DEFAULT_EXCLUDE, Plan, convert, prepare
@@ -118,7 +119,9 @@ def _kept_mlp_mass(mlps, sparsity: float) -> float:
 
 
 def _layers_matching(model: nn.Module, plan: Plan) -> dict[str, CompressedLinear]:
-    return {name: m for name, m in compressed_layers(model).items() if plan.configs_for(name) is not None}
+    """The prepared layers ``plan`` selects; an expert's layer is selected by its experts block's name."""
+    return {name: m for name, m in compressed_layers(model).items()
+            if plan.configs_for(experts_module_name(name) if isinstance(m, ExpertLinear) else name) is not None}
 
 
 class BlockPruning(pl.Callback):
@@ -166,6 +169,11 @@ class BlockPruning(pl.Callback):
     importance so that weak neurons share blocks (:func:`compress.core.neuron_order.reorder_mlp_neurons`;
     the function is unchanged). Once per callback: a resumed run gets the reordered weights from its
     checkpoint. List this callback before ``QuantizationAware`` when both are used.
+
+    MoE experts (:mod:`compress.nn.experts`): each expert's ``gate_up`` and ``down`` matrix is a layer
+    of its own (``<experts>.gate_up.<e>``, selected by the experts block's name), scored, masked and
+    allocated like any linear layer, with every score kind. ``reorder_neurons`` does not reorder
+    experts' neurons (only MLPs of separate linear layers; a log line says how many blocks it skipped).
     """
 
     def __init__(self, sparsity: float = 0.5, start_step: int = 0, end_step: int = 100, frequency: int = 10,
@@ -211,6 +219,9 @@ class BlockPruning(pl.Callback):
         before = _kept_mlp_mass(mlps, self.sparsity)
         reorder_mlp_neurons(model)
         self._reordered = True
+        skipped = sum(is_fused_experts(m) for m in model.modules())
+        if skipped:
+            rank_zero_info(f"BlockPruning: the neurons of {skipped} fused experts blocks are not reordered")
         after = _kept_mlp_mass(mlps, self.sparsity)
         rank_zero_info(f"BlockPruning: reordered the hidden neurons of {len(mlps)} MLPs; at sparsity "
                        f"{self.sparsity:g} their blocks would keep {before:.3f} -> {after:.3f} of the L1 mass")
@@ -250,8 +261,8 @@ class BlockPruning(pl.Callback):
         block_step = movement_block_scores if self.score == "movement" else fisher_block_scores
         updated = {id(p) for group in optimizer.param_groups for p in group["params"]}
         layers = {name: layer for name, layer in self._layers.items()
-                  if layer.weight.grad is not None and id(layer.weight) in updated}
-        steps = {name: block_step(layer.weight, layer.weight.grad, layer.sparse_config.block)
+                  if layer.weight_grad() is not None and id(layer.weight_parameter) in updated}
+        steps = {name: block_step(layer.weight, layer.weight_grad(), layer.sparse_config.block)
                  for name, layer in layers.items()}
         if not steps:
             return
@@ -430,8 +441,9 @@ class Calibration(pl.Callback):
 
     @staticmethod
     def _w8a8_layers(pl_module) -> dict[str, CompressedLinear]:
+        """The W8A8 layers to observe; experts' layers (dynamic scales only, never smoothed) are left out."""
         return {n: m for n, m in compressed_layers(target_model(pl_module)).items()
-                if isinstance(m.quant_config, W8A8Config)}
+                if isinstance(m.quant_config, W8A8Config) and not isinstance(m, ExpertLinear)}
 
     def on_train_start(self, trainer, pl_module):
         if self.phase == "done":
@@ -581,9 +593,10 @@ class FloatWeightsSnapshot(pl.Callback):
 
 
 def strip_training_modules(model: nn.Module) -> nn.Module:
-    """Replace every training module (:class:`compress.nn.qat.CompressedLinear`) by its ``to_float()``."""
+    """Replace every training module (:class:`compress.nn.qat.CompressedLinear`,
+    :class:`compress.nn.experts.CompressedExperts`) by its ``to_float()``."""
     for name, module in list(model.named_modules()):
-        if isinstance(module, CompressedLinear):
+        if isinstance(module, (CompressedLinear, CompressedExperts)) and not isinstance(module, ExpertLinear):
             parent_name, _, child = name.rpartition(".")
             parent = model.get_submodule(parent_name) if parent_name else model
             setattr(parent, child, module.to_float())
