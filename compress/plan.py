@@ -49,6 +49,14 @@ from compress.calibration import calibrate, gptq_layers, run_gptq
 from compress.configs import BlockSparseConfig, W4A16Config, W8A8Config, is_config
 from compress.core.sparsity import block_mask
 from compress.nn.conv1d import is_conv1d, is_linear_or_conv1d
+from compress.nn.experts import (
+    CompressedExperts,
+    ExpertLinear,
+    compressed_experts,
+    experts_layout_problem,
+    experts_module_name,
+    is_fused_experts,
+)
 from compress.nn.modules import BSRLinear, BSRW8A8Linear, W4A16Linear, W8A8Linear
 from compress.nn.qat import CompressedLinear, compressed_layers, split_configs
 
@@ -71,10 +79,12 @@ def _normalize_configs(value, where: str) -> tuple:
 
 @dataclass(frozen=True)
 class Plan:
-    """``rules``: {fnmatch pattern: config or list of configs}; ``exclude``: patterns left dense."""
+    """``rules``: {fnmatch pattern: config or list of configs}; ``exclude``: patterns left dense;
+    ``dense_routers``: leave MoE routers and gates dense (:func:`is_router`)."""
 
     rules: Mapping = field(default_factory=dict)
     exclude: tuple = DEFAULT_EXCLUDE
+    dense_routers: bool = True
 
     def __post_init__(self):
         if not isinstance(self.rules, Mapping):
@@ -88,6 +98,8 @@ class Plan:
         if isinstance(self.exclude, str) or not all(isinstance(p, str) for p in self.exclude):
             raise TypeError(f"Plan.exclude: expected a list of str patterns, got {self.exclude!r}")
         object.__setattr__(self, "exclude", tuple(self.exclude))
+        if not isinstance(self.dense_routers, bool):
+            raise TypeError(f"Plan.dense_routers: expected a bool, got {self.dense_routers!r}")
 
     def configs_for(self, name: str) -> tuple | None:
         """The configs for module ``name``, or None if it is excluded or matches no rule."""
@@ -100,19 +112,38 @@ class Plan:
 
     def prepared_layers(self, model: nn.Module) -> dict[str, CompressedLinear]:
         """{module name: layer} of the prepared layers (:func:`prepare`) of ``model`` the plan selects."""
-        return {name: m for name, m in compressed_layers(model).items() if self.configs_for(name) is not None}
+        return {name: m for name, m in compressed_layers(model).items()
+                if self.configs_for(experts_module_name(name) if isinstance(m, ExpertLinear) else name) is not None}
 
     def targets(self, model: nn.Module) -> dict[str, tuple]:
-        """{module name: configs} for every linear layer (``nn.Linear`` or ``Conv1D``) of ``model`` the
-        plan selects. Left dense, with a log line: a linear whose weight is an embedding's (tied), since
-        compressing it would rewrite the embedding table too; a ``Conv1D`` whose weight another module
-        (or the same module under another name) holds too, since preparing it would untie them (the
-        prepared layer holds a transposed copy)."""
+        """{module name: configs} for every linear layer (``nn.Linear`` or ``Conv1D``) and every fused-experts
+        block (:mod:`compress.nn.experts`) of ``model`` the plan selects. Left dense, with a log line: a
+        router or gate (:func:`is_router`, unless ``dense_routers`` is off); a linear whose weight is an
+        embedding's (tied), since compressing it would rewrite the embedding table too; a ``Conv1D``
+        whose weight another module (or the same module under another name) holds too, since preparing
+        it would untie them (the prepared layer holds a transposed copy). Left dense with a warning: an
+        experts block in another layout or with configs experts do not take yet, and any other module
+        holding a matrix that a pattern matches (one warning per module type)."""
         tied = tied_to_embeddings(model)
         holders = weight_holders(model)
-        found = {}
+        found, unsupported = {}, {}
         for name, module in model.named_modules():
-            if not name or not is_linear_or_conv1d(module) or (configs := self.configs_for(name)) is None:
+            if not name or isinstance(module, ExpertLinear) or (configs := self.configs_for(name)) is None:
+                continue
+            if self.dense_routers and is_router(name, module):
+                logger.info("plan: %s left dense: a router or gate", name)
+                continue
+            if isinstance(module, CompressedExperts) or is_fused_experts(module):
+                problem = None if isinstance(module, CompressedExperts) else experts_layout_problem(module)
+                problem = problem or _experts_config_problem(configs)
+                if problem is None:
+                    found[name] = configs
+                else:
+                    logger.warning("plan: experts %s (%s) left dense: %s", name, type(module).__name__, problem)
+                continue
+            if not is_linear_or_conv1d(module):
+                if not isinstance(module, nn.Embedding) and any(p.dim() >= 2 for p in module.parameters(recurse=False)):
+                    unsupported.setdefault(type(module).__name__, []).append(name)
                 continue
             if id(module.weight) in tied:
                 logger.info("plan: %s left dense: its weight is the embedding %s's (tied)", name, tied[id(module.weight)])
@@ -123,7 +154,35 @@ class Plan:
                             "untie them)", name, others[0])
                 continue
             found[name] = configs
+        for kind, names in unsupported.items():
+            logger.warning("plan: %d %s modules matched but left dense: plans compress nn.Linear, Conv1D and "
+                           "fused experts only (e.g. %r)", len(names), kind, names[0])
         return found
+
+
+def is_router(name: str, module: nn.Module) -> bool:
+    """Whether ``module`` is an MoE router or gate, left dense by default: its name contains "router", or
+    its last part ends in "gate" and it has few outputs (at most an eighth of its inputs, as a router's
+    one per expert or Qwen2-MoE's one-output ``shared_expert_gate``; ``gate_proj`` is no gate)."""
+    if "router" in name.lower():
+        return True
+    if not name.rpartition(".")[2].lower().endswith("gate"):
+        return False
+    weight = module._parameters.get("weight")
+    return weight is not None and weight.dim() == 2 and weight.shape[0] <= max(1, weight.shape[1] // 8)
+
+
+def _experts_config_problem(configs) -> str | None:
+    """Why an experts block cannot take ``configs`` yet, or None: experts take dynamic W8A8, W4A16 and block
+    sparsity; static scales, SmoothQuant and GPTQ need calibration data routed to every expert."""
+    for config in configs:
+        if isinstance(config, W8A8Config) and config.static:
+            return "static W8A8 activation scales are not supported for experts (use activation='dynamic')"
+        if isinstance(config, W8A8Config) and config.smoothquant_alpha is not None:
+            return "SmoothQuant is not supported for experts"
+        if getattr(config, "gptq", False):
+            return "GPTQ is not supported for experts (use algorithm='rtn')"
+    return None
 
 
 def tied_to_embeddings(model: nn.Module) -> dict[int, str]:
@@ -242,8 +301,10 @@ class _Rollback:
             replace_submodule(self.model, name, module)
 
 
-def _check_additions(name: str, layer: CompressedLinear, configs) -> None:
-    """Raise (naming the layer) if ``configs`` cannot be added to an already prepared layer."""
+def _check_additions(name: str, layer: CompressedLinear | CompressedExperts, configs) -> None:
+    """Raise (naming the layer) if ``configs`` cannot be added to an already prepared layer or experts block."""
+    if isinstance(layer, CompressedExperts):
+        layer = layer.down[0]  # every expert layer holds the same configs
     quant, sparse = split_configs(list(configs))
     split_configs([c for c in (layer.quant_config, quant, layer.sparse_config, sparse) if c is not None])
 
@@ -283,7 +344,7 @@ def prepare(model: nn.Module, plan, fake_quant: bool = False) -> nn.Module:
     # 1. check every target before touching any.
     for name, configs in targets.items():
         module = model.get_submodule(name)
-        if isinstance(module, CompressedLinear):
+        if isinstance(module, (CompressedLinear, CompressedExperts)):
             _layer_step(name, "prepare", _check_additions, name, module, configs)
     from_conv1d = sum(is_conv1d(model.get_submodule(name)) for name in targets)
     # 2. build and swap, undoing everything if a later layer still fails.
@@ -295,6 +356,15 @@ def prepare(model: nn.Module, plan, fake_quant: bool = False) -> nn.Module:
             if isinstance(module, CompressedLinear):
                 rollback.keep_state(module)
                 _layer_step(name, "prepare", module.add_configs, list(configs))
+            elif isinstance(module, CompressedExperts):
+                for layer in module.layers():
+                    rollback.keep_state(layer)
+                _layer_step(name, "prepare", module.add_configs, list(configs))
+            elif is_fused_experts(module):
+                rollback.keep_weight_hooks(module.gate_up_proj)
+                rollback.keep_weight_hooks(module.down_proj)
+                new = _layer_step(name, "prepare", CompressedExperts, module, list(configs))
+                replace_submodule(model, name, new)
             else:
                 rollback.keep_weight_hooks(module.weight)
                 new = _layer_step(name, "prepare", CompressedLinear.from_float, module, list(configs))
@@ -303,15 +373,30 @@ def prepare(model: nn.Module, plan, fake_quant: bool = False) -> nn.Module:
         rollback.restore()
         raise
     if fake_quant:
-        for name in targets:
-            layer = model.get_submodule(name)
+        for layer in as_plan(plan).prepared_layers(model).values():  # experts' layers too
             if layer.quant_config is not None:
                 layer.enable_fake_quant(True)
-    logger.info("prepare: %d layers set up for compression (fake quantization %s)", len(targets),
-                "on" if fake_quant else "off until a schedule starts it")
+    experts = sum(isinstance(model.get_submodule(name), CompressedExperts) for name in targets)
+    logger.info("prepare: %d layers and %d experts blocks set up for compression (fake quantization %s)",
+                len(targets) - experts, experts, "on" if fake_quant else "off until a schedule starts it")
+    compressed, total = prepared_matrix_weights(model), matrix_weights(model)
+    logger.info("prepare: prepared layers hold %.1f%% of the model's matrix weights (%d of %d, embeddings and "
+                "heads included)", 100 * compressed / max(total, 1), compressed, total)
     if from_conv1d:
         logger.info("prepare: %d transformers Conv1D layers converted to nn.Linear (weights transposed)", from_conv1d)
     return model
+
+
+def matrix_weights(model: nn.Module) -> int:
+    """Number of weights in ``model``'s Parameters of two or more dimensions (each tied one counted once):
+    linear layers, embeddings, fused 3-D expert weights."""
+    return sum(p.numel() for p in model.parameters() if p.dim() >= 2)
+
+
+def prepared_matrix_weights(model: nn.Module) -> int:
+    """Number of weights held by ``model``'s prepared layers and experts blocks."""
+    weights = {id(m.weight_parameter): m.weight_parameter for m in compressed_layers(model).values()}
+    return sum(w.numel() for w in weights.values())
 
 
 def _layer_step(name: str, step: str, function, *args):
@@ -392,6 +477,10 @@ def convert(model: nn.Module, plan=None, calibration_data=None) -> nn.Module:
     """
     rollback = _Rollback(model)
     for name, module in model.named_modules():
+        if isinstance(module, CompressedExperts):  # listed before its layers: restored first
+            rollback.keep_module(name)
+            rollback.keep_weight_hooks(module.gate_up_proj)
+            rollback.keep_weight_hooks(module.down_proj)
         if name and is_linear_or_conv1d(module):
             rollback.keep_module(name)
             rollback.keep_weight_hooks(module.weight)
@@ -437,6 +526,8 @@ def _convert(model: nn.Module, plan, calibration_data, rollback: _Rollback) -> N
         to_prune = config is not None and config.sparsity != 0 and bool(layer.mask.all())
         if to_prune or needs_calibration or name in gptq:
             rollback.keep_values(layer, parameters=to_prune or smoothing or name in gptq)
+            if to_prune and isinstance(layer, ExpertLinear):  # its weight is a view of the block's Parameter
+                rollback.keep_values(model.get_submodule(experts_module_name(name)))
     if smoothing:
         for module in model.modules():
             own = list(module.parameters(recurse=False))
@@ -450,4 +541,8 @@ def _convert(model: nn.Module, plan, calibration_data, rollback: _Rollback) -> N
     exported = {name: _layer_step(name, "convert", export_module, name, layer) for name, layer in layers.items()}
     for name, module in exported.items():
         replace_submodule(model, name, module)
-    logger.info("convert: %d layers exported", len(layers))
+    experts = compressed_experts(model)
+    for name, block in experts.items():
+        replace_submodule(model, name, _layer_step(name, "convert", block.to_inference))
+    logger.info("convert: %d layers exported (%d of them expert layers of %d experts blocks)", len(layers),
+                sum(isinstance(layer, ExpertLinear) for layer in layers.values()), len(experts))

@@ -42,6 +42,7 @@ from torch import nn
 from compress.calibration import calibrate, forward_batch
 from compress.checkpoint import save_compressed
 from compress.configs import W4A16Config, W8A8Config
+from compress.nn.experts import CompressedExperts, ExpertLinear
 from compress.nn.qat import CompressedLinear, compressed_layers
 from compress.plan import convert
 from compress.schedule import CalibrationSchedule, PruningSchedule, QuantizationSchedule, distributed
@@ -290,9 +291,10 @@ class FloatWeightsSnapshot(pl.Callback):
 
 
 def strip_training_modules(model: nn.Module) -> nn.Module:
-    """Replace every training module (:class:`compress.nn.qat.CompressedLinear`) by its ``to_float()``."""
+    """Replace every training module (:class:`compress.nn.qat.CompressedLinear`,
+    :class:`compress.nn.experts.CompressedExperts`) by its ``to_float()``."""
     for name, module in list(model.named_modules()):
-        if isinstance(module, CompressedLinear):
+        if isinstance(module, (CompressedLinear, CompressedExperts)) and not isinstance(module, ExpertLinear):
             parent_name, _, child = name.rpartition(".")
             parent = model.get_submodule(parent_name) if parent_name else model
             setattr(parent, child, module.to_float())

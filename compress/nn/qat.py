@@ -155,6 +155,16 @@ class CompressedLinear(Float32Buffers, nn.Linear):
     def _mask_gradient(self, grad: torch.Tensor) -> torch.Tensor:
         return grad if self.mask is None else grad * self._element_mask().to(grad.dtype)
 
+    @property
+    def weight_parameter(self) -> nn.Parameter:
+        """The Parameter the optimizer updates for this layer's weight (``weight`` itself; an expert's
+        layer answers its 3-D Parameter, :class:`compress.nn.experts.ExpertLinear`)."""
+        return self.weight
+
+    def weight_grad(self) -> torch.Tensor | None:
+        """The gradient of ``weight`` (N, K), None before a backward."""
+        return self.weight.grad
+
     def masked_weight(self) -> torch.Tensor:
         """``weight * mask`` (differentiable; the plain weight without a mask)."""
         if self.mask is None:

@@ -28,6 +28,7 @@ from torch import nn
 from compress.calibration import gptq_layers, run_gptq
 from compress.configs import OBSERVERS, W8A8Config
 from compress.core.smoothquant import apply_smoothquant
+from compress.nn.experts import ExpertLinear
 from compress.nn.qat import CompressedLinear, compressed_layers
 from compress.schedule import distributed
 from compress.schedule.validation import check_positive_int
@@ -38,7 +39,8 @@ PHASES = ("smooth", "observe", "done")
 
 def w8a8_layers(model: nn.Module) -> dict[str, CompressedLinear]:
     """The prepared layers of ``model`` with a W8A8 config (the ones with an activation observer)."""
-    return {name: m for name, m in compressed_layers(model).items() if isinstance(m.quant_config, W8A8Config)}
+    return {name: m for name, m in compressed_layers(model).items()  # experts: dynamic scales only, never smoothed
+            if isinstance(m.quant_config, W8A8Config) and not isinstance(m, ExpertLinear)}
 
 
 class CalibrationSchedule:

@@ -40,6 +40,7 @@ from torch import nn
 
 from compress.configs import BLOCK_SCORES, GRADIENT_SCORES, BlockSparseConfig
 from compress.core.neuron_order import find_mlps, kept_mass, reorder_mlp_neurons
+from compress.nn.experts import is_fused_experts
 from compress.core.sparsity import (
     allocation_bounds,
     block_mask,
@@ -123,6 +124,9 @@ class PruningSchedule:
             before = _kept_mlp_mass(mlps, self.sparsity)
             reorder_mlp_neurons(model)
             self._reordered = True
+            skipped = sum(is_fused_experts(m) for m in model.modules())
+            if skipped:
+                distributed.info(logger, f"pruning: the neurons of {skipped} fused experts blocks are not reordered")
             distributed.info(logger, f"pruning: reordered the hidden neurons of {len(mlps)} MLPs; at sparsity "
                                      f"{self.sparsity:g} their blocks would keep {before:.3f} -> "
                                      f"{_kept_mlp_mass(mlps, self.sparsity):.3f} of the L1 mass")
@@ -192,8 +196,8 @@ class PruningSchedule:
         block_step = movement_block_scores if self.score == "movement" else fisher_block_scores
         updated = None if optimizer is None else {id(p) for group in optimizer.param_groups for p in group["params"]}
         layers = {name: layer for name, layer in self.layers.items()
-                  if layer.weight.grad is not None and (updated is None or id(layer.weight) in updated)}
-        steps = {name: block_step(layer.weight, layer.weight.grad, layer.sparse_config.block)
+                  if layer.weight_grad() is not None and (updated is None or id(layer.weight_parameter) in updated)}
+        steps = {name: block_step(layer.weight, layer.weight_grad(), layer.sparse_config.block)
                  for name, layer in layers.items()}
         if not steps:
             return

@@ -15,9 +15,9 @@ For each architecture x scheme (W8A8, W4A16 with groups of 32, 50% of 32x32 bloc
 
 The models are built offline from configs: hidden size 64, 1 layer per stack, heads of 32 channels,
 feed-forward 128, so 32x32 blocks and groups of 32 fit every targeted layer. GPT-2 and OpenAI GPT
-hold ``transformers``' ``Conv1D`` layers, converted to ``nn.Linear`` at prepare. Mixtral's experts are
-fused 3-D parameters, which plans do not target yet: there only the attention projections are
-compressed, the experts stay dense, and the test checks that every stage still works.
+hold ``transformers``' ``Conv1D`` layers, converted to ``nn.Linear`` at prepare. The MoE models (Mixtral,
+OLMoE, Qwen2-MoE: 4 experts, 2 per token) hold fused 3-D expert weights, compressed expert by expert
+(:mod:`compress.nn.experts`); their routers and Qwen2-MoE's one-output ``shared_expert_gate`` stay dense.
 """
 from dataclasses import dataclass
 from typing import Callable
@@ -29,6 +29,7 @@ from torch import nn
 import compress
 from compress import BlockSparseConfig, W4A16Config, W8A8Config
 from compress.nn.conv1d import is_conv1d, is_linear_or_conv1d
+from compress.nn.experts import CompressedExperts, QuantizedExperts
 from compress.nn.modules import BSRLinear, BSRW8A8Linear, W4A16Linear, W8A8Linear
 from compress.nn.qat import compressed_layers
 from compress.plan import prune_one_shot, tied_to_embeddings
@@ -83,8 +84,11 @@ ARCHITECTURES = {
     "gemma2": _causal(T.Gemma2Config, T.Gemma2ForCausalLM, **LLM),
     "gemma3-text": _causal(T.Gemma3TextConfig, T.Gemma3ForCausalLM, **LLM),
     "phi3": _causal(T.Phi3Config, T.Phi3ForCausalLM, **LLM),
-    "mixtral": _causal(T.MixtralConfig, T.MixtralForCausalLM, moe=True, num_local_experts=2, num_experts_per_tok=1,
+    "mixtral": _causal(T.MixtralConfig, T.MixtralForCausalLM, moe=True, num_local_experts=4, num_experts_per_tok=2,
                        **LLM),
+    "olmoe": _causal(T.OlmoeConfig, T.OlmoeForCausalLM, moe=True, num_experts=4, num_experts_per_tok=2, **LLM),
+    "qwen2-moe": _causal(T.Qwen2MoeConfig, T.Qwen2MoeForCausalLM, moe=True, num_experts=4, num_experts_per_tok=2,
+                         moe_intermediate_size=128, shared_expert_intermediate_size=128, **LLM),
     "gpt-neox": _causal(T.GPTNeoXConfig, T.GPTNeoXForCausalLM, hidden_size=64, intermediate_size=128,
                         num_hidden_layers=1, num_attention_heads=2, vocab_size=VOCAB, max_position_embeddings=64,
                         **TOKENS),
@@ -168,7 +172,9 @@ def test_prepare_train_convert_save_load_generate(name, scheme, tmp_path):
     targets = set(compressed_layers(model))
     assert targets and not any("embed" in n or "lm_head" in n for n in targets)
     assert len(conv1d) == CONV1D_LAYERS.get(name, 0) and conv1d <= targets and not tied_linears & targets
-    assert not arch.moe or all(".self_attn." in n for n in targets)  # MoE: the attention projections only
+    if arch.moe:  # MoE: every experts block prepared, routers and gates dense
+        assert any(isinstance(m, CompressedExperts) for m in model.modules())
+        assert not any(n.endswith(".gate") or n.endswith("shared_expert_gate") for n in targets)
     with torch.no_grad():
         torch.testing.assert_close(_output(model, inputs), original, atol=1e-5, rtol=1e-5)
 
@@ -191,9 +197,9 @@ def test_prepare_train_convert_save_load_generate(name, scheme, tmp_path):
     with torch.no_grad():
         assert torch.equal(_output(loaded, inputs), converted)
 
-    if arch.moe:  # fused 3-D expert weights are not targeted yet: they stay dense parameters
-        experts = [p for n, p in loaded.named_parameters() if ".experts." in n]
-        assert experts and all(p.dim() == 3 for p in experts)
+    if arch.moe:  # no fused 3-D expert weight left: every experts block runs its experts' inference modules
+        assert any(isinstance(m, QuantizedExperts) for m in loaded.modules())
+        assert not any(p.dim() == 3 for p in loaded.parameters())
     if arch.prompt is not None:  # 5. generate
         tokens = _generate(loaded, inputs, arch.prompt)
         assert tokens.shape[0] == 2 and tokens.shape[1] >= 3
