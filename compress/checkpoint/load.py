@@ -9,15 +9,13 @@ aliases against the model's own ties) before any tensor is assigned; after assig
 block-sparse layer's indices are checked. Every failure is a :class:`CheckpointError` naming the file
 and the field or layer. No code runs: tensors come from safetensors, never from a pickle.
 
-:func:`load_model_dir` loads any saved model directory: such a compressed one, or a plain
-``transformers`` one (``save_pretrained``). A directory that looks compressed (our packed tensor names
+:func:`load_model_dir` loads any saved model directory: such a compressed one, a compressed-tensors
+one (its quantized layers as our modules), or a plain ``transformers`` one (``save_pretrained``). A directory that looks compressed (our packed tensor names
 in ``model.safetensors``, or ``.NAME.tmp-*`` / ``.NAME.old-*`` siblings) but has no ``manifest.json``
 is refused rather than loaded as plain, which would re-initialise its compressed layers at random.
 """
 from __future__ import annotations
 
-import contextlib
-import importlib
 import json
 import logging
 import os
@@ -28,7 +26,9 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
+from compress.checkpoint.compressed_tensors_load import load_compressed_tensors, quantization_config_of
 from compress.checkpoint.manifest import MANIFEST, TENSORS, CheckpointError, read_manifest, verify_files
+from compress.checkpoint.rebuild import aligned, skip_weight_init, transformers_model_class
 from compress.checkpoint.safe_write import checkpoint_path, recover
 from compress.configs import config_from_dict
 from compress.nn.experts import QuantizedExperts
@@ -36,7 +36,6 @@ from compress.nn.modules import INFERENCE_MODULES, BSRLinear, BSRW8A8Linear, W4A
 from compress.plan import replace_submodule
 
 logger = logging.getLogger(__name__)
-ALIGNMENT = 64  # bytes: the CPU allocator's alignment
 
 
 def _load_tensors(directory: pathlib.Path, manifest: dict) -> dict[str, torch.Tensor]:
@@ -56,9 +55,7 @@ def _load_tensors(directory: pathlib.Path, manifest: dict) -> dict[str, torch.Te
         got = {"dtype": str(tensors[name].dtype).removeprefix("torch."), "shape": list(tensors[name].shape)}
         if got != spec:
             raise CheckpointError(f"{tensor_path}: tensor {name!r}: expected {spec}, got {got}")
-    # safetensors hands out views at the file's byte offsets; a copy at an aligned address makes the
-    # loaded model compute bit for bit what the saved one did (CPU kernels pick paths by alignment)
-    tensors = {name: t if t.data_ptr() % ALIGNMENT == 0 else t.clone() for name, t in tensors.items()}
+    tensors = aligned(tensors)
     for alias, stored in manifest.get("aliases", {}).items():
         tensors[alias] = tensors[stored]
     return tensors
@@ -68,43 +65,14 @@ def _build_transformers_model(directory: pathlib.Path, source: dict) -> nn.Modul
     import transformers
 
     architecture = source["architecture"]
-    cls = _transformers_model_class(transformers, architecture)
+    cls = transformers_model_class(transformers, architecture)
     if cls is None:
         raise CheckpointError(f"{directory / MANIFEST}: field 'model.architecture': expected a transformers "
                               f"model class (a PreTrainedModel subclass), got {architecture!r} "
                               f"(transformers {transformers.__version__})")
     config = transformers.AutoConfig.from_pretrained(str(directory))
-    with _skip_weight_init():  # every weight is overwritten by the saved tensors
+    with skip_weight_init():  # every weight is overwritten by the saved tensors
         return cls(config)
-
-
-def _transformers_model_class(transformers, name: str):
-    """``transformers.<name>`` if it is a ``PreTrainedModel`` subclass, else None.
-
-    Only model classes are instantiated: a manifest or config naming any other attribute
-    (``pipeline``, ``AutoTokenizer``, a module) must not make the loader call it."""
-    if not isinstance(name, str) or not name.isidentifier():
-        return None
-    try:
-        cls = getattr(transformers, name, None)
-    except Exception:  # transformers' lazy module raising on an odd name
-        return None
-    pretrained = getattr(transformers, "PreTrainedModel", None)
-    if isinstance(cls, type) and pretrained is not None and issubclass(cls, pretrained):
-        return cls
-    return None
-
-
-def _skip_weight_init():
-    """transformers' ``no_init_weights`` context (5.x: ``initialization``, 4.x: ``modeling_utils``)."""
-    for module_name in ("transformers.initialization", "transformers.modeling_utils"):
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError:
-            continue
-        if hasattr(module, "no_init_weights"):
-            return module.no_init_weights()
-    return contextlib.nullcontext()
 
 
 def _empty_module(entry: dict) -> nn.Module:
@@ -212,8 +180,15 @@ def load_compressed(path, model: nn.Module | None = None) -> nn.Module:
 
     ``transformers`` models are rebuilt from the saved config; any other module needs ``model``, a
     skeleton of the original (uncompressed) architecture. The loaded tensors keep their saved dtypes.
+    A compressed-tensors directory (ours, the compressed-tensors library's, ...) loads its W8A8 and
+    W4A16 layers into our modules (:mod:`compress.checkpoint.compressed_tensors_load`).
     """
     directory = _recovered(path)
+    if not (directory / MANIFEST).is_file() and quantization_config_of(directory) is not None:
+        if model is not None:
+            raise ValueError(f"load_compressed: {directory} is a compressed-tensors directory, rebuilt from its "
+                             "config.json; model= (a skeleton for our own format) is not used there: leave it out")
+        return load_compressed_tensors(directory)
     manifest = read_manifest(directory)
     tensors = _load_tensors(directory, manifest)
     source = manifest["model"]
@@ -276,7 +251,8 @@ def _compressed_traces(path: pathlib.Path) -> list[str]:
 
 
 def load_model_dir(path: str | pathlib.Path) -> nn.Module:
-    """A model from a saved directory: compressed (``compress.save_compressed``) or plain ``transformers``.
+    """A model from a saved directory: compressed (``compress.save_compressed``, either format; or any
+    compressed-tensors directory) or plain ``transformers``.
 
     A directory that looks compressed (see :func:`_compressed_traces`) but has no ``manifest.json``
     is refused with :class:`CheckpointError`: loading it as a plain ``transformers`` model would
@@ -286,7 +262,7 @@ def load_model_dir(path: str | pathlib.Path) -> nn.Module:
     path = _recovered(path)
     if not path.is_dir():
         raise FileNotFoundError(f"model dir: expected a directory, got {path}")
-    if (path / MANIFEST).is_file():
+    if (path / MANIFEST).is_file() or quantization_config_of(path) is not None:
         return load_compressed(path)
     traces = _compressed_traces(path)
     if traces:
@@ -301,7 +277,7 @@ def _load_plain_transformers(path: pathlib.Path) -> nn.Module:
 
     config = transformers.AutoConfig.from_pretrained(path)
     architectures = getattr(config, "architectures", None) or []
-    cls = _transformers_model_class(transformers, architectures[0]) if architectures else None
+    cls = transformers_model_class(transformers, architectures[0]) if architectures else None
     if cls is None:
         raise CheckpointError(f"{path}/config.json: field 'architectures': expected a list naming a transformers "
                               f"model class (a PreTrainedModel subclass), got {architectures}")

@@ -50,6 +50,8 @@ READABLE_VERSIONS = (1, 2)
 FORMAT_MARKER = "compress-checkpoint"  # manifest["format"]: what makes a directory a checkpoint of ours
 MANIFEST, TENSORS, MODEL_CONFIG = "manifest.json", "model.safetensors", "config.json"
 MANIFEST_MODULES = {**INFERENCE_MODULES, "QuantizedExperts": QuantizedExperts}  # module types the manifest lists
+# What marks a compressed-tensors directory written by save_compressed (compressed_tensors_save.py)
+CT_EXPORT_MARKER = "compress-export.json"
 
 
 class CheckpointError(ValueError):
@@ -89,7 +91,10 @@ def layer_entry(module: nn.Module) -> dict:
 
 
 def is_our_checkpoint(path) -> bool:
-    """Whether ``path`` is a directory holding a manifest of ours (any format_version)."""
+    """Whether ``path`` is a directory holding a manifest of ours (any format_version), or a
+    compressed-tensors export of ours (:data:`CT_EXPORT_MARKER`)."""
+    if is_our_compressed_tensors_export(path):
+        return True
     manifest_path = pathlib.Path(path) / MANIFEST
     try:
         manifest = json.loads(manifest_path.read_text())
@@ -100,6 +105,15 @@ def is_our_checkpoint(path) -> bool:
     if manifest.get("format") == FORMAT_MARKER:
         return True
     return isinstance(manifest.get("format_version"), int) and "sha256" in manifest and "tensors" in manifest
+
+
+def is_our_compressed_tensors_export(path) -> bool:
+    """Whether ``path`` holds the marker that ``save_compressed(format="compressed-tensors")`` writes last."""
+    try:
+        marker = json.loads((pathlib.Path(path) / CT_EXPORT_MARKER).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(marker, dict) and marker.get("written_by") == "compress" and isinstance(marker.get("files"), dict)
 
 
 def read_manifest(path) -> dict:

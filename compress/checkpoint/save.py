@@ -16,6 +16,7 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
+from compress.checkpoint import compressed_tensors_save
 from compress.checkpoint.manifest import (
     FORMAT_MARKER,
     FORMAT_VERSION,
@@ -32,6 +33,7 @@ from compress.nn.fusion import is_fused
 from compress.nn.qat import compressed_layers
 
 logger = logging.getLogger(__name__)
+SAVE_FORMATS = ("compress", "compressed-tensors")
 
 
 def _unique_tensors(state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
@@ -97,13 +99,30 @@ def _check_saveable(model: nn.Module) -> None:
                          "compress.nn.fusion.unfuse_siblings(model) first")
 
 
-def save_compressed(model: nn.Module, path, overwrite: bool = False) -> pathlib.Path:
+def save_compressed(model: nn.Module, path, overwrite: bool = False, *, format: str = "compress",
+                    tokenizer=None) -> pathlib.Path:
     """Write ``model`` (after :func:`compress.convert`) to the directory ``path``, crash safe.
 
-    ``path`` must be new, an empty directory, or (with ``overwrite=True``) a checkpoint of ours;
-    anything else is refused before anything is written (:func:`check_save_target`)."""
+    ``format``: ``"compress"`` (this module's layout, every layer kind, loaded by
+    :func:`compress.load_compressed`) or ``"compressed-tensors"`` (a model directory that vLLM and
+    ``transformers`` with the ``compressed-tensors`` package load, W8A8 and W4A16 layers only:
+    :mod:`compress.checkpoint.compressed_tensors_save`, which also writes ``tokenizer`` there).
+    ``path`` must be new, an empty directory, or (with ``overwrite=True``) a save of ours in either
+    format; anything else is refused before anything is written (:func:`check_save_target`)."""
+    if format not in SAVE_FORMATS:
+        raise ValueError(f"format: expected one of {SAVE_FORMATS}, got {format!r}")
+    if tokenizer is not None and format != "compressed-tensors":
+        raise ValueError("tokenizer: only format='compressed-tensors' writes a tokenizer (a model directory for "
+                         "vLLM / transformers); the 'compress' format holds the model only")
+    if tokenizer is not None and not hasattr(tokenizer, "save_pretrained"):
+        raise TypeError(f"tokenizer: expected a transformers tokenizer (with save_pretrained), got {type(tokenizer).__name__}")
     _check_saveable(model)
     target = check_save_target(path, overwrite)
-    replace_directory(target, lambda directory: _write_directory(model, directory))
-    logger.info("saved compressed model to %s", target)
+    if format == "compressed-tensors":
+        contents = compressed_tensors_save.export_contents(model)  # refuses what the format cannot hold
+        write = lambda directory: compressed_tensors_save.write_directory(model, contents, directory, tokenizer)  # noqa: E731
+    else:
+        write = lambda directory: _write_directory(model, directory)  # noqa: E731
+    replace_directory(target, write)
+    logger.info("saved compressed model to %s (format %s)", target, format)
     return target

@@ -1,0 +1,225 @@
+"""``load_compressed`` of a compressed-tensors directory: its W8A8 / W4A16 layers as our kernel modules.
+
+A directory is one when ``config.json``'s ``quantization_config.quant_method`` is
+``"compressed-tensors"``: written by ``save_compressed(format="compressed-tensors")``, by the
+compressed-tensors library (llm-compressor) or by anything else that follows the format
+(:mod:`compress.checkpoint.compressed_tensors_format`). Loading runs no code from the directory:
+
+1. ``config.json`` is read as JSON: ``quantization_status`` must be ``"compressed"``; a kv-cache scheme,
+   a sparsity or a transform config is refused; so is every config group whose scheme we do not run
+   (:func:`~compress.checkpoint.compressed_tensors_format.layer_config` lists what is supported).
+2. The tensors come from ``model.safetensors`` or the shards that ``model.safetensors.index.json``
+   lists (safetensors only, never a pickle). An export of ours (``compress-export.json``) has each
+   file's sha256 verified first.
+3. The model is the ``transformers`` class ``architectures`` names (a ``PreTrainedModel`` subclass),
+   built from the config without weight init; the config's ``quantization_config`` is dropped (the
+   model runs our modules now, and a later save writes its own).
+4. Each ``nn.Linear`` that a config group targets, and ``ignore`` does not name, becomes a
+   ``W8A8Linear`` / ``W4A16Linear`` holding the stored integers and scales. Matching follows
+   compressed-tensors: a target is a module name, ``re:<pattern>`` (``re.match`` on the name) or a class
+   name of the module or one of its bases; an exact name wins over a pattern, a pattern over a class,
+   equal kinds go by the target's text. A targeted ``nn.Embedding`` is refused.
+5. Every other tensor loads as stored (dtypes kept); a weight the model ties to another (``lm_head``)
+   may be absent. Any tensor missing or left over is a :class:`CheckpointError` naming it.
+"""
+from __future__ import annotations
+
+import json
+import pathlib
+import re
+
+import torch
+from safetensors.torch import load_file
+from torch import nn
+
+from compress.checkpoint.compressed_tensors_format import MIXED, QUANT_METHOD, layer_config, module_from
+from compress.checkpoint.manifest import (
+    CT_EXPORT_MARKER,
+    MODEL_CONFIG,
+    TENSORS,
+    CheckpointError,
+    file_sha256,
+    is_our_compressed_tensors_export,
+)
+from compress.checkpoint.rebuild import aligned, skip_weight_init, transformers_model_class
+from compress.plan import replace_submodule
+
+TENSOR_INDEX = "model.safetensors.index.json"
+
+
+def quantization_config_of(directory: pathlib.Path) -> dict | None:
+    """``config.json``'s ``quantization_config`` when it is a compressed-tensors one, else None."""
+    try:
+        config = json.loads((directory / MODEL_CONFIG).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    found = config.get("quantization_config") if isinstance(config, dict) else None
+    return found if isinstance(found, dict) and found.get("quant_method") == QUANT_METHOD else None
+
+
+def _layer_configs(directory: pathlib.Path, quantization: dict) -> dict[str, tuple[list[str], object]]:
+    """{group name: (targets, our config)}; CheckpointError for what we do not run."""
+    where = f"{directory / MODEL_CONFIG}: quantization_config"
+    status = quantization.get("quantization_status")
+    if status != "compressed":
+        raise CheckpointError(f"{where}: field 'quantization_status': expected 'compressed' (integer weights), got "
+                              f"{status!r} (float weights with fake quantization: save the model compressed first)")
+    for key in ("kv_cache_scheme", "sparsity_config", "transform_config"):
+        if quantization.get(key):
+            raise CheckpointError(f"{where}: field {key!r}: expected none, got {quantization[key]!r}; only the "
+                                  "quantized linear layers of config_groups are supported")
+    groups = quantization.get("config_groups")
+    if not isinstance(groups, dict) or not groups:
+        raise CheckpointError(f"{where}: field 'config_groups': expected an object {{name: scheme}}, got {groups!r}")
+    global_format = quantization.get("format")
+    configs = {}
+    for name, scheme in groups.items():
+        targets = scheme.get("targets") if isinstance(scheme, dict) else None
+        if not isinstance(targets, list) or not all(isinstance(t, str) for t in targets):
+            raise CheckpointError(f"{where}: config group {name!r}: expected a scheme object with a list of targets, "
+                                  f"got {scheme!r}")
+        if global_format == MIXED and not scheme.get("format"):
+            raise CheckpointError(f"{where}: config group {name!r}: format 'mixed-precision' needs each group's format")
+        configs[name] = (targets, layer_config(scheme, global_format, f"{where}: config group {name!r}"))
+    return configs
+
+
+def _match_rank(name: str, module: nn.Module, target: str) -> tuple[int, str] | None:
+    """How ``target`` matches the module: (0 exact name | 1 pattern | 2 class name, target), or None."""
+    if target.startswith("re:"):
+        return (1, target) if re.match(target[3:], name) else None
+    if target == name:
+        return 0, target
+    if any(cls.__name__ == target for cls in type(module).__mro__):
+        return 2, target
+    return None
+
+
+def _targeted_layers(model: nn.Module, configs: dict, ignore: list[str], where: str) -> dict[str, object]:
+    """{module name: our config} for every module a config group targets and ``ignore`` does not name."""
+    chosen = {}
+    for name, module in model.named_modules():
+        if not name or not isinstance(module, (nn.Linear, nn.Embedding)):
+            continue
+        if any(_match_rank(name, module, pattern) for pattern in ignore):
+            continue
+        ranked = [(rank, config) for targets, config in configs.values() for target in targets
+                  if (rank := _match_rank(name, module, target)) is not None]
+        if not ranked:
+            continue
+        if isinstance(module, nn.Embedding):
+            raise CheckpointError(f"{where}: the config groups quantize the embedding {name!r}; only nn.Linear "
+                                  "layers are supported")
+        chosen[name] = min(ranked, key=lambda pair: pair[0])[1]
+    return chosen
+
+
+def _verify_export(directory: pathlib.Path) -> None:
+    """The sha256 of each file an export of ours lists (``compress-export.json``)."""
+    files = json.loads((directory / CT_EXPORT_MARKER).read_text())["files"]
+    for name, expected in files.items():
+        path = directory / name
+        if pathlib.Path(name).name != name or not path.is_file():
+            raise CheckpointError(f"{directory}: missing {name} (listed in {CT_EXPORT_MARKER})")
+        if file_sha256(path) != expected:
+            raise CheckpointError(f"{path}: checksum mismatch (listed in {CT_EXPORT_MARKER}): the file is damaged "
+                                  "or was changed")
+
+
+def _tensor_files(directory: pathlib.Path) -> list[pathlib.Path]:
+    if (directory / TENSORS).is_file():
+        return [directory / TENSORS]
+    index_path = directory / TENSOR_INDEX
+    if not index_path.is_file():
+        raise CheckpointError(f"{directory}: expected {TENSORS} or {TENSOR_INDEX} (safetensors weights; pickled "
+                              "weights are never loaded), got neither")
+    try:
+        weight_map = json.loads(index_path.read_text(encoding="utf-8"))["weight_map"]
+        names = sorted(set(weight_map.values()))
+    except (ValueError, KeyError, TypeError, AttributeError) as error:
+        raise CheckpointError(f"{index_path}: expected JSON with a 'weight_map' {{tensor: file}} ({error!r})") from None
+    for name in names:
+        if not isinstance(name, str) or pathlib.Path(name).name != name or not name.endswith(".safetensors"):
+            raise CheckpointError(f"{index_path}: field 'weight_map': expected .safetensors file names in the "
+                                  f"directory, got {name!r}")
+    return [directory / name for name in names]
+
+
+def _load_tensors(directory: pathlib.Path) -> dict[str, torch.Tensor]:
+    tensors = {}
+    for path in _tensor_files(directory):
+        try:
+            tensors.update(load_file(str(path)))
+        except Exception as error:  # safetensors raises its own error type for a truncated or foreign file
+            raise CheckpointError(f"{path}: not a readable safetensors file ({type(error).__name__}: {error})") from None
+    return aligned(tensors)
+
+
+def _build_model(directory: pathlib.Path) -> nn.Module:
+    import transformers
+
+    config = transformers.AutoConfig.from_pretrained(str(directory))
+    architectures = getattr(config, "architectures", None) or []
+    cls = transformers_model_class(transformers, architectures[0]) if architectures else None
+    if cls is None:
+        raise CheckpointError(f"{directory / MODEL_CONFIG}: field 'architectures': expected a list naming a "
+                              f"transformers model class (a PreTrainedModel subclass), got {architectures}")
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    with skip_weight_init():  # every weight is overwritten by the stored tensors
+        model = cls(config)
+    if model.can_generate() and (directory / "generation_config.json").is_file():
+        model.generation_config = transformers.GenerationConfig.from_pretrained(str(directory))
+    return model
+
+
+def _load_dense(directory: pathlib.Path, model: nn.Module, tensors: dict[str, torch.Tensor], quantized: dict) -> None:
+    """The tensors outside the ``quantized`` layers, as stored; only weights the model ties may be absent."""
+    expected = {n: t for n, t in model.state_dict().items() if n.rpartition(".")[0] not in quantized}
+    wrong = [f"{n} {list(t.shape)} (expected {list(expected[n].shape)})" for n, t in tensors.items()
+             if n in expected and t.shape != expected[n].shape]
+    unexpected = sorted(set(tensors) - set(expected))
+    if wrong or unexpected:
+        raise CheckpointError(f"{directory}: tensors that do not fit {type(model).__name__}: unexpected "
+                              f"{unexpected[:5]}, other shapes {wrong[:5]}")
+    model.load_state_dict(tensors, strict=False, assign=True)
+    model.tie_weights()
+    loaded = {(t.untyped_storage().data_ptr(), t.storage_offset()) for t in tensors.values()}
+    state = model.state_dict()
+    missing = [n for n in sorted(set(expected) - set(tensors))
+               if (state[n].untyped_storage().data_ptr(), state[n].storage_offset()) not in loaded]
+    if missing:
+        raise CheckpointError(f"{directory}: missing tensors {missing[:5]} ({len(missing)} in all) that "
+                              f"{type(model).__name__} needs")
+
+
+def load_compressed_tensors(directory: pathlib.Path) -> nn.Module:
+    """The model in the compressed-tensors ``directory`` (module docstring), on the CPU, in eval mode."""
+    quantization = quantization_config_of(directory)
+    configs = _layer_configs(directory, quantization)
+    if is_our_compressed_tensors_export(directory):
+        _verify_export(directory)
+    tensors = _load_tensors(directory)
+    model = _build_model(directory)
+    ignore = quantization.get("ignore") or []
+    where = f"{directory / MODEL_CONFIG}: quantization_config"
+    if not isinstance(ignore, list) or not all(isinstance(pattern, str) for pattern in ignore):
+        raise CheckpointError(f"{where}: field 'ignore': expected a list of module names or patterns, got {ignore!r}")
+    quantized = {}
+    for name, config in _targeted_layers(model, configs, ignore, where).items():
+        linear = model.get_submodule(name)
+        prefix = f"{name}."
+        own = {key[len(prefix):]: tensors.pop(key) for key in [k for k in tensors if k.startswith(prefix)]
+               if "." not in key[len(prefix):]}
+        if ("bias" in own) != (linear.bias is not None):
+            raise CheckpointError(f"{directory}: layer {name!r}: {type(model).__name__} has "
+                                  f"{'a' if linear.bias is not None else 'no'} bias, the directory "
+                                  f"{'has' if 'bias' in own else 'has none'}")
+        module = module_from(config, own, linear.in_features, linear.out_features, f"{directory}: layer {name!r}")
+        quantized[name] = module
+        replace_submodule(model, name, module)
+    _load_dense(directory, model, tensors, quantized)
+    float_dtype = next((t.dtype for t in tensors.values() if t.is_floating_point()), torch.float32)
+    for module in quantized.values():  # model code reads layer.weight.dtype: the model's, not the scales'
+        module.compute_dtype_marker = torch.empty(0, dtype=float_dtype)
+    return model.eval()
