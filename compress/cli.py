@@ -9,8 +9,11 @@ Subcommands::
     compress fit      --config RECIPE [overrides]   plain LightningCLI fit (same recipe checks)
     compress validate --config RECIPE [overrides]   plain LightningCLI validate
     compress export   --config RECIPE --ckpt_path CKPT [--export_dir DIR] [--overwrite]
+                      [--format compress|compressed-tensors]
                                                     Lightning checkpoint -> compressed model dir
-                                                    (--overwrite replaces an earlier export there)
+                                                    (--overwrite replaces an earlier export there;
+                                                    compressed-tensors: a model dir for vLLM and
+                                                    transformers, with the recipe's tokenizer)
     compress evaluate --config RECIPE --models DIR [DIR ...] [--names NAME ...]
                                                     saved model dirs + the recipe's data -> report
 
@@ -53,8 +56,10 @@ import compress
 import compress.lightning.data  # noqa: F401  (see below)
 import compress.lightning.tasks  # noqa: F401  (see below)
 from compress.checkpoint import check_save_target, load_model_dir
+from compress.checkpoint.save import SAVE_FORMATS
 from compress.configs import BlockSparseConfig, W4A16Config
 from compress.lightning.callbacks import Export, FloatWeightsSnapshot, target_model
+from compress.lightning.data import load_tokenizer
 from compress.nn.conv1d import linear_features
 from compress.plan import Plan, linear_layer_names
 
@@ -349,8 +354,22 @@ def _overwrite_flag(args: list[str]) -> tuple[bool, list[str]]:
     return len(rest) != len(args), rest
 
 
+def _format_option(args: list[str]) -> tuple[str, list[str]]:
+    """``--format NAME`` taken out of ``args``: (the save format, default ``compress``; the other args)."""
+    formats, rest = _split_option(args, "format")
+    if len(formats) > 1 or (formats and formats[0] not in SAVE_FORMATS):
+        raise ValueError(f"compress export: --format: expected one of {SAVE_FORMATS}, got {formats}")
+    return (formats[0] if formats else "compress"), rest
+
+
+def _recipe_tokenizer(datamodule):
+    """The tokenizer the recipe's data module tokenizes with (``tokenizer`` init arg), or None."""
+    name = getattr(datamodule, "tokenizer_name", None)
+    return None if name is None else load_tokenizer(name)
+
+
 def export(args: list[str]) -> int:
-    """``compress export --config RECIPE --ckpt_path CKPT [--export_dir DIR] [--overwrite]``.
+    """``compress export --config RECIPE --ckpt_path CKPT [--export_dir DIR] [--overwrite] [--format F]``.
 
     Reads the checkpoint (plain data only: no pickled code runs), rebuilds the recipe's model, lets
     each compression callback prepare it exactly as in training, loads the checkpoint's weights and
@@ -358,10 +377,13 @@ def export(args: list[str]) -> int:
     ``--export_dir`` defaults to the Export callback's ``dirpath``, else
     ``<compress.output_dir>/compressed``. An earlier export there is replaced only with
     ``--overwrite``; any other non-empty directory or file is never replaced. The target is checked
-    before the weights are loaded and converted.
+    before the weights are loaded and converted. ``--format compressed-tensors`` writes a model directory
+    that vLLM and ``transformers`` load (W8A8 and W4A16 layers only; :func:`compress.save_compressed`),
+    with the tokenizer of the recipe's data module when it has one.
     """
     ckpt_path, rest = checkpoint_option(args, "export")
     export_dir, rest = _split_option(rest, "export_dir")
+    save_format, rest = _format_option(rest)
     overwrite_values, rest = _overwrite_flag(rest)
     if ckpt_path is None:
         raise ValueError("compress export: expected one --ckpt_path CHECKPOINT, got none")
@@ -382,7 +404,8 @@ def export(args: list[str]) -> int:
     check_save_target(target, overwrite_values, flag="--overwrite")
     cli.model.load_state_dict(state["state_dict"])
     model = compress.convert(target_model(cli.model))
-    path = compress.save_compressed(model, target, overwrite=overwrite_values)
+    tokenizer = _recipe_tokenizer(cli.datamodule) if save_format == "compressed-tensors" else None
+    path = compress.save_compressed(model, target, overwrite=overwrite_values, format=save_format, tokenizer=tokenizer)
     log.info("exported %s to %s", ckpt_path, path)
     sys.stdout.write(f"{path}\n")
     return 0

@@ -144,6 +144,40 @@ def test_export_replaces_an_earlier_export_only_with_overwrite(sparse_w8a8_run, 
     assert (tmp_path / "notes" / "important.txt").read_text() == "keep me"
 
 
+def test_export_writes_compressed_tensors_that_transformers_loads(tmp_path):
+    """W8A8 QAT only (the format holds no block-sparse layer): fit, then export --format compressed-tensors.
+    Logits within 3e-2 relative: transformers' dynamic activation scale is max|x| / 127.5, ours max|x| / 127
+    (tests/compress/checkpoint/test_compressed_tensors_save.py)."""
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("compressed_tensors")
+    recipe = write_recipe(tmp_path / "recipe.yaml", tiny_recipe(tmp_path / "out", [qat(start=0)]))
+    assert run_command(["fit", "--config", recipe]) == 0
+    checkpoint = str(sorted((tmp_path / "out").rglob("*.ckpt"))[-1])
+    target = tmp_path / "ct"
+    assert run_command(["export", "--config", recipe, "--ckpt_path", checkpoint, "--export_dir", str(target),
+                        "--format", "compressed-tensors"]) == 0
+    config = json.loads((target / "config.json").read_text())
+    assert config["quantization_config"]["format"] == "int-quantized"
+    ours = compress.load_compressed(target)
+    theirs = transformers.AutoModelForSequenceClassification.from_pretrained(str(target)).eval()
+    ids = torch.randint(0, DigitsData.VOCAB_SIZE, (4, 66), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected, got = ours(input_ids=ids).logits, theirs(input_ids=ids).logits
+    assert ((got - expected).norm() / expected.norm()).item() <= 3e-2
+
+
+def test_export_to_compressed_tensors_refuses_block_sparse_layers_and_unknown_formats(sparse_w8a8_run, tmp_path):
+    root, recipe = sparse_w8a8_run
+    checkpoint = str(sorted((root / "out").rglob("*.ckpt"))[-1])
+    with pytest.raises(ValueError, match=r"block-sparse layers bert\.encoder\.layer\.0\..* no block-sparse layout"):
+        run_command(["export", "--config", recipe, "--ckpt_path", checkpoint, "--export_dir", str(tmp_path / "ct"),
+                     "--format", "compressed-tensors"])
+    with pytest.raises(ValueError, match=r"--format: expected one of \('compress', 'compressed-tensors'\), got \['gguf'\]"):
+        run_command(["export", "--config", recipe, "--ckpt_path", checkpoint, "--export_dir", str(tmp_path / "ct"),
+                     "--format", "gguf"])
+    assert list(tmp_path.iterdir()) == []
+
+
 class _RunsCodeWhenUnpickled:
     """Unpickling calls ``pathlib.Path.touch(marker)``: the stand-in for any code a checkpoint could run."""
 
