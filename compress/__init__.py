@@ -11,7 +11,8 @@ Public API (docs/architecture.md)::
     compress.convert(model)                              # inference modules calling the kernels
     compress.convert(model, plan, calibration_data=...)  # post-training: prune, calibrate, quantize
     compress.save_compressed(model, path)                # crash-safe directory: safetensors + manifest
-    compress.load_compressed(path)                       # rebuild without the original weights
+    compress.save_compressed(model, path, format="compressed-tensors")  # a directory for vLLM / transformers
+    compress.load_compressed(path)                       # rebuild without the original weights (either format)
     compress.fuse_siblings(model)                        # q/k/v (and gate/up) as one kernel call each
     compress.link_quantized_inputs(model, example_inputs)  # norms / GELU quantize for the W8A8 layer after
 

@@ -16,6 +16,12 @@ Layout of ``path/``::
 * :mod:`~compress.checkpoint.save`: :func:`save_compressed`.
 * :mod:`~compress.checkpoint.load`: :func:`load_compressed`, :func:`load_model_dir`: every byte
   verified, cross-checked and refused with a :class:`CheckpointError` naming the file and field.
+* :mod:`~compress.checkpoint.rebuild`: what both loaders share to rebuild a model.
+
+``save_compressed(format="compressed-tensors")`` writes a Hugging Face model directory that vLLM and
+``transformers`` load instead (W8A8 and W4A16 layers only), and :func:`load_compressed` reads any such
+directory into our modules: :mod:`~compress.checkpoint.compressed_tensors_format` (the layout),
+:mod:`~compress.checkpoint.compressed_tensors_save`, :mod:`~compress.checkpoint.compressed_tensors_load`.
 """
 from compress.checkpoint.load import load_compressed, load_model_dir
 from compress.checkpoint.manifest import (
