@@ -76,8 +76,7 @@ def scheme_of(module: W8A8Linear | W4A16Linear) -> dict:
 
 def pack_offset_int4(q: torch.Tensor) -> torch.Tensor:
     """(N, K) int8 in [-8, 7] -> compressed-tensors ``weight_packed`` (N, ceil(K/8)) int32."""
-    n, k = q.shape
-    padded = torch.nn.functional.pad(q, (0, -k % 8), value=-8)  # offset binary: -8 is the nibble 0
+    padded = torch.nn.functional.pad(q, (0, -q.shape[1] % 8), value=-8)  # offset binary: -8 is the nibble 0
     return (pack_int4(padded.T.contiguous()) ^ _NIBBLE_TOP_BITS).T.contiguous()
 
 

@@ -57,8 +57,21 @@ def quantization_config_of(directory: pathlib.Path) -> dict | None:
     return found if isinstance(found, dict) and found.get("quant_method") == QUANT_METHOD else None
 
 
-def _layer_configs(directory: pathlib.Path, quantization: dict) -> dict[str, tuple[list[str], object]]:
-    """{group name: (targets, our config)}; CheckpointError for what we do not run."""
+def _check_patterns(patterns, field: str, where: str) -> list[str]:
+    """``patterns`` (targets or ignore): a list of module names, class names or ``re:`` patterns."""
+    if not isinstance(patterns, list) or not all(isinstance(p, str) for p in patterns):
+        raise CheckpointError(f"{where}: field {field!r}: expected a list of module names, class names or 're:' "
+                              f"patterns, got {patterns!r}")
+    for pattern in (p for p in patterns if p.startswith("re:")):
+        try:
+            re.compile(pattern[3:])
+        except re.error as error:
+            raise CheckpointError(f"{where}: field {field!r}: {pattern!r} is not a valid pattern ({error})") from None
+    return patterns
+
+
+def _layer_configs(directory: pathlib.Path, quantization: dict) -> tuple[dict[str, tuple[list[str], object]], list[str]]:
+    """({group name: (targets, our config)}, ignore); CheckpointError for what we do not run."""
     where = f"{directory / MODEL_CONFIG}: quantization_config"
     status = quantization.get("quantization_status")
     if status != "compressed":
@@ -74,14 +87,13 @@ def _layer_configs(directory: pathlib.Path, quantization: dict) -> dict[str, tup
     global_format = quantization.get("format")
     configs = {}
     for name, scheme in groups.items():
-        targets = scheme.get("targets") if isinstance(scheme, dict) else None
-        if not isinstance(targets, list) or not all(isinstance(t, str) for t in targets):
-            raise CheckpointError(f"{where}: config group {name!r}: expected a scheme object with a list of targets, "
-                                  f"got {scheme!r}")
+        if not isinstance(scheme, dict):
+            raise CheckpointError(f"{where}: config group {name!r}: expected a scheme object, got {scheme!r}")
+        targets = _check_patterns(scheme.get("targets"), f"config_groups.{name}.targets", where)
         if global_format == MIXED and not scheme.get("format"):
             raise CheckpointError(f"{where}: config group {name!r}: format 'mixed-precision' needs each group's format")
         configs[name] = (targets, layer_config(scheme, global_format, f"{where}: config group {name!r}"))
-    return configs
+    return configs, _check_patterns(quantization.get("ignore") or [], "ignore", where)
 
 
 def _match_rank(name: str, module: nn.Module, target: str) -> tuple[int, str] | None:
@@ -195,26 +207,21 @@ def _load_dense(directory: pathlib.Path, model: nn.Module, tensors: dict[str, to
 
 def load_compressed_tensors(directory: pathlib.Path) -> nn.Module:
     """The model in the compressed-tensors ``directory`` (module docstring), on the CPU, in eval mode."""
-    quantization = quantization_config_of(directory)
-    configs = _layer_configs(directory, quantization)
+    configs, ignore = _layer_configs(directory, quantization_config_of(directory))
     if is_our_compressed_tensors_export(directory):
         _verify_export(directory)
     tensors = _load_tensors(directory)
     model = _build_model(directory)
-    ignore = quantization.get("ignore") or []
-    where = f"{directory / MODEL_CONFIG}: quantization_config"
-    if not isinstance(ignore, list) or not all(isinstance(pattern, str) for pattern in ignore):
-        raise CheckpointError(f"{where}: field 'ignore': expected a list of module names or patterns, got {ignore!r}")
     quantized = {}
-    for name, config in _targeted_layers(model, configs, ignore, where).items():
+    for name, config in _targeted_layers(model, configs, ignore, f"{directory / MODEL_CONFIG}").items():
         linear = model.get_submodule(name)
         prefix = f"{name}."
-        own = {key[len(prefix):]: tensors.pop(key) for key in [k for k in tensors if k.startswith(prefix)]
-               if "." not in key[len(prefix):]}
+        keys = {key[len(prefix):]: key for key in tensors if key.startswith(prefix) and "." not in key[len(prefix):]}
+        own = {suffix: tensors.pop(key) for suffix, key in keys.items()}
         if ("bias" in own) != (linear.bias is not None):
-            raise CheckpointError(f"{directory}: layer {name!r}: {type(model).__name__} has "
-                                  f"{'a' if linear.bias is not None else 'no'} bias, the directory "
-                                  f"{'has' if 'bias' in own else 'has none'}")
+            raise CheckpointError(f"{directory}: layer {name!r}: {type(model).__name__} builds it "
+                                  f"{'with' if linear.bias is not None else 'without'} a bias but the directory "
+                                  f"stores {'one' if 'bias' in own else 'none'}")
         module = module_from(config, own, linear.in_features, linear.out_features, f"{directory}: layer {name!r}")
         quantized[name] = module
         replace_submodule(model, name, module)

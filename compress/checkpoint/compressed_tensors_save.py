@@ -19,9 +19,8 @@ Layout of ``path/`` (a Hugging Face model directory; the tensor layout is
 
 Refused with a ValueError naming the layers, before anything is written: a model that is not a
 ``transformers`` model; block-sparse layers (compressed-tensors 0.20 removed its sparsity
-compressors, and their bitmask and 2:4 formats never held 32x32 blocks: writing the zeros densely
-would keep the numbers and lose the speed, so it is left to the caller to convert such layers dense
-and say so); W8A8 layers holding SmoothQuant factors no norm absorbed (the format divides no input
+compressors, and their bitmask and 2:4 formats never held 32x32 blocks; writing the zeros densely
+would keep the numbers but silently drop the speed-up, so they are refused); W8A8 layers holding SmoothQuant factors no norm absorbed (the format divides no input
 channel; folding them into the weight would change its integers); W4A16 layers whose group size does
 not divide K (compressed-tensors refuses such groups); a compressed layer that the architecture, as
 ``transformers`` builds it from the config, does not hold as an ``nn.Linear`` of the same shape
@@ -41,7 +40,7 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from compress.checkpoint.compressed_tensors_format import FORMAT_VERSION, QUANT_METHOD, scheme_of, tensors_of
+from compress.checkpoint.compressed_tensors_format import FORMAT_VERSION, MIXED, QUANT_METHOD, scheme_of, tensors_of
 from compress.checkpoint.manifest import CT_EXPORT_MARKER, MODEL_CONFIG, TENSORS, file_sha256
 from compress.checkpoint.safe_write import fsync_path
 from compress.nn.modules import BSRLinear, BSRW8A8Linear, W4A16Linear, W8A8Linear, is_inference_module
@@ -102,23 +101,28 @@ def _tied_groups(module: nn.Module) -> list[list[str]]:
     return [names for names in groups.values() if len(names) > 1]
 
 
-def _dense_tensors(model: nn.Module, layers: dict, architecture: nn.Module) -> dict[str, torch.Tensor]:
-    """Every tensor of ``model`` outside the quantized layers, under the architecture's names, each
-    tied group stored once; ValueError when the model and the architecture disagree."""
-    expected = architecture.state_dict()
+def _check_linear_layers(model: nn.Module, layers: dict, architecture: nn.Module) -> None:
+    """ValueError unless the architecture holds each quantized layer as an ``nn.Linear`` of its shape."""
     for name, module in layers.items():
         built = architecture.get_submodule(name) if _has_submodule(architecture, name) else None
-        if not isinstance(built, nn.Linear) or (built.in_features, built.out_features, built.bias is not None) != (
-                module.in_features, module.out_features, module.bias is not None):
-            found = "nothing" if built is None else f"a {type(built).__name__}" + (
-                f" ({built.in_features} -> {built.out_features}, bias={built.bias is not None})"
-                if isinstance(built, nn.Linear) else "")
-            raise ValueError(f"save_compressed(format='compressed-tensors'): layer {name!r} ({module.in_features} -> "
-                             f"{module.out_features}, bias={module.bias is not None}) is {found} in "
-                             f"{type(model).__name__} as transformers builds it from the config; the format quantizes "
-                             "nn.Linear layers under their own names only")
+        ours = (module.in_features, module.out_features, module.bias is not None)
+        if isinstance(built, nn.Linear) and (built.in_features, built.out_features, built.bias is not None) == ours:
+            continue
+        found = "nothing" if built is None else f"a {type(built).__name__}" + (
+            f" ({built.in_features} -> {built.out_features}, bias={built.bias is not None})"
+            if isinstance(built, nn.Linear) else "")
+        raise ValueError(f"save_compressed(format='compressed-tensors'): layer {name!r} ({ours[0]} -> {ours[1]}, "
+                         f"bias={ours[2]}) is {found} in {type(model).__name__} as transformers builds it from the "
+                         "config; the format quantizes nn.Linear layers under their own names only")
+
+
+def _dense_tensors(model: nn.Module, layers: dict, architecture: nn.Module) -> dict[str, torch.Tensor]:
+    """Every tensor of ``model`` outside the quantized layers, under the architecture's names, each
+    tied group stored once (under its first name); ValueError when the model and the architecture disagree."""
+    expected = architecture.state_dict()
     quantized = {f"{name}.{suffix}" for name in layers for suffix in ("weight", "bias")}
     ours = {name: t for name, t in model.state_dict().items() if name.rpartition(".")[0] not in layers}
+    tied_copies = set()
     for group in _tied_groups(architecture):
         if quantized & set(group):
             raise ValueError(f"save_compressed(format='compressed-tensors'): {type(model).__name__} ties {group}; a "
@@ -127,10 +131,9 @@ def _dense_tensors(model: nn.Module, layers: dict, architecture: nn.Module) -> d
         if len({(t.untyped_storage().data_ptr(), t.storage_offset()) for t in present}) > 1:
             raise ValueError(f"save_compressed(format='compressed-tensors'): the config ties {group} (transformers loads "
                              "one tensor for all of them) but the model holds different tensors there")
-        for name in group[1:]:
-            if group[0] in ours:
-                ours.pop(name, None)
-    missing = sorted(set(expected) - set(ours) - quantized - {n for g in _tied_groups(architecture) for n in g[1:]})
+        tied_copies.update(group[1:])
+    ours = {name: t for name, t in ours.items() if name not in tied_copies}
+    missing = sorted(set(expected) - set(ours) - quantized - tied_copies)
     extra = sorted(set(ours) - set(expected))
     wrong = [f"{n} {list(ours[n].shape)} (expected {list(expected[n].shape)})" for n in sorted(set(ours) & set(expected))
              if ours[n].shape != expected[n].shape]
@@ -141,7 +144,8 @@ def _dense_tensors(model: nn.Module, layers: dict, architecture: nn.Module) -> d
     stored, seen = {}, set()
     for name, tensor in ours.items():  # weights the model shares but the architecture does not tie: stored apart
         key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset())
-        stored[name] = tensor.detach().cpu().clone() if key in seen and tensor.numel() else tensor.detach().cpu().contiguous()
+        tensor = tensor.detach().cpu()
+        stored[name] = tensor.clone() if key in seen and tensor.numel() else tensor.contiguous()
         seen.add(key)
     return stored
 
@@ -170,7 +174,7 @@ def quantization_config(layers: dict, ignore: list[str]) -> dict:
     return {
         "quant_method": QUANT_METHOD,
         "version": FORMAT_VERSION,
-        "format": formats.pop() if len(formats) == 1 else "mixed-precision",
+        "format": formats.pop() if len(formats) == 1 else MIXED,
         "quantization_status": "compressed",
         "config_groups": {f"group_{index}": {**scheme, "targets": ["Linear"] if one_scheme else members}
                           for index, (scheme, members) in enumerate(groups)},
@@ -198,17 +202,18 @@ def export_contents(model: nn.Module) -> tuple[dict[str, torch.Tensor], dict]:
     format cannot hold (module docstring). Writes nothing."""
     layers = _quantized_layers(model)
     architecture = _architecture(model)
+    _check_linear_layers(model, layers, architecture)
     tensors = _dense_tensors(model, layers, architecture)
+    model_dtype = next((t.dtype for t in tensors.values() if t.is_floating_point()), torch.float32)
     ignore = [name for name, m in architecture.named_modules() if isinstance(m, nn.Linear) and name not in layers]
     for name, module in layers.items():
         tensors.update({f"{name}.{suffix}": t.cpu().contiguous() for suffix, t in tensors_of(module).items()})
-    floats = [t.dtype for t in tensors.values() if t.is_floating_point()]
     config = copy.deepcopy(model.config)
     if hasattr(config, "quantization_config"):
         del config.quantization_config
     config.architectures = [type(model).__name__]
     data = config.to_diff_dict()
-    data["dtype"] = str(floats[0] if floats else torch.float32).removeprefix("torch.")
+    data["dtype"] = str(model_dtype).removeprefix("torch.")  # what transformers loads the dense weights as
     data["quantization_config"] = quantization_config(layers, ignore)
     return tensors, data
 
@@ -223,7 +228,7 @@ def write_directory(model: nn.Module, contents: tuple[dict, dict], directory: pa
         model.generation_config.save_pretrained(str(directory))
     _write_tokenizer(model, tokenizer, directory)
     files = {}
-    for path in sorted(directory.iterdir()):
+    for path in sorted(p for p in directory.iterdir() if p.is_file()):
         fsync_path(path)
         files[path.name] = file_sha256(path)
     marker = {"format": QUANT_METHOD, "written_by": "compress", "files": files}

@@ -73,7 +73,7 @@ def test_integers_and_scales_are_the_stored_ones(tmp_path):
     assert torch.equal(ours.scales, stored["model.layers.1.mlp.down_proj.weight_scale"].T)
 
 
-# ---- refusals ----------------------------------------------------------------------------------------------
+# ---- edited directories ----------------------------------------------------------------------------
 def _export(tmp_path, plan=None):
     model = compress.convert(tiny_llama(), plan or W8A8Config())
     return compress.save_compressed(model, tmp_path / "ct", format="compressed-tensors")
@@ -84,7 +84,7 @@ def _edit_config(path, edit):
     config = json.loads((path / "config.json").read_text())
     edit(config["quantization_config"])
     (path / "config.json").write_text(json.dumps(config))
-    (path / "compress-export.json").unlink()
+    (path / "compress-export.json").unlink(missing_ok=True)
 
 
 def _weights(**changes):
@@ -93,6 +93,24 @@ def _weights(**changes):
 
 def _activations(value):
     return lambda q: q["config_groups"]["group_0"].update(input_activations=value)
+
+
+def test_targets_match_as_in_compressed_tensors_a_pattern_before_a_class_name(tmp_path):
+    plan = {"*.mlp.*": W4A16Config(group_size=64), "*.self_attn.*": W8A8Config()}
+    model = compress.convert(tiny_llama(), plan)
+    path = compress.save_compressed(model, tmp_path / "ct", format="compressed-tensors")
+
+    def by_pattern_and_class(quantization):
+        for group in quantization["config_groups"].values():
+            group["targets"] = [r"re:.*\.mlp\."] if group["format"] == "pack-quantized" else ["Linear"]
+    _edit_config(path, by_pattern_and_class)
+    loaded = compress.load_compressed(path)
+    assert {n: type(m) for n, m in loaded.named_modules() if "proj" in n} == {
+        n: type(m) for n, m in model.named_modules() if "proj" in n}
+    assert torch.equal(logits(loaded, token_ids()), logits(model, token_ids()))
+    _edit_config(path, lambda q: q.update(ignore=["re:(unclosed"]))
+    with pytest.raises(CheckpointError, match=r"field 'ignore': 're:\(unclosed' is not a valid pattern"):
+        compress.load_compressed(path)
 
 
 UNSUPPORTED = {  # name: (plan, edit of quantization_config)
