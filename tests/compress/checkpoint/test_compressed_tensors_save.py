@@ -93,6 +93,17 @@ def test_ours_to_compressed_tensors_to_ours_is_exact(tmp_path, name):
         model.get_submodule("model.layers.0.mlp.down_proj"))
 
 
+def test_a_bfloat16_model_keeps_its_dtypes(tmp_path):
+    model = _converted(W4A16Config(group_size=64)).to(torch.bfloat16)
+    path = compress.save_compressed(model, tmp_path / "ct", format="compressed-tensors")
+    assert json.loads((path / "config.json").read_text())["dtype"] == "bfloat16"
+    loaded = compress.load_compressed(path)
+    for (name, before), after in zip(model.state_dict().items(), loaded.state_dict().values()):
+        assert before.dtype == after.dtype and torch.equal(before, after), name
+    layer = loaded.get_submodule("model.layers.0.mlp.up_proj")
+    assert layer.scales.dtype == torch.float32 and layer.weight.dtype == torch.bfloat16
+
+
 def test_tied_embedding_is_stored_once_and_tied_again(tmp_path):
     from safetensors import safe_open
 
