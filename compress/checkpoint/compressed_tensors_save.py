@@ -18,7 +18,8 @@ Layout of ``path/`` (a Hugging Face model directory; the tensor layout is
                             which ``overwrite=True`` may replace and :func:`load_compressed` verifies
 
 Refused with a ValueError naming the layers, before anything is written: a model that is not a
-``transformers`` model; block-sparse layers (compressed-tensors 0.20 removed its sparsity
+``transformers`` model; MoE experts blocks (``QuantizedExperts``: fused 3-D weights in ``transformers``,
+per-expert names that differ by architecture in a checkpoint); block-sparse layers (compressed-tensors 0.20 removed its sparsity
 compressors, and their bitmask and 2:4 formats never held 32x32 blocks; writing the zeros densely
 would keep the numbers but silently drop the speed-up, so they are refused); W8A8 layers holding SmoothQuant factors no norm absorbed (the format divides no input
 channel; folding them into the weight would change its integers); W4A16 layers whose group size does
@@ -43,6 +44,7 @@ from torch import nn
 from compress.checkpoint.compressed_tensors_format import FORMAT_VERSION, MIXED, QUANT_METHOD, scheme_of, tensors_of
 from compress.checkpoint.manifest import CT_EXPORT_MARKER, MODEL_CONFIG, TENSORS, file_sha256
 from compress.checkpoint.safe_write import fsync_path
+from compress.nn.experts import QuantizedExperts
 from compress.nn.modules import BSRLinear, BSRW8A8Linear, W4A16Linear, W8A8Linear, is_inference_module
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
@@ -57,6 +59,13 @@ def _names(layers) -> str:
 
 def _quantized_layers(model: nn.Module) -> dict[str, W8A8Linear | W4A16Linear]:
     """The model's W8A8 / W4A16 layers; ValueError naming the layers the format cannot hold."""
+    experts = [name for name, m in model.named_modules() if isinstance(m, QuantizedExperts)]
+    if experts:
+        raise ValueError(f"save_compressed(format='compressed-tensors'): MoE experts blocks {_names(experts)} "
+                         "(QuantizedExperts): transformers holds experts as fused 3-D weights, which a "
+                         "compressed-tensors checkpoint stores under per-expert names that differ by architecture; "
+                         "not supported: keep the experts dense (leave them out of the plan) or save with "
+                         "format='compress'")
     layers = {name: m for name, m in model.named_modules() if is_inference_module(m)}
     sparse = [name for name, m in layers.items() if isinstance(m, (BSRLinear, BSRW8A8Linear))]
     if sparse:

@@ -161,6 +161,13 @@ def test_block_sparse_layers_are_refused_naming_them(tmp_path, plan):
              r"block-sparse layers model\.layers\.0\.\w+\.\w+_proj, .*no block-sparse layout")
 
 
+def test_moe_experts_blocks_are_refused_naming_them(tmp_path):
+    config = transformers.OlmoeConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=2,
+                                      num_key_value_heads=1, vocab_size=128, num_experts=4, num_experts_per_tok=2)
+    model = compress.convert(compress.prepare(transformers.OlmoeForCausalLM(config).eval(), W4A16Config(32)))
+    _refused(tmp_path, model, r"MoE experts blocks model\.layers\.0\.mlp\.experts \(QuantizedExperts\)")
+
+
 def test_smoothquant_factors_no_norm_absorbed_are_refused(tmp_path):
     model = compress.convert(tiny_llama(), W8A8Config(activation="static", smoothquant_alpha=0.5),
                              calibration_data=[token_ids(seed=2)])
