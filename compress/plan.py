@@ -20,14 +20,17 @@ calibrate (SmoothQuant and static scales), GPTQ where a config says ``algorithm=
 
 Calibration (observers, SmoothQuant, static scales) and GPTQ live in :mod:`compress.calibration`.
 
-A layer that a kernel cannot take is handled on purpose: W4A16 pads K to the group size
-(:class:`compress.nn.modules.W4A16Linear`); block sparsity alone on a layer whose N or K is not a
+A layer that a kernel cannot take is handled on purpose: W4A16 and W8A16 pad K to the group size (and
+to a multiple of 8) with zero channels (:class:`compress.nn.modules.W4A16Linear`,
+:class:`compress.nn.modules.W8A16Linear`); block sparsity alone on a layer whose N or K is not a
 multiple of 32 is exported as a dense ``nn.Linear`` holding the masked weight, with a logged reason.
 
 Export picks the inference module from a layer's configs: W8A8 with block sparsity ->
 :class:`compress.nn.modules.BSRW8A8Linear` (int8 blocks, the pruned ones not stored; N or K not a
-multiple of 32: ``W8A8Linear`` with zero blocks); W8A8 -> ``W8A8Linear``; W4A16, with or without
-sparsity -> ``W4A16Linear`` (pruned blocks are zeros in the int4 weight); sparsity alone -> ``BSRLinear``.
+multiple of 32: ``W8A8Linear`` with zero blocks); W8A8 -> ``W8A8Linear``; W4A16 / W8A16, with or without
+sparsity -> ``W4A16Linear`` / ``W8A16Linear`` (pruned blocks are zeros in the int4 / int8 weight; the
+kernels read them like any other weight, so there pruning saves no bytes or time); sparsity alone ->
+``BSRLinear``.
 """
 from __future__ import annotations
 
@@ -41,9 +44,9 @@ import torch
 from torch import nn
 
 from compress.calibration import calibrate, gptq_layers, run_gptq
-from compress.configs import BlockSparseConfig, W4A16Config, W8A8Config, is_config
+from compress.configs import BlockSparseConfig, W4A16Config, W8A8Config, W8A16Config, is_config
 from compress.core.sparsity import block_mask
-from compress.nn.modules import BSRLinear, BSRW8A8Linear, W4A16Linear, W8A8Linear
+from compress.nn.modules import BSRLinear, BSRW8A8Linear, W4A16Linear, W8A8Linear, W8A16Linear
 from compress.nn.qat import CompressedLinear, compressed_layers, split_configs
 
 logger = logging.getLogger(__name__)
@@ -308,6 +311,8 @@ def export_module(name: str, layer: CompressedLinear) -> nn.Module:
         return dense
     if isinstance(quant, W4A16Config):
         return W4A16Linear.from_float(layer, quant, weight=weight, weight_scale=layer.weight_scale)
+    if isinstance(quant, W8A16Config):
+        return W8A16Linear.from_float(layer, quant, weight=weight, weight_scale=layer.weight_scale)
     if isinstance(sparse, BlockSparseConfig) and _bsr_shaped(name, layer, sparse.block, "weight"):
         return BSRLinear.from_float(layer, sparse, weight=weight, mask=layer.mask)
     return layer.to_float()

@@ -37,7 +37,8 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import nn
 
 from compress.checkpoint import save_compressed
-from compress.configs import BLOCK_SCORES, GRADIENT_SCORES, OBSERVERS, BlockSparseConfig, W4A16Config, W8A8Config
+from compress.configs import (BLOCK_SCORES, GRADIENT_SCORES, OBSERVERS, QUANT_CONFIGS, BlockSparseConfig, W4A16Config,
+                              W8A8Config, W8A16Config)
 from compress.core.neuron_order import find_mlps, kept_mass, reorder_mlp_neurons
 from compress.core.smoothquant import apply_smoothquant
 from compress.core.sparsity import (
@@ -353,11 +354,12 @@ class QuantizationAware(pl.Callback):
     """Fake-quantize the plan's layers from ``start_step`` on (QAT).
 
     ``config``: the scheme for every eligible linear when ``plan`` is None; ``plan``:
-    ``{pattern: W8A8Config or W4A16Config}``. ``exclude`` as in :class:`BlockPruning`.
+    ``{pattern: W8A8Config, W4A16Config or W8A16Config}``. ``exclude`` as in :class:`BlockPruning`.
+    In YAML a W8A16Config needs its ``class_path``: a plain ``{group_size: 128}`` is a W4A16Config.
     """
 
-    def __init__(self, config: Optional[Union[W8A8Config, W4A16Config]] = None, start_step: int = 0,
-                 plan: Optional[dict[str, Union[W8A8Config, W4A16Config]]] = None,
+    def __init__(self, config: Optional[Union[W8A8Config, W4A16Config, W8A16Config]] = None, start_step: int = 0,
+                 plan: Optional[dict[str, Union[W8A8Config, W4A16Config, W8A16Config]]] = None,
                  exclude: Optional[list[str]] = None):
         super().__init__()
         if (config is None) == (plan is None):
@@ -365,8 +367,8 @@ class QuantizationAware(pl.Callback):
                              f"or plan ({{pattern: config}}), got config={config!r}, plan={plan!r}")
         rules = {"*": config} if plan is None else dict(plan)
         for pattern, value in rules.items():
-            if not isinstance(value, (W8A8Config, W4A16Config)):
-                raise TypeError(f"QuantizationAware: expected W8A8Config or W4A16Config for {pattern!r}, "
+            if not isinstance(value, QUANT_CONFIGS):
+                raise TypeError(f"QuantizationAware: expected W8A8Config, W4A16Config or W8A16Config for {pattern!r}, "
                                 f"got {type(value).__name__}")
         _check_step("start_step", start_step)
         self.plan = Plan(rules, exclude=DEFAULT_EXCLUDE if exclude is None else tuple(exclude))
@@ -406,7 +408,7 @@ class Calibration(pl.Callback):
     A run without training steps (``trainer.max_steps: 0``, the post-training path in a recipe) is
     calibrated at fit start instead, on the first ``num_batches`` training batches (see ``on_fit_start``).
 
-    GPTQ (layers whose config says ``algorithm="gptq"``, W8A8 or W4A16): at the end of training
+    GPTQ (layers whose config says ``algorithm="gptq"``: W8A8, W4A16 or W8A16): at the end of training
     (``on_train_end``, before :class:`Export` converts in ``on_fit_end``), the first ``num_batches``
     batches of the training dataloader are run once more (eval mode, no gradients) to collect each
     layer's Hessian, summed over DDP ranks, then each layer's weight is rounded by GPTQ (rank 0's

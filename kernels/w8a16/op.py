@@ -40,9 +40,6 @@ def _validate(x, w_q, w_scale, bias) -> None:
     check_shape("w_q", w_q, (n, k))
     if not w_q.is_contiguous():
         raise ValueError(f"w_q: expected a contiguous (N, K) tensor (K contiguous), got strides {tuple(w_q.stride())}")
-    if w_q.storage_offset() % 4:
-        raise ValueError(f"w_q: expected its data to start at a multiple of 4 bytes (rows are read as int32 "
-                         f"words), got storage offset {w_q.storage_offset()}")
     check_tensor("w_scale", w_scale, (torch.float32, x.dtype))
     per_group = (n, k // GROUP_SIZE) if k % GROUP_SIZE == 0 else None
     if tuple(w_scale.shape) not in ((n,), per_group):
@@ -65,6 +62,9 @@ def launch(x2, w_q, w_scale, bias=None, config: TileConfig | None = None) -> tor
     cfg = config or cached_pick(m, n, k, grouped, x2.device)
     if cfg.path not in LAUNCHERS:
         raise ValueError(f"config.path: expected one of {list(LAUNCHERS)}, got {cfg.path!r}")
+    if w_q.storage_offset() % 4:  # checked here, not in _validate: torch.compile cannot trace storage_offset
+        raise ValueError(f"w_q: expected its data to start at a multiple of 4 bytes (rows are read as int32 "
+                         f"words), got storage offset {w_q.storage_offset()}")
     if grouped and GROUP_SIZE % cfg.block_k:
         raise ValueError(f"config.block_k: with group scales a K tile stays inside one group of {GROUP_SIZE} "
                          f"(a power of two dividing it), got block_k={cfg.block_k}")
