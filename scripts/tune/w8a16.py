@@ -73,8 +73,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(argv=None) -> list[dict]:
-    return sweep.run("w8a16", __doc__.splitlines()[0], "4096x4096,4096x11008,11008x4096,8192x28672", "1,2,16,64,256,2048",
-                     sweep_case, argv, add_arguments)
+    return sweep.run("w8a16", __doc__.splitlines()[0], "4096x4096,4096x11008,11008x4096,8192x28672",
+                     "1,2,16,64,256,2048", sweep_case, argv, add_arguments)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,8 @@ from compress_kernels.w8a8.dispatch import TileConfig
 from compress_kernels.w8a8.op import launch, w8a8_matmul
 from compress_kernels.w8a16.dispatch import TileConfig as W8A16Config
 from compress_kernels.w8a16.op import launch as w8a16_launch
-from tests.kernels.helpers import DEVICE, block_sparse_dense, random_int4_weight, random_int8_weight, random_w8a16_weight
+from tests.kernels.helpers import (DEVICE, block_sparse_dense, random_int4_weight, random_int8_weight,
+                                   random_w8a16_weight)
 
 pytestmark = [pytest.mark.filterwarnings("ignore::RuntimeWarning")]  # the interpreter's numpy on NaN
 if torch.cuda.is_available():

@@ -23,7 +23,8 @@ def test_from_float_shares_parameters_and_starts_as_the_float_layer():
 
 
 @pytest.mark.parametrize("configs", [[BlockSparseConfig(0.5)], [BlockSparseConfig(0.5), W8A8Config()],
-                                     [BlockSparseConfig(0.5), W4A16Config(32)], [BlockSparseConfig(0.5), W8A16Config()]])
+                                     [BlockSparseConfig(0.5), W4A16Config(32)],
+                                     [BlockSparseConfig(0.5), W8A16Config()]])
 def test_masked_blocks_stay_exactly_zero_under_adamw(configs):
     linear, layer = _layer(configs)
     if layer.quant_config is not None:
