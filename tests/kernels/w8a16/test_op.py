@@ -28,6 +28,15 @@ def test_matches_reference(dtype, m, k, n, grouped):
     assert rel_error(y, reference.w8a16_matmul_ref(x, w_q, w_scale, bias)) <= W8A16_TOL[dtype]
 
 
+@pytest.mark.parametrize("m,k,n", [(1, 8, 1), (3, 8, 5), (7, 24, 1), (5, 40, 130), (1, 2056, 7)])
+def test_tiny_and_odd_shapes(m, k, n):
+    """K a multiple of 8 only (shorter than one tile, or a tile and a tail), N from 1, odd M: both paths."""
+    x = torch.randn(m, k, device=DEVICE).half()
+    w_q, w_scale = random_w8a16_weight(n, k, False, device=DEVICE)
+    y = w8a16_matmul(x, w_q, w_scale)
+    assert y.shape == (m, n) and rel_error(y, reference.w8a16_matmul_ref(x, w_q, w_scale)) <= W8A16_TOL[torch.float16]
+
+
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("grouped", [False, True])
 def test_extreme_weights_and_zero_scales_are_exact(path, grouped):
