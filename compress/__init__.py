@@ -5,6 +5,9 @@ Public API (docs/architecture.md)::
     import compress
     from compress import W8A8Config, W4A16Config, W8A16Config, BlockSparseConfig, Plan
     compress.prepare(model, plan)                        # training modules (QAT, masks), in place
+    schedule = compress.CompressionSchedule(model, pruning=..., quantization=..., calibration=...)
+    schedule.step()                                      # after each optimizer.step(), from any loop
+    schedule.finish()                                    # final masks, QAT on, GPTQ: convert computes the same
     compress.convert(model)                              # inference modules calling the kernels
     compress.convert(model, plan, calibration_data=...)  # post-training: prune, calibrate, quantize
     compress.save_compressed(model, path)                # crash-safe directory: safetensors + manifest
@@ -20,12 +23,14 @@ that core, nn and eval do, and that no import cycle exists)::
                          neuron order
     compress/nn/         module swaps: training (QAT) and inference modules, fusion, input quantization
     compress/plan.py, checkpoint.py     prepare / convert a model by plan; save / load it
+    compress/schedule/   training-aware compression step by step, for any training loop
     compress/eval/       timing, metrics, evaluation of a model, the report
     compress/lightning/  callbacks, tasks, data, distillation (Lightning)
     compress/cli.py      the ``compress`` command
 
-The Lightning callbacks live in :mod:`compress.lightning.callbacks`; ``import compress`` does not
-import Lightning.
+The Lightning callbacks live in :mod:`compress.lightning.callbacks`, the ``transformers`` Trainer
+callback in :mod:`compress.integrations.hf_trainer`; ``import compress`` imports neither Lightning
+nor the Trainer.
 """
 import importlib
 import sys
@@ -38,6 +43,7 @@ from compress.nn.input_quant import link_quantized_inputs
 from compress.nn.modules import BSRLinear, BSRW8A8Linear, W4A16Linear, W8A8Linear, W8A16Linear
 from compress.nn.qat import CompressedLinear
 from compress.plan import DEFAULT_EXCLUDE, Plan, convert, prepare
+from compress.schedule import CalibrationSchedule, CompressionSchedule, PruningSchedule, QuantizationSchedule
 
 
 class _ModuleAlias(types.ModuleType):
@@ -64,10 +70,14 @@ __all__ = [
     "BSRLinear",
     "BSRW8A8Linear",
     "BlockSparseConfig",
+    "CalibrationSchedule",
     "CheckpointError",
     "CompressedLinear",
+    "CompressionSchedule",
     "DEFAULT_EXCLUDE",
     "Plan",
+    "PruningSchedule",
+    "QuantizationSchedule",
     "W4A16Config",
     "W4A16Linear",
     "W8A8Config",

@@ -169,7 +169,7 @@ def gptq_layer(layer: CompressedLinear, xtx: torch.Tensor, tokens: int) -> tuple
 def run_gptq(model: nn.Module, calibration_data, sync: Callable | None = None) -> dict[str, tuple]:
     """GPTQ on every layer :func:`gptq_layers` lists: one calibration pass, then one layer at a time.
 
-    ``sync(stats)`` may combine the statistics before they are used (the callback's DDP all-reduce).
+    ``sync(stats)`` may combine the statistics before they are used (the schedules' DDP all-reduce).
     Returns ``{name: (q, scale)}`` (:func:`gptq_layer`). Raises ``ValueError`` naming the layer for
     non-finite inputs, a layer no batch reached, or a Hessian that no damping makes positive definite.
     """

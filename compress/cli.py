@@ -55,7 +55,8 @@ import compress.lightning.tasks  # noqa: F401  (see below)
 from compress.checkpoint import check_save_target, load_model_dir
 from compress.configs import BlockSparseConfig, W4A16Config, W8A16Config
 from compress.lightning.callbacks import Export, FloatWeightsSnapshot, target_model
-from compress.plan import Plan
+from compress.nn.conv1d import linear_features
+from compress.plan import Plan, linear_layer_names
 
 # LightningCLI finds a short class name (``class_path: DigitsData``) among the subclasses imported
 # when it parses: the imports above make every task, data module and callback a recipe can name known.
@@ -165,23 +166,23 @@ def check_recipe(pl_module: pl.LightningModule, callbacks) -> None:
         where = type(callback).__name__
         targets = plan.targets(model)
         if not targets:
-            linears = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
-            raise ValueError(f"{where}: its plan matches no eligible linear layer of the model; linear layers: {linears[:12]}")
+            raise ValueError(f"{where}: its plan matches no eligible linear layer of the model; linear layers "
+                             f"(nn.Linear, Conv1D): {linear_layer_names(model)[:12]}")
         for name, configs in targets.items():
-            layer = model.get_submodule(name)
+            in_features, out_features = linear_features(model.get_submodule(name))
             for config in configs:
                 if isinstance(config, (W4A16Config, W8A16Config)) and config.group_size is not None:
-                    if layer.in_features % config.group_size:
-                        padded = -(-layer.in_features // config.group_size) * config.group_size
+                    if in_features % config.group_size:
+                        padded = -(-in_features // config.group_size) * config.group_size
                         log.warning("%s: %s group_size=%d does not divide in_features=%d of layer %r: K is "
                                     "padded with zero channels to %d (%.0f%% more %s weights there)", where,
                                     type(config).__name__.removesuffix("Config"), config.group_size,
-                                    layer.in_features, name, padded, 100 * (padded / layer.in_features - 1),
+                                    in_features, name, padded, 100 * (padded / in_features - 1),
                                     "int4" if isinstance(config, W4A16Config) else "int8")
                 if isinstance(config, BlockSparseConfig):
-                    if layer.in_features % config.block or layer.out_features % config.block:
+                    if in_features % config.block or out_features % config.block:
                         log.warning("%s: layer %r (%dx%d) is not a multiple of %d blocks; it will export dense",
-                                    where, name, layer.out_features, layer.in_features, config.block)
+                                    where, name, out_features, in_features, config.block)
 
 
 # --- run -----------------------------------------------------------------------------------------

@@ -185,7 +185,8 @@ class BlockSparseConfig(_ConfigMixin):
     ``score``: ``"magnitude"`` (mean |w| of the block), ``"l2"`` (Frobenius norm of the block) or
     ``"movement"`` (``-sum W * dL/dW`` over training steps) or ``"fisher"`` (the mean over steps of
     ``(sum over the block of W * dL/dW)^2``); only gradual pruning during training,
-    :class:`compress.lightning.callbacks.BlockPruning`, can compute the last two.
+    :class:`compress.schedule.PruningSchedule` (also inside the Lightning ``BlockPruning`` callback),
+    can compute the last two.
     """
 
     sparsity: float = 0.5

@@ -1,6 +1,7 @@
 """Compression plans and the two entry points that apply them: ``prepare`` and ``convert``.
 
-A plan says which ``nn.Linear`` layers get which configs:
+A plan says which linear layers (``nn.Linear``, and ``transformers``' ``Conv1D`` of the GPT-2 family)
+get which configs:
 
 * one config (``W8A8Config()``): every eligible linear layer,
 * a list (``[BlockSparseConfig(0.5), W8A8Config()]``): every eligible layer gets all of them
@@ -9,12 +10,16 @@ A plan says which ``nn.Linear`` layers get which configs:
   (``"encoder.layer.*.intermediate.dense"``); the first matching pattern wins,
 * a :class:`Plan` (rules + ``exclude`` patterns).
 
-Eligible: ``nn.Linear`` modules whose names match no ``exclude`` pattern; by default embeddings,
-classifier heads (``classifier``, ``score``, ``pooler``, ``qa_outputs``) and ``lm_head`` stay dense, and
-so does any linear whose weight is an embedding's (tied, e.g. Whisper's ``proj_out``), with a log line.
+Eligible: ``nn.Linear`` and ``Conv1D`` modules whose names match no ``exclude`` pattern; by default
+embeddings, classifier heads (``classifier``, ``score``, ``pooler``, ``qa_outputs``) and ``lm_head`` stay
+dense, and so does any linear whose weight is an embedding's (tied, e.g. Whisper's ``proj_out`` or
+GPT-2's ``lm_head``) and any ``Conv1D`` whose weight another module holds too, with a log line.
 
 ``prepare(model, plan)`` swaps the targeted layers for :class:`compress.nn.qat.CompressedLinear`
-(training path). ``convert(model)`` swaps every ``CompressedLinear`` for its inference module;
+(training path). A ``Conv1D`` becomes one as the ``nn.Linear`` it is: a transposed copy of its
+weight, a new Parameter in the (out, in) layout, and its own bias (:mod:`compress.nn.conv1d`: build
+optimizers after ``prepare``); after that nothing treats it apart, except that a layer exported dense
+is a ``Conv1D`` again. ``convert(model)`` swaps every ``CompressedLinear`` for its inference module;
 ``convert(model, plan, calibration_data=...)`` is the post-training path: prepare, prune one-shot,
 calibrate (SmoothQuant and static scales), GPTQ where a config says ``algorithm="gptq"``, then swap.
 
@@ -46,6 +51,15 @@ from torch import nn
 from compress.calibration import calibrate, gptq_layers, run_gptq
 from compress.configs import BlockSparseConfig, W4A16Config, W8A8Config, W8A16Config, is_config
 from compress.core.sparsity import block_mask
+from compress.nn.conv1d import is_conv1d, is_linear_or_conv1d
+from compress.nn.experts import (
+    CompressedExperts,
+    ExpertLinear,
+    compressed_experts,
+    experts_layout_problem,
+    experts_module_name,
+    is_fused_experts,
+)
 from compress.nn.modules import BSRLinear, BSRW8A8Linear, W4A16Linear, W8A8Linear, W8A16Linear
 from compress.nn.qat import CompressedLinear, compressed_layers, split_configs
 
@@ -68,10 +82,12 @@ def _normalize_configs(value, where: str) -> tuple:
 
 @dataclass(frozen=True)
 class Plan:
-    """``rules``: {fnmatch pattern: config or list of configs}; ``exclude``: patterns left dense."""
+    """``rules``: {fnmatch pattern: config or list of configs}; ``exclude``: patterns left dense;
+    ``dense_routers``: leave MoE routers and gates dense (:func:`is_router`)."""
 
     rules: Mapping = field(default_factory=dict)
     exclude: tuple = DEFAULT_EXCLUDE
+    dense_routers: bool = True
 
     def __post_init__(self):
         if not isinstance(self.rules, Mapping):
@@ -85,6 +101,8 @@ class Plan:
         if isinstance(self.exclude, str) or not all(isinstance(p, str) for p in self.exclude):
             raise TypeError(f"Plan.exclude: expected a list of str patterns, got {self.exclude!r}")
         object.__setattr__(self, "exclude", tuple(self.exclude))
+        if not isinstance(self.dense_routers, bool):
+            raise TypeError(f"Plan.dense_routers: expected a bool, got {self.dense_routers!r}")
 
     def configs_for(self, name: str) -> tuple | None:
         """The configs for module ``name``, or None if it is excluded or matches no rule."""
@@ -95,25 +113,95 @@ class Plan:
                 return configs
         return None
 
+    def prepared_layers(self, model: nn.Module) -> dict[str, CompressedLinear]:
+        """{module name: layer} of the prepared layers (:func:`prepare`) of ``model`` the plan selects."""
+        return {name: m for name, m in compressed_layers(model).items()
+                if self.configs_for(experts_module_name(name) if isinstance(m, ExpertLinear) else name) is not None}
+
     def targets(self, model: nn.Module) -> dict[str, tuple]:
-        """{module name: configs} for every linear layer of ``model`` the plan selects; a linear whose
-        weight is an embedding's (tied) stays dense, with a log line: compressing it would rewrite the
-        embedding table too."""
+        """{module name: configs} for every linear layer (``nn.Linear`` or ``Conv1D``) and every fused-experts
+        block (:mod:`compress.nn.experts`) of ``model`` the plan selects. Left dense, with a log line: a
+        router or gate (:func:`is_router`, unless ``dense_routers`` is off); a linear whose weight is an
+        embedding's (tied), since compressing it would rewrite the embedding table too; a ``Conv1D``
+        whose weight another module (or the same module under another name) holds too, since preparing
+        it would untie them (the prepared layer holds a transposed copy). Left dense with a warning: an
+        experts block in another layout or with configs experts do not take yet, and any other module
+        holding a matrix that a pattern matches (one warning per module type)."""
         tied = tied_to_embeddings(model)
-        found = {}
+        holders = weight_holders(model)
+        found, unsupported = {}, {}
         for name, module in model.named_modules():
-            if not name or not isinstance(module, nn.Linear) or (configs := self.configs_for(name)) is None:
+            if not name or isinstance(module, ExpertLinear) or (configs := self.configs_for(name)) is None:
+                continue
+            if self.dense_routers and is_router(name, module):
+                logger.info("plan: %s left dense: a router or gate", name)
+                continue
+            if isinstance(module, CompressedExperts) or is_fused_experts(module):
+                problem = None if isinstance(module, CompressedExperts) else experts_layout_problem(module)
+                problem = problem or _experts_config_problem(configs)
+                if problem is None:
+                    found[name] = configs
+                else:
+                    logger.warning("plan: experts %s (%s) left dense: %s", name, type(module).__name__, problem)
+                continue
+            if not is_linear_or_conv1d(module):
+                if not isinstance(module, nn.Embedding) and any(p.dim() >= 2 for p in module.parameters(recurse=False)):
+                    unsupported.setdefault(type(module).__name__, []).append(name)
                 continue
             if id(module.weight) in tied:
                 logger.info("plan: %s left dense: its weight is the embedding %s's (tied)", name, tied[id(module.weight)])
                 continue
+            others = [other for other in holders[id(module.weight)] if other != name]
+            if is_conv1d(module) and others:
+                logger.info("plan: %s left dense: a Conv1D whose weight %s also holds (preparing it would "
+                            "untie them)", name, others[0])
+                continue
             found[name] = configs
+        for kind, names in unsupported.items():
+            logger.warning("plan: %d %s modules matched but left dense: plans compress nn.Linear, Conv1D and "
+                           "fused experts only (e.g. %r)", len(names), kind, names[0])
         return found
+
+
+def is_router(name: str, module: nn.Module) -> bool:
+    """Whether ``module`` is an MoE router or gate, left dense by default: its name contains "router", or
+    its last part ends in "gate" and it has few outputs (at most an eighth of its inputs, as a router's
+    one per expert or Qwen2-MoE's one-output ``shared_expert_gate``; ``gate_proj`` is no gate)."""
+    if "router" in name.lower():
+        return True
+    if not name.rpartition(".")[2].lower().endswith("gate"):
+        return False
+    weight = module._parameters.get("weight")
+    return weight is not None and weight.dim() == 2 and weight.shape[0] <= max(1, weight.shape[1] // 8)
+
+
+def _experts_config_problem(configs) -> str | None:
+    """Why an experts block cannot take ``configs`` yet, or None: experts take dynamic W8A8, W4A16, W8A16 and
+    block sparsity; static scales, SmoothQuant and GPTQ need calibration data routed to every expert."""
+    for config in configs:
+        if isinstance(config, W8A8Config) and config.static:
+            return "static W8A8 activation scales are not supported for experts (use activation='dynamic')"
+        if isinstance(config, W8A8Config) and config.smoothquant_alpha is not None:
+            return "SmoothQuant is not supported for experts"
+        if getattr(config, "gptq", False):
+            return "GPTQ is not supported for experts (use algorithm='rtn')"
+    return None
 
 
 def tied_to_embeddings(model: nn.Module) -> dict[int, str]:
     """{id(weight): embedding module name} of every ``nn.Embedding``'s weight in ``model``."""
     return {id(module.weight): name for name, module in model.named_modules() if isinstance(module, nn.Embedding)}
+
+
+def weight_holders(model: nn.Module) -> dict[int, list[str]]:
+    """{id(weight): names of every module holding it as its ``weight``}, a module registered under
+    several names counted under each."""
+    holders: dict[int, list[str]] = {}
+    for name, module in model.named_modules(remove_duplicate=False):
+        weight = module._parameters.get("weight")
+        if weight is not None:
+            holders.setdefault(id(weight), []).append(name)
+    return holders
 
 
 def as_plan(plan) -> Plan:
@@ -128,12 +216,13 @@ def as_plan(plan) -> Plan:
 
 
 def _other_matrix_modules(model: nn.Module) -> str:
-    """A sentence naming the module types other than ``nn.Linear`` / ``nn.Embedding`` that hold a 2-D
-    ``weight`` (e.g. transformers' ``Conv1D`` in GPT-2), with a count and one name each; "" if none."""
+    """A sentence naming the module types other than ``nn.Linear`` / ``Conv1D`` / ``nn.Embedding`` that
+    hold a 2-D ``weight``, with a count and one name each; "" if none."""
     seen: dict[str, list[str]] = {}
     for name, module in model.named_modules():
         weight = module._parameters.get("weight") if name else None
-        if weight is not None and weight.dim() == 2 and not isinstance(module, (nn.Linear, nn.Embedding)):
+        if (weight is not None and weight.dim() == 2 and not is_linear_or_conv1d(module)
+                and not isinstance(module, nn.Embedding)):
             seen.setdefault(type(module).__name__, []).append(name)
     if not seen:
         return ""
@@ -141,8 +230,9 @@ def _other_matrix_modules(model: nn.Module) -> str:
     return f"; it also has matrix layers of other types, which plans do not target: {listed}"
 
 
-def _linear_names(model: nn.Module) -> list[str]:
-    return [name for name, module in model.named_modules() if name and isinstance(module, nn.Linear)]
+def linear_layer_names(model: nn.Module) -> list[str]:
+    """Names of the layers a plan can target (``nn.Linear`` and ``Conv1D``), in module order."""
+    return [name for name, module in model.named_modules() if name and is_linear_or_conv1d(module)]
 
 
 def replace_submodule(model: nn.Module, name: str, new: nn.Module) -> None:
@@ -214,17 +304,27 @@ class _Rollback:
             replace_submodule(self.model, name, module)
 
 
-def _check_additions(name: str, layer: CompressedLinear, configs) -> None:
-    """Raise (naming the layer) if ``configs`` cannot be added to an already prepared layer."""
+def _check_additions(name: str, layer: CompressedLinear | CompressedExperts, configs) -> None:
+    """Raise (naming the layer) if ``configs`` cannot be added to an already prepared layer or experts block."""
+    if isinstance(layer, CompressedExperts):
+        layer = layer.down[0]  # every expert layer holds the same configs
     quant, sparse = split_configs(list(configs))
     split_configs([c for c in (layer.quant_config, quant, layer.sparse_config, sparse) if c is not None])
 
 
-def prepare(model: nn.Module, plan) -> nn.Module:
+def prepare(model: nn.Module, plan, fake_quant: bool = False) -> nn.Module:
     """Swap the plan's layers for ``CompressedLinear`` (in place; returns ``model``).
 
+    ``fake_quant``: switch fake quantization on in the plan's quantized layers right away, so the model
+    trains on the function its export computes (QAT without a schedule); needs a quantization config in
+    the plan. Off by default: :class:`compress.schedule.CompressionSchedule` and the Lightning callbacks
+    switch it on at their start step. Block masks stay full either way until a pruning schedule (or
+    :func:`convert`'s one-shot pruning) sets them, and static W8A8 scales need calibration.
+
     Layers that are already ``CompressedLinear`` get the new configs added (so a pruning plan and a
-    quantization plan compose); conflicting configs raise ``ValueError``.
+    quantization plan compose); conflicting configs raise ``ValueError``. A ``Conv1D`` is taken as
+    the ``nn.Linear`` it is, with a transposed copy of its weight (build optimizers afterwards;
+    :mod:`compress.nn.conv1d`); the number of such layers is logged.
 
     All or nothing: every target is checked before any is changed, and should building or swapping
     a layer still fail, the model is put back as it was (same module at every name, same configs
@@ -234,16 +334,22 @@ def prepare(model: nn.Module, plan) -> nn.Module:
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model: expected an nn.Module, got {type(model).__name__}")
+    if not isinstance(fake_quant, bool):
+        raise TypeError(f"fake_quant: expected a bool, got {type(fake_quant).__name__}")
     targets = as_plan(plan).targets(model)
     if not targets:
-        names = _linear_names(model)
-        raise ValueError(f"plan matched no eligible linear layer; the model's linear layers are {names[:20]}"
-                         f"{' ...' if len(names) > 20 else ''}{_other_matrix_modules(model)}")
+        names = linear_layer_names(model)
+        raise ValueError(f"plan matched no eligible linear layer; the model's linear layers (nn.Linear, Conv1D) "
+                         f"are {names[:20]}{' ...' if len(names) > 20 else ''}{_other_matrix_modules(model)}")
+    if fake_quant and not any(split_configs(list(configs))[0] is not None for configs in targets.values()):
+        raise ValueError("prepare: fake_quant=True needs a quantization config (W8A8Config, W4A16Config or W8A16Config) in the "
+                         "plan; it has block sparsity only")
     # 1. check every target before touching any.
     for name, configs in targets.items():
         module = model.get_submodule(name)
-        if isinstance(module, CompressedLinear):
+        if isinstance(module, (CompressedLinear, CompressedExperts)):
             _layer_step(name, "prepare", _check_additions, name, module, configs)
+    from_conv1d = sum(is_conv1d(model.get_submodule(name)) for name in targets)
     # 2. build and swap, undoing everything if a later layer still fails.
     rollback = _Rollback(model)
     try:
@@ -253,6 +359,15 @@ def prepare(model: nn.Module, plan) -> nn.Module:
             if isinstance(module, CompressedLinear):
                 rollback.keep_state(module)
                 _layer_step(name, "prepare", module.add_configs, list(configs))
+            elif isinstance(module, CompressedExperts):
+                for layer in module.layers():
+                    rollback.keep_state(layer)
+                _layer_step(name, "prepare", module.add_configs, list(configs))
+            elif is_fused_experts(module):
+                rollback.keep_weight_hooks(module.gate_up_proj)
+                rollback.keep_weight_hooks(module.down_proj)
+                new = _layer_step(name, "prepare", CompressedExperts, module, list(configs))
+                replace_submodule(model, name, new)
             else:
                 rollback.keep_weight_hooks(module.weight)
                 new = _layer_step(name, "prepare", CompressedLinear.from_float, module, list(configs))
@@ -260,8 +375,31 @@ def prepare(model: nn.Module, plan) -> nn.Module:
     except BaseException:
         rollback.restore()
         raise
-    logger.info("prepare: %d layers set up for compression", len(targets))
+    if fake_quant:
+        for layer in as_plan(plan).prepared_layers(model).values():  # experts' layers too
+            if layer.quant_config is not None:
+                layer.enable_fake_quant(True)
+    experts = sum(isinstance(model.get_submodule(name), CompressedExperts) for name in targets)
+    logger.info("prepare: %d layers and %d experts blocks set up for compression (fake quantization %s)",
+                len(targets) - experts, experts, "on" if fake_quant else "off until a schedule starts it")
+    compressed, total = prepared_matrix_weights(model), matrix_weights(model)
+    logger.info("prepare: prepared layers hold %.1f%% of the model's matrix weights (%d of %d, embeddings and "
+                "heads included)", 100 * compressed / max(total, 1), compressed, total)
+    if from_conv1d:
+        logger.info("prepare: %d transformers Conv1D layers converted to nn.Linear (weights transposed)", from_conv1d)
     return model
+
+
+def matrix_weights(model: nn.Module) -> int:
+    """Number of weights in ``model``'s Parameters of two or more dimensions (each tied one counted once):
+    linear layers, embeddings, fused 3-D expert weights."""
+    return sum(p.numel() for p in model.parameters() if p.dim() >= 2)
+
+
+def prepared_matrix_weights(model: nn.Module) -> int:
+    """Number of weights held by ``model``'s prepared layers and experts blocks."""
+    weights = {id(m.weight_parameter): m.weight_parameter for m in compressed_layers(model).values()}
+    return sum(w.numel() for w in weights.values())
 
 
 def _layer_step(name: str, step: str, function, *args):
@@ -344,7 +482,11 @@ def convert(model: nn.Module, plan=None, calibration_data=None) -> nn.Module:
     """
     rollback = _Rollback(model)
     for name, module in model.named_modules():
-        if name and isinstance(module, nn.Linear):
+        if isinstance(module, CompressedExperts):  # listed before its layers: restored first
+            rollback.keep_module(name)
+            rollback.keep_weight_hooks(module.gate_up_proj)
+            rollback.keep_weight_hooks(module.down_proj)
+        if name and is_linear_or_conv1d(module):
             rollback.keep_module(name)
             rollback.keep_weight_hooks(module.weight)
             if isinstance(module, CompressedLinear):
@@ -389,6 +531,8 @@ def _convert(model: nn.Module, plan, calibration_data, rollback: _Rollback) -> N
         to_prune = config is not None and config.sparsity != 0 and bool(layer.mask.all())
         if to_prune or needs_calibration or name in gptq:
             rollback.keep_values(layer, parameters=to_prune or smoothing or name in gptq)
+            if to_prune and isinstance(layer, ExpertLinear):  # its weight is a view of the block's Parameter
+                rollback.keep_values(model.get_submodule(experts_module_name(name)))
     if smoothing:
         for module in model.modules():
             own = list(module.parameters(recurse=False))
@@ -402,4 +546,8 @@ def _convert(model: nn.Module, plan, calibration_data, rollback: _Rollback) -> N
     exported = {name: _layer_step(name, "convert", export_module, name, layer) for name, layer in layers.items()}
     for name, module in exported.items():
         replace_submodule(model, name, module)
-    logger.info("convert: %d layers exported", len(layers))
+    experts = compressed_experts(model)
+    for name, block in experts.items():
+        replace_submodule(model, name, _layer_step(name, "convert", block.to_inference))
+    logger.info("convert: %d layers exported (%d of them expert layers of %d experts blocks)", len(layers),
+                sum(isinstance(layer, ExpertLinear) for layer in layers.values()), len(experts))

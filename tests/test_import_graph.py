@@ -10,9 +10,11 @@ Asserted:
 
 * no cycle (the message lists the modules of the first one found);
 * ``compress_kernels`` never imports ``compress``;
-* the layers of ``compress/``: ``core`` (math on tensors) reaches no ``nn``, ``lightning``, ``eval``
-  or the CLI, even through other modules; ``nn`` (module swaps) reaches no ``lightning``, ``eval``
-  or the CLI; ``eval`` reaches no ``lightning`` or the CLI.
+* the layers of ``compress/``: ``core`` (math on tensors) reaches no ``nn``, ``schedule``,
+  ``integrations``, ``lightning``, ``eval`` or the CLI, even through other modules; ``nn`` (module
+  swaps) reaches none of those but ``core``; ``schedule`` (training-aware steps for any loop) reaches
+  no ``integrations``, ``lightning``, ``eval`` or the CLI; ``eval`` reaches no ``integrations``,
+  ``lightning`` or the CLI.
 """
 from __future__ import annotations
 
@@ -24,9 +26,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = {"compress": ROOT / "compress", "compress_kernels": ROOT / "kernels"}
 FORBIDDEN_LAYERS = {
-    "core": {"nn", "lightning", "eval", "cli"},
-    "nn": {"lightning", "eval", "cli"},
-    "eval": {"lightning", "cli"},
+    "core": {"nn", "schedule", "integrations", "lightning", "eval", "cli"},
+    "nn": {"schedule", "integrations", "lightning", "eval", "cli"},
+    "schedule": {"integrations", "lightning", "eval", "cli"},
+    "eval": {"integrations", "lightning", "cli"},
 }
 
 
@@ -123,11 +126,12 @@ def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
 
 
 def layer(module: str) -> str | None:
-    """``core`` / ``nn`` / ``lightning`` / ``eval`` / ``cli`` for a module of ``compress``, else None."""
+    """``core`` / ``nn`` / ``schedule`` / ``integrations`` / ``lightning`` / ``eval`` / ``cli`` for a module
+    of ``compress``, else None."""
     parts = module.split(".")
     if parts[0] != "compress" or len(parts) < 2:
         return None
-    return parts[1] if parts[1] in {"core", "nn", "lightning", "eval", "cli"} else None
+    return parts[1] if parts[1] in {"core", "nn", "schedule", "integrations", "lightning", "eval", "cli"} else None
 
 
 @pytest.fixture(scope="module")

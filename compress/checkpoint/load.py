@@ -31,10 +31,12 @@ from torch import nn
 from compress.checkpoint.manifest import MANIFEST, TENSORS, CheckpointError, read_manifest, verify_files
 from compress.checkpoint.safe_write import checkpoint_path, recover
 from compress.configs import config_from_dict
+from compress.nn.experts import QuantizedExperts
 from compress.nn.modules import INFERENCE_MODULES, BSRLinear, BSRW8A8Linear, W4A16Linear, W8A8Linear, W8A16Linear
 from compress.plan import replace_submodule
 
 logger = logging.getLogger(__name__)
+ALIGNMENT = 64  # bytes: the CPU allocator's alignment
 
 
 def _load_tensors(directory: pathlib.Path, manifest: dict) -> dict[str, torch.Tensor]:
@@ -54,6 +56,9 @@ def _load_tensors(directory: pathlib.Path, manifest: dict) -> dict[str, torch.Te
         got = {"dtype": str(tensors[name].dtype).removeprefix("torch."), "shape": list(tensors[name].shape)}
         if got != spec:
             raise CheckpointError(f"{tensor_path}: tensor {name!r}: expected {spec}, got {got}")
+    # safetensors hands out views at the file's byte offsets; a copy at an aligned address makes the
+    # loaded model compute bit for bit what the saved one did (CPU kernels pick paths by alignment)
+    tensors = {name: t if t.data_ptr() % ALIGNMENT == 0 else t.clone() for name, t in tensors.items()}
     for alias, stored in manifest.get("aliases", {}).items():
         tensors[alias] = tensors[stored]
     return tensors
@@ -120,12 +125,35 @@ def _empty_module(entry: dict) -> nn.Module:
 
 
 def _swap_in_layers(model: nn.Module, layers: dict) -> None:
-    for name, entry in layers.items():
+    """Empty inference modules at the manifest's layer names; experts blocks first, since their experts'
+    layers live inside them."""
+    ordered = sorted(layers.items(), key=lambda item: item[1].get("module") != "QuantizedExperts")
+    for name, entry in ordered:
         try:
-            model.get_submodule(name)
+            current = model.get_submodule(name)
         except AttributeError:
             raise CheckpointError(f"manifest layer {name!r} does not exist in the rebuilt model") from None
-        replace_submodule(model, name, _empty_module(entry))
+        if entry.get("module") == "QuantizedExperts":
+            replace_submodule(model, name, _empty_experts(name, entry, current))
+        else:
+            replace_submodule(model, name, _empty_module(entry))
+
+
+def _empty_experts(name: str, entry: dict, experts: nn.Module) -> QuantizedExperts:
+    """A :class:`QuantizedExperts` skeleton for the rebuilt model's experts block ``experts``, after checking
+    it has the manifest entry's sizes."""
+    try:
+        module = QuantizedExperts.empty_like(experts)
+    except (ValueError, AttributeError) as error:
+        raise CheckpointError(f"manifest layer {name!r}: the rebuilt model's {type(experts).__name__} cannot hold "
+                              f"quantized experts: {error}") from None
+    got = {"num_experts": module.num_experts, "in_features": module.hidden_dim,
+           "intermediate_size": module.intermediate_dim}
+    want = {key: entry[key] for key in got}
+    if got != want:
+        raise CheckpointError(f"manifest layer {name!r}: expected an experts block of {want}, the rebuilt model has "
+                              f"{got}")
+    return module
 
 
 def _check_against_model(directory: pathlib.Path, model: nn.Module, tensors: dict, manifest: dict) -> None:

@@ -7,7 +7,10 @@
     files           {"model.safetensors": sha256, "config.json": sha256 (transformers models only)}
     model           how to rebuild the model: {"kind": "transformers", "architecture": class name}
                     or {"kind": "module", "class_path": ...} (the caller passes a skeleton)
-    layers          {layer name: inference module + in/out features, bias, config, nnz, block, smoothing}
+    layers          {layer name: inference module + in/out features, bias, config, nnz, block, smoothing};
+                    an experts block (QuantizedExperts) is an entry of its own (num_experts,
+                    intermediate_size; in/out features the hidden size) listed with its experts' layers
+                    (``<block>.gate_up.<e>``, ``<block>.down.<e>``)
     tensors         {name: {"dtype", "shape"}} of every tensor stored in model.safetensors
     aliases         {alias: stored name} of tied weights, stored once
     digest          sha256 of the manifest's canonical JSON without this field
@@ -37,6 +40,7 @@ import re
 from torch import nn
 
 from compress.configs import config_from_dict
+from compress.nn.experts import QuantizedExperts
 from compress.nn.modules import INFERENCE_MODULES, BSRLinear, BSRW8A8Linear, W4A16Linear, W8A8Linear, W8A16Linear
 
 logger = logging.getLogger(__name__)
@@ -45,6 +49,7 @@ FORMAT_VERSION = 2
 READABLE_VERSIONS = (1, 2)
 FORMAT_MARKER = "compress-checkpoint"  # manifest["format"]: what makes a directory a checkpoint of ours
 MANIFEST, TENSORS, MODEL_CONFIG = "manifest.json", "model.safetensors", "config.json"
+MANIFEST_MODULES = {**INFERENCE_MODULES, "QuantizedExperts": QuantizedExperts}  # module types the manifest lists
 
 
 class CheckpointError(ValueError):
@@ -67,7 +72,11 @@ def manifest_digest(manifest: dict) -> str:
 
 
 def layer_entry(module: nn.Module) -> dict:
-    """The manifest entry of one inference module: what rebuilds it empty before its tensors load."""
+    """The manifest entry of one inference module (or experts block): what rebuilds it empty before its
+    tensors load."""
+    if isinstance(module, QuantizedExperts):
+        return {"module": "QuantizedExperts", "in_features": module.hidden_dim, "out_features": module.hidden_dim,
+                "bias": False, "num_experts": module.num_experts, "intermediate_size": module.intermediate_dim}
     entry = {"module": type(module).__name__, "in_features": module.in_features,
              "out_features": module.out_features, "bias": module.bias is not None}
     if isinstance(module, (W8A8Linear, W4A16Linear, W8A16Linear, BSRW8A8Linear)):
@@ -147,6 +156,7 @@ _LAYER_FIELDS = {  # inference module -> {field: type} its manifest entry needs 
     "W8A16Linear": {"config": dict},
     "BSRLinear": {"nnz": int, "block": int},
     "BSRW8A8Linear": {"config": dict, "smoothing": bool, "nnz": int, "block": int},
+    "QuantizedExperts": {"num_experts": int, "intermediate_size": int},
 }
 
 
@@ -215,9 +225,9 @@ def _check_manifest(manifest_path: pathlib.Path, manifest: dict) -> None:
         where = f"layers.{name}"
         if not isinstance(entry, dict):
             fail(where, "an object", entry)
-        module = need(entry, "module", f"{where}.module", str, f"one of {tuple(INFERENCE_MODULES)}")
+        module = need(entry, "module", f"{where}.module", str, f"one of {tuple(MANIFEST_MODULES)}")
         if module not in _LAYER_FIELDS:
-            fail(f"{where}.module", f"one of {tuple(INFERENCE_MODULES)}", module)
+            fail(f"{where}.module", f"one of {tuple(MANIFEST_MODULES)}", module)
         for key in ("in_features", "out_features"):
             if need(entry, key, f"{where}.{key}", int, "a positive integer") <= 0:
                 fail(f"{where}.{key}", "a positive integer", entry[key])

@@ -20,6 +20,7 @@ from compress.checkpoint.manifest import (
     FORMAT_MARKER,
     FORMAT_VERSION,
     MANIFEST,
+    MANIFEST_MODULES,
     MODEL_CONFIG,
     TENSORS,
     file_sha256,
@@ -28,7 +29,6 @@ from compress.checkpoint.manifest import (
 )
 from compress.checkpoint.safe_write import check_save_target, fsync_path, replace_directory
 from compress.nn.fusion import is_fused
-from compress.nn.modules import INFERENCE_MODULES
 from compress.nn.qat import compressed_layers
 
 logger = logging.getLogger(__name__)
@@ -76,7 +76,7 @@ def _write_directory(model: nn.Module, directory: pathlib.Path) -> None:
         "format_version": FORMAT_VERSION,
         "files": files,
         "model": source,
-        "layers": {name: layer_entry(m) for name, m in model.named_modules() if type(m).__name__ in INFERENCE_MODULES},
+        "layers": {name: layer_entry(m) for name, m in model.named_modules() if type(m).__name__ in MANIFEST_MODULES},
         "tensors": {name: {"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape)} for name, t in stored.items()},
         "aliases": aliases,
     }

@@ -65,7 +65,7 @@ def _check_2d(where: str, w: torch.Tensor) -> None:
 def block_scores(w: torch.Tensor, block: int = 32, score: str = "magnitude") -> torch.Tensor:
     """(N, K) -> (N/b, K/b) float32 block importance (see the module docstring)."""
     if score in ("movement", "fisher"):
-        raise ValueError(f"score: {score!r} needs gradients from training (compress.lightning.callbacks.BlockPruning); "
+        raise ValueError(f"score: {score!r} needs gradients from training (compress.PruningSchedule); "
                          f"weight-only scoring expects one of {SCORES}")
     if score not in SCORES:
         raise ValueError(f"score: expected one of {SCORES}, got {score!r}")

@@ -44,6 +44,7 @@ from tqdm.auto import tqdm
 from compress.eval.metrics import metrics_for
 from compress.eval.report import LatencyPoint, ModelResult
 from compress.eval.timing import capture_graph, median_ms, replay_ms, synchronize
+from compress.nn.conv1d import is_linear_or_conv1d
 from compress.nn.fusion import SiblingGroup, fuse_siblings
 from compress.nn.input_quant import link_quantized_inputs, linked_layers, takes_handed_input
 from compress.nn.modules import is_inference_module
@@ -106,12 +107,12 @@ class EvalOptions:
 
 
 def linear_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """``nn.Linear`` layers and compressed inference modules (outermost only)."""
+    """``nn.Linear`` (and transformers ``Conv1D``) layers and compressed inference modules (outermost only)."""
     found, inside = [], set()
     for name, module in model.named_modules():
         if any(name.startswith(prefix + ".") for prefix in inside):
             continue
-        if isinstance(module, nn.Linear) or is_inference_module(module):
+        if is_linear_or_conv1d(module) or is_inference_module(module):
             found.append((name, module))
             inside.add(name)
     return found

@@ -202,7 +202,8 @@ class _TransformersTask(pl.LightningModule):
         for name, parameter in self.model.named_parameters():
             if not parameter.requires_grad:
                 continue
-            (no_decay if parameter.dim() < 2 else decay).append(parameter)
+            scale = name.endswith("weight_scale")  # a learnable (LSQ) quantization scale: never decayed
+            (no_decay if parameter.dim() < 2 or scale else decay).append(parameter)
         optimizer = torch.optim.AdamW(
             [
                 {"params": decay, "weight_decay": self.hparams.weight_decay},

@@ -3,10 +3,13 @@
 ``CompressedLinear.from_float(linear, configs)`` shares ``linear``'s ``weight`` / ``bias``
 Parameters (an optimizer built before the swap keeps working) and holds:
 
+* ``from_conv1d`` (bool attribute): the layer was a transformers ``Conv1D`` (GPT-2 family), taken
+  with a transposed copy of its weight, (N, K), and its own bias (:mod:`compress.nn.conv1d`; an
+  optimizer must be built after the swap); :meth:`to_float` then gives a ``Conv1D`` back.
 * ``mask`` (N/32, K/32) bool buffer when a :class:`BlockSparseConfig` is present (all True until
   a pruning step sets it), else None. The forward uses ``W * expand(mask)``; a gradient hook zeroes
   the gradient of pruned weights and :meth:`apply_mask_` (called after every optimizer step by the
-  pruning callback) writes exact zeros, so AdamW's momentum and weight decay cannot revive them.
+  pruning schedule) writes exact zeros, so AdamW's momentum and weight decay cannot revive them.
 * ``observer`` (:mod:`compress.core.observers`) and ``act_scale`` () float32 buffer for W8A8 layers;
   ``act_scale`` 0 means "not calibrated"; ``input_smoothing`` (K,) float32 buffer (SmoothQuant
   factors that no norm absorbed; ones by default).
@@ -15,8 +18,8 @@ Parameters (an optimizer built before the swap keeps working) and holds:
 * After GPTQ (:meth:`set_quantized_weight`): ``weight`` holds the dequantized values ``q * s`` and
   ``weight_scale`` their scales ``s`` (the LSQ Parameter takes them, else a float32 buffer of that
   name), so the fake-quantized forward and the export both give back exactly GPTQ's ``q`` and ``s``.
-* ``fake_quant_enabled`` (bool attribute): off until a QAT callback (or :func:`compress.convert`'s
-  post-training path) switches it on.
+* ``fake_quant_enabled`` (bool attribute): off until a QAT schedule (or ``prepare(..., fake_quant=True)``,
+  or :func:`compress.convert`'s post-training path) switches it on.
 
 Forward (the numerical contract: the exported module computes the same function)::
 
@@ -48,6 +51,7 @@ from compress.core.quant import (
     per_channel_scale,
 )
 from compress.core.sparsity import block_grid, expand_mask
+from compress.nn.conv1d import conv1d_from_linear, is_conv1d, linear_from_conv1d
 from compress.nn.modules import padded_in_features
 
 logger = logging.getLogger(__name__)
@@ -87,20 +91,26 @@ class CompressedLinear(Float32Buffers, nn.Linear):
         self.add_configs(configs)
 
     @classmethod
-    def from_float(cls, linear: nn.Linear, configs) -> "CompressedLinear":
-        """Wrap ``linear`` sharing its Parameters (no copy)."""
+    def from_float(cls, linear: nn.Module, configs) -> "CompressedLinear":
+        """Wrap ``linear`` sharing its Parameters (no copy). A transformers ``Conv1D`` is taken as the
+        linear layer it is: a transposed copy of its weight, its own bias (:func:`linear_from_conv1d`)."""
+        from_conv1d = is_conv1d(linear)
+        if from_conv1d:
+            linear = linear_from_conv1d(linear)
         if not isinstance(linear, nn.Linear):
-            raise TypeError(f"from_float: expected an nn.Linear, got {type(linear).__name__}")
+            raise TypeError(f"from_float: expected an nn.Linear or a transformers Conv1D, got {type(linear).__name__}")
         module = cls.__new__(cls)
         nn.Module.__init__(module)
         module.in_features, module.out_features = linear.in_features, linear.out_features
         module.weight = linear.weight
         module.register_parameter("bias", linear.bias)
         module._init_state()
+        module.from_conv1d = from_conv1d
         module.add_configs(configs)
         return module
 
     def _init_state(self) -> None:
+        self.from_conv1d = False
         self.quant_config, self.sparse_config = None, None
         self.fake_quant_enabled = False
         self.observing = False
@@ -146,6 +156,16 @@ class CompressedLinear(Float32Buffers, nn.Linear):
 
     def _mask_gradient(self, grad: torch.Tensor) -> torch.Tensor:
         return grad if self.mask is None else grad * self._element_mask().to(grad.dtype)
+
+    @property
+    def weight_parameter(self) -> nn.Parameter:
+        """The Parameter the optimizer updates for this layer's weight (``weight`` itself; an expert's
+        layer answers its 3-D Parameter, :class:`compress.nn.experts.ExpertLinear`)."""
+        return self.weight
+
+    def weight_grad(self) -> torch.Tensor | None:
+        """The gradient of ``weight`` (N, K), None before a backward."""
+        return self.weight.grad
 
     def masked_weight(self) -> torch.Tensor:
         """``weight * mask`` (differentiable; the plain weight without a mask)."""
@@ -287,15 +307,19 @@ class CompressedLinear(Float32Buffers, nn.Linear):
         bias = None if self.bias is None else self.bias.float()
         return F.linear(x_fq, w_fq, bias).to(x.dtype)
 
-    def to_float(self) -> nn.Linear:
-        """A plain ``nn.Linear`` sharing this layer's Parameters (the masked zeros stay in the weight)."""
+    def to_float(self) -> nn.Module:
+        """A plain ``nn.Linear`` sharing this layer's Parameters (the masked zeros stay in the weight);
+        for a layer that was a ``Conv1D``, a ``Conv1D`` again (the weight a transposed copy, the bias
+        shared), so a saved float model keeps the layout its architecture rebuilds."""
         self.apply_mask_()
+        if self.from_conv1d:
+            return conv1d_from_linear(self.weight, self.bias)
         linear = nn.Linear(self.in_features, self.out_features, bias=self.bias is not None, device="meta")
         linear.weight, linear.bias = self.weight, self.bias
         return linear
 
     def extra_repr(self) -> str:
-        parts = [super().extra_repr()]
+        parts = [super().extra_repr()] + (["from Conv1D"] if self.from_conv1d else [])
         if self.quant_config is not None:
             parts.append(f"quant={self.quant_config}, fake_quant={'on' if self.fake_quant_enabled else 'off'}")
         if self.sparse_config is not None:

@@ -13,6 +13,11 @@ batch and the baseline's as ``dense_latency_ms`` (same report, same device), ``c
 metric and the speed figure, ``source`` (commit, report path, model dir) and no note. One seed: the
 recipes' ``seed_everything``. Targets: ``variant=limit``, in percent for a perplexity (lower is
 better) and in points for an accuracy.
+
+``--rerun variant=REPORT``: a recipe whose settings changed after the joint report, run again on its
+own (``compress run``: its report holds the run's float weights and the compressed model). That
+run counts for the metric (its note: ``--rerun-note``); the joint report's run of the variant then
+counts only for speed (note: ``--speed-note``), since the same layers run the same kernels.
 """
 from __future__ import annotations
 
@@ -73,6 +78,30 @@ def family(report_path: Path, recipe_prefix: str, commit: str, targets: dict[str
             "target_unit": "points" if base.higher_is_better else "percent", "runs": runs}
 
 
+def apply_reruns(data: dict, reruns: dict[str, Path], commit: str, rerun_note: str, speed_note: str) -> None:
+    """Add each rerun's compressed model as the variant's metric run (module docstring), in place."""
+    metric = data["metric"]
+    for variant, path in reruns.items():
+        joint = [r for r in data["runs"] if r["variant"] == variant]
+        if len(joint) != 1:
+            raise ValueError(f"--rerun {variant}: expected one run of it in the joint report, found {len(joint)}")
+        report = read_json(path)
+        compressed = [m for m in report.models if m is not report.baseline]
+        if len(compressed) != 1:
+            raise ValueError(f"--rerun {variant}: expected {path} to hold one compressed model besides the "
+                             f"baseline, got {[m.name for m in compressed]}")
+        model, first = compressed[0], joint[0]
+        first["counts_for"], first["note"] = ["speed"], speed_note
+        data["runs"].append({
+            **{k: first[k] for k in ("variant", "recipe", "seed", "steps")}, metric: model.metrics[metric],
+            "latency_ms": {str(p.batch_size): round(p.latency_ms, 4) for p in model.latency},
+            "dense_latency_ms": {str(p.batch_size): round(p.latency_ms, 4) for p in report.baseline.latency},
+            "linear_weight_bytes": model.linear_weight_bytes, "counts_for": ["metric"],
+            "source": {"commit": commit, "report": str(path), "model": model.source or model.name},
+            "note": rerun_note,
+        })
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m scripts.bench.quality_family", description=__doc__.split("\n")[0])
     parser.add_argument("--report", type=Path, required=True, help="a compress evaluate report.json, dense first")
@@ -81,10 +110,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--targets", nargs="*", default=[], help="variant=limit (percent or points)")
     parser.add_argument("--family", required=True, help="the family's name (the page's)")
     parser.add_argument("--description", required=True, help="one sentence: model, data, how it was measured")
+    parser.add_argument("--rerun", nargs="*", default=[], help="variant=report.json of a recipe run again on its own")
+    parser.add_argument("--rerun-commit", default=None, help="the commit the reruns measured")
+    parser.add_argument("--rerun-note", default="", help="the note on each rerun")
+    parser.add_argument("--speed-note", default="", help="the note on a rerun variant's joint-report run")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     data = family(args.report, args.recipe_prefix, args.commit, parse_targets(args.targets), args.family,
                   args.description)
+    reruns = {}
+    for item in args.rerun:
+        variant, sep, path = item.partition("=")
+        if not sep or not variant or not path:
+            raise ValueError(f"--rerun: expected variant=report.json, got {item!r}")
+        reruns[variant] = Path(path)
+    if reruns and not (args.rerun_commit and args.rerun_note and args.speed_note):
+        raise ValueError("--rerun needs --rerun-commit, --rerun-note and --speed-note")
+    apply_reruns(data, reruns, args.rerun_commit, args.rerun_note, args.speed_note)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(data, indent=2) + "\n")
     print(f"wrote {args.out}: {len(data['runs'])} runs")

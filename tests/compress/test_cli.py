@@ -286,6 +286,25 @@ def test_group_size_that_does_not_divide_in_features_pads_with_a_warning(scheme,
                      rf"channels to 128 \(100% more {bits} weights there\)", caplog.text)
 
 
+def test_recipe_checks_read_the_sizes_of_gpt2_conv1d_layers(caplog):
+    """Conv1D holds its weight as (in, out): the checks read (in, out) from nx / nf, before prepare."""
+    from torch import nn
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from compress.lightning.callbacks import BlockPruning, QuantizationAware
+
+    task = nn.Module()
+    task.model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=16, n_embd=48, n_layer=1, n_head=2))
+    callbacks = [QuantizationAware(config=compress.W4A16Config(group_size=128)), BlockPruning(sparsity=0.5)]
+    with caplog.at_level(logging.WARNING, logger="compress.cli"):
+        check_recipe(task, callbacks)
+    assert ("group_size=128 does not divide in_features=48 of layer 'transformer.h.0.attn.c_attn': K is padded "
+            "with zero channels to 128") in caplog.text
+    assert "layer 'transformer.h.0.attn.c_attn' (144x48) is not a multiple of 32 blocks" in caplog.text
+    with pytest.raises(ValueError, match=r"linear layers \(nn.Linear, Conv1D\): \['transformer.h.0.attn.c_attn'"):
+        check_recipe(task, [QuantizationAware(plan={"nothing.*": compress.W8A8Config()})])
+
+
 def test_usage_and_unknown_command(capsys):
     assert run_command(["--help"]) == 0
     assert "compress run" in capsys.readouterr().out

@@ -77,15 +77,34 @@ def test_a_linear_tied_to_an_embedding_stays_dense_with_a_log_line(caplog):
     assert model.proj_out.weight is model.embed.weight and torch.equal(model.embed.weight, table)
 
 
-def test_a_plan_matching_nothing_names_the_matrix_layers_of_other_types():
+def test_a_plan_matching_nothing_lists_conv1d_among_the_linear_layers():
     from transformers import GPT2Config, GPT2LMHeadModel
 
     model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=16, n_embd=32, n_layer=1, n_head=2))
     with pytest.raises(ValueError) as error:
-        compress.prepare(model, W8A8Config())
+        compress.prepare(model, {"nothing.*": W8A8Config()})
     message = str(error.value)
-    assert "the model's linear layers are ['lm_head']" in message
-    assert "other types, which plans do not target: Conv1D x4 (e.g. 'transformer.h.0.attn.c_attn')" in message
+    assert ("the model's linear layers (nn.Linear, Conv1D) are ['transformer.h.0.attn.c_attn', "
+            "'transformer.h.0.attn.c_proj', 'transformer.h.0.mlp.c_fc', 'transformer.h.0.mlp.c_proj', 'lm_head']"
+            in message)
+    assert "other types" not in message
+
+
+def test_a_plan_matching_nothing_names_the_matrix_layers_of_other_types():
+    class Transposed(nn.Module):  # a matrix layer of a type plans do not target
+        def __init__(self):
+            super().__init__()
+            self.weight = nn.Parameter(torch.randn(64, 32))
+
+        def forward(self, x):
+            return x @ self.weight
+
+    model = nn.Sequential(Transposed(), Transposed(), nn.Linear(32, 8))
+    with pytest.raises(ValueError) as error:
+        compress.prepare(model, {"nothing.*": W8A8Config()})
+    message = str(error.value)
+    assert "the model's linear layers (nn.Linear, Conv1D) are ['2']" in message
+    assert "other types, which plans do not target: Transposed x2 (e.g. '0')" in message
 
 
 def test_prepare_composes_pruning_and_quantization():
@@ -177,6 +196,31 @@ def test_sparse_w8a8_export_stores_only_the_kept_blocks_as_int8():
         assert torch.equal(weight, dense[name].dequantized_weight())  # the int8 weight W8A8Linear would hold
         x = torch.randn(5, module.in_features)
         assert torch.equal(module(x), dense[name](x))
+
+
+def test_prepare_with_fake_quant_trains_the_function_convert_exports():
+    model = compress.prepare(_model(), {"up": W4A16Config(32), "down": W8A8Config()}, fake_quant=True)
+    assert model.up.fake_quant_enabled and model.down.fake_quant_enabled
+    assert not compress.prepare(_model(), W8A8Config()).down.fake_quant_enabled  # the default: off
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    for step in range(3):
+        model(_ids(step)).pow(2).mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    ids = _ids(9)
+    with torch.no_grad():
+        trained = model(ids)
+        compress.convert(model)
+        torch.testing.assert_close(model(ids), trained, atol=1e-3, rtol=1e-3)
+
+
+@pytest.mark.parametrize("plan, fake_quant, error, fragment", [
+    (BlockSparseConfig(0.5), True, ValueError, "needs a quantization config"),
+    (W8A8Config(), "yes", TypeError, "fake_quant: expected a bool"),
+])
+def test_prepare_fake_quant_errors(plan, fake_quant, error, fragment):
+    with pytest.raises(error, match=fragment):
+        compress.prepare(_model(), plan, fake_quant=fake_quant)
 
 
 def test_static_w8a8_agreement_and_missing_calibration():

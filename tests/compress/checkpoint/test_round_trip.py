@@ -53,6 +53,14 @@ def test_w8a16_round_trip_is_bit_identical(config, tmp_path):
     assert torch.equal(model(x), loaded(x))
 
 
+def test_loaded_tensors_sit_at_aligned_addresses(tmp_path):
+    model = _converted_mlp()  # int8, int32 and float tensors of odd byte sizes: the file's offsets are not aligned
+    compress.save_compressed(model, tmp_path / "c")
+    loaded = compress.load_compressed(tmp_path / "c", model=_skeleton())
+    offsets = {name: t.data_ptr() % 64 for name, t in loaded.state_dict().items() if t.numel()}
+    assert offsets and set(offsets.values()) == {0}, offsets
+
+
 def test_fp16_model_keeps_its_dtypes(tmp_path):
     model = _converted_mlp().half()
     compress.save_compressed(model, tmp_path / "c")

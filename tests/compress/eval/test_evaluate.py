@@ -47,6 +47,14 @@ def test_weight_memory_counts_linear_layers_and_the_whole_model():
     assert total == linear + 10 * 4 * 4
 
 
+def test_weight_memory_counts_transformers_conv1d_layers():
+    from transformers.pytorch_utils import Conv1D
+
+    linear, total = weight_memory(nn.Sequential(nn.Embedding(10, 4), Conv1D(8, 4)))  # GPT-2's layer, weight (4, 8)
+    assert linear == (4 * 8 + 8) * 4
+    assert total == linear + 10 * 4 * 4
+
+
 def test_weight_memory_of_a_w8a8_layer_is_int8_plus_scales():
     layer = compress.W8A8Linear.from_float(nn.Linear(64, 32))
     linear, total = weight_memory(nn.Sequential(layer))

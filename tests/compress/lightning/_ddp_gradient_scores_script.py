@@ -21,6 +21,6 @@ if __name__ == "__main__":
                          logger=False, enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False)
     trainer.fit(task, loader(seed_offset=0))
-    state = {name: {"mask": layer.mask.clone(), "sums": pruning.gradient_scores[name].clone()}
+    state = {name: {"mask": layer.mask.clone(), "sums": pruning.schedule.gradient_scores[name].clone()}
              for name, layer in compressed_layers(task.model).items()}
     torch.save(state, f"{out}/rank{trainer.global_rank}.pt")

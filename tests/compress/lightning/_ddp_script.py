@@ -7,10 +7,10 @@ import sys
 import lightning.pytorch as pl
 import torch
 
-import compress.lightning.callbacks as callbacks_module
 from compress.configs import W8A8Config
 from compress.lightning.callbacks import BlockPruning, Calibration, Export, QuantizationAware
 from compress.nn.qat import compressed_layers
+from compress.schedule import distributed
 from tests.compress.lightning.test_callbacks import TinyTask, loader
 
 if __name__ == "__main__":
@@ -24,13 +24,13 @@ if __name__ == "__main__":
                          logger=False, enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False)
     state = {}
-    sum_over_ranks = callbacks_module._sum_over_ranks
+    sum_over_ranks = distributed.sum_over_ranks
 
     def recording_sum(stats):
         sum_over_ranks(stats)
         state["gptq_tokens"] = {name: tokens for name, (_, tokens) in stats.items()}
 
-    callbacks_module._sum_over_ranks = recording_sum
+    distributed.sum_over_ranks = recording_sum
 
     class Snapshot(pl.Callback):
         def on_train_end(self, trainer, pl_module):  # before Export converts the layers at fit end

@@ -1,9 +1,11 @@
 """Tests for compress/lightning/callbacks.py: validation, a composed run (prune + QAT + calibration +
-export), the model they compress, the float snapshot, resume from a Lightning checkpoint, DDP on 2
-CPU processes, movement and Fisher scores (accumulation, schedule, state, resume, DDP), and YAML
+export), the same on GPT-2's Conv1D layers, the model they compress, the float snapshot, resume from a
+Lightning checkpoint, DDP on 2 CPU processes, movement and Fisher scores (accumulation, schedule, state,
+resume, DDP), YAML
 instantiation (jsonargparse; by class path, by the flat layout's ``compress.callbacks.X``, by short
-name)."""
+name), and the model they train being the one a plain loop with ``compress.CompressionSchedule`` trains."""
 import dataclasses
+import itertools
 import os
 import pathlib
 import subprocess
@@ -126,6 +128,48 @@ def test_composed_run_prunes_quantizes_calibrates_and_exports(tmp_path):
         assert torch.equal(loaded(x), task.model(x))
 
 
+def test_callbacks_train_and_export_the_conv1d_layers_of_gpt2(tmp_path):
+    """prepare runs in setup, before configure_optimizers: the optimizer holds the Linear copies of
+    GPT-2's Conv1D weights, so they train (and stay pruned), and the export reloads as GPT-2."""
+    transformers = pytest.importorskip("transformers")
+
+    class GPT2Task(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+                n_embd=64, n_layer=1, n_head=2, vocab_size=128, n_positions=32, bos_token_id=1, eos_token_id=2))
+
+        def training_step(self, batch, batch_idx):
+            return self.model(input_ids=batch[0], labels=batch[0]).loss
+
+        def configure_optimizers(self):
+            return torch.optim.AdamW(self.parameters(), lr=1e-2)
+
+    task = GPT2Task()
+    initial = task.model.transformer.h[0].mlp.c_fc.weight.detach().T.clone()
+    ids = torch.randint(3, 128, (16, 12), generator=torch.Generator().manual_seed(0))
+    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(ids), batch_size=4)
+    seen = {}
+
+    class Inspect(pl.Callback):
+        def on_train_end(self, trainer, pl_module):
+            layer = pl_module.model.transformer.h[0].mlp.c_fc
+            seen.update(from_conv1d=layer.from_conv1d, weight=layer.weight.detach().clone(), mask=layer.mask.clone())
+
+    callbacks = [BlockPruning(0.5, start_step=0, end_step=2, frequency=1), QuantizationAware(W8A8Config()),
+                 Export(str(tmp_path / "export"))]
+    _trainer(callbacks + [Inspect()], max_steps=4).fit(task, data)
+    kept = expand_mask(seen["mask"], seen["weight"].shape)
+    assert seen["from_conv1d"] and mask_sparsity(seen["mask"]) == pytest.approx(0.5)
+    assert (seen["weight"][~kept] == 0).all() and not torch.equal(seen["weight"][kept], initial[kept])
+    assert type(task.model.transformer.h[0].mlp.c_fc).__name__ == "BSRW8A8Linear"
+    loaded, exported = compress.load_compressed(tmp_path / "export"), task.model.eval()  # no dropout
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(input_ids=ids[:2]).logits, exported(input_ids=ids[:2]).logits,
+                                   atol=1e-6, rtol=1e-6)
+
+
 @pytest.mark.parametrize("config, module", [(W4A16Config(32, algorithm="gptq"), compress.W4A16Linear),
                                             (W8A16Config(128, algorithm="gptq"), compress.W8A16Linear)])
 def test_calibration_runs_gptq_at_train_end_and_export_stores_its_weights(config, module, tmp_path):
@@ -219,8 +263,8 @@ def test_resume_restores_schedule_and_masks(tmp_path):
             restored.update({name: (layer.mask.clone(), layer.act_scale.clone())
                              for name, layer in compressed_layers(pl_module.model).items()})
             restored["step"] = trainer.global_step
-            restored["pruning"] = trainer.callbacks[0].last_pruned_step
-            restored["calibration"] = trainer.callbacks[2].phase
+            restored["pruning"] = trainer.callbacks[0].schedule.last_pruned_step
+            restored["calibration"] = trainer.callbacks[2].schedule.phase
 
     resumed_task = TinyTask()
     resumed = _trainer(callbacks() + [Capture()], max_steps=10)
@@ -282,7 +326,7 @@ def test_movement_prunes_blocks_moving_towards_zero_on_schedule(accumulate):
     task = DirectionTask(weight, direction)
     _trainer([pruning, record], max_steps=5, accumulate_grad_batches=accumulate).fit(task, loader())
     assert torch.equal(task.model.proj.mask, away)
-    assert torch.allclose(pruning.gradient_scores["proj"], record.movement, rtol=1e-5)
+    assert torch.allclose(pruning.schedule.gradient_scores["proj"], record.movement, rtol=1e-5)
     previous = torch.ones(2, 2, dtype=torch.bool)
     for step, mask in record.masks:
         assert mask_sparsity(mask) == int(cubic_sparsity(step, 1, 3, 0.5) * 4) / 4
@@ -354,25 +398,26 @@ def test_movement_falls_back_to_magnitude_before_any_step():
     task = DirectionTask(weight, torch.ones(64, 64))
     _trainer([pruning], max_steps=1).fit(task, loader())
     assert torch.equal(task.model.proj.mask, block_mask(weight, 0.5))
-    assert not pruning.gradient_scores["proj"].any()  # that was the last re-scoring: nothing summed after it
+    assert not pruning.schedule.gradient_scores["proj"].any()  # that was the last re-scoring: nothing summed after it
 
 
 def test_movement_state_dict_round_trip_and_old_checkpoints():
     pruning = BlockPruning(score="movement")
-    pruning.last_pruned_step, pruning.gradient_scores = 7, {"up": torch.randn(4, 2), "down": torch.randn(2, 4)}
+    pruning.schedule.last_pruned_step = 7
+    pruning.schedule.gradient_scores = {"up": torch.randn(4, 2), "down": torch.randn(2, 4)}
     state = pruning.state_dict()
     restored = BlockPruning(score="movement")
     restored.load_state_dict(state)
-    assert restored.last_pruned_step == 7 and set(restored.gradient_scores) == {"up", "down"}
-    for name, scores in pruning.gradient_scores.items():
-        assert torch.equal(restored.gradient_scores[name], scores)
+    assert restored.schedule.last_pruned_step == 7 and set(restored.schedule.gradient_scores) == {"up", "down"}
+    for name, scores in pruning.schedule.gradient_scores.items():
+        assert torch.equal(restored.schedule.gradient_scores[name], scores)
         assert state["gradient_scores"][name].device.type == "cpu"
     old = BlockPruning(score="movement")
     old.load_state_dict({"last_pruned_step": 3})
-    assert old.last_pruned_step == 3 and old.gradient_scores == {}
+    assert old.schedule.last_pruned_step == 3 and old.schedule.gradient_scores == {}
     older = BlockPruning(score="movement")  # checkpoints written before Fisher scores used this key
     older.load_state_dict({"last_pruned_step": 5, "movement_scores": {"up": torch.ones(4, 2)}})
-    assert torch.equal(older.gradient_scores["up"], torch.ones(4, 2))
+    assert torch.equal(older.schedule.gradient_scores["up"], torch.ones(4, 2))
 
 
 class RecordFisher(pl.Callback):
@@ -383,7 +428,7 @@ class RecordFisher(pl.Callback):
         self.pruning, self.sums, self.terms = pruning, {}, {}
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-        self.sums[trainer.global_step] = self.pruning.gradient_scores["proj"].clone()
+        self.sums[trainer.global_step] = self.pruning.schedule.gradient_scores["proj"].clone()
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer):
         layer = pl_module.model.proj
@@ -402,7 +447,7 @@ def test_fisher_keeps_the_blocks_the_loss_depends_on_and_restarts_its_sums():
     assert torch.equal(block_mask(weight, 0.5), torch.tensor([[True, False], [True, False]]))
     for step in (1, 2, 3):  # each re-scoring saw the steps since the one before: here the last step
         assert torch.allclose(record.sums[step], record.terms[step - 1], rtol=1e-5)
-    assert not pruning.gradient_scores["proj"].any()  # restarted at step 3; nothing summed after the last
+    assert not pruning.schedule.gradient_scores["proj"].any()  # restarted at step 3; nothing summed after the last
 
 
 def test_resume_keeps_gradient_scores_and_masks(tmp_path):
@@ -414,7 +459,7 @@ def test_resume_keeps_gradient_scores_and_masks(tmp_path):
     trainer.fit(task, loader())
     ckpt = tmp_path / "mid.ckpt"
     trainer.save_checkpoint(ckpt)
-    saved_scores = {name: t.clone() for name, t in trainer.callbacks[0].gradient_scores.items()}
+    saved_scores = {name: t.clone() for name, t in trainer.callbacks[0].schedule.gradient_scores.items()}
     saved_masks = {name: layer.mask.clone() for name, layer in compressed_layers(task.model).items()}
     assert set(saved_scores) == {"up", "down"} and all(t.any() for t in saved_scores.values())
     assert 0 < mask_sparsity(saved_masks["up"]) < 0.5
@@ -425,7 +470,7 @@ def test_resume_keeps_gradient_scores_and_masks(tmp_path):
 
     class Capture(pl.Callback):
         def on_train_start(self, trainer, pl_module):
-            restored["scores"] = {n: t.clone() for n, t in trainer.callbacks[0].gradient_scores.items()}
+            restored["scores"] = {n: t.clone() for n, t in trainer.callbacks[0].schedule.gradient_scores.items()}
             restored["masks"] = {n: m.mask.clone() for n, m in compressed_layers(pl_module.model).items()}
 
     resumed_task = TinyTask()
@@ -519,3 +564,30 @@ def test_a_w8a16_config_in_yaml_is_named_by_its_class_path():
     """))).callbacks
     assert built[0].plan.rules["*up*"][0] == W8A16Config(group_size=128)
     assert built[0].plan.rules["*"][0] == W4A16Config(group_size=128)
+
+
+def test_the_callbacks_train_the_model_a_plain_loop_with_the_schedule_trains():
+    """The callbacks are Lightning's hooks around compress.schedule: the same steps give the same model."""
+    task = TinyTask()
+    callbacks = [BlockPruning(0.5, start_step=1, end_step=5, frequency=2, score="movement"),
+                 QuantizationAware(W8A8Config(activation="static"), start_step=2),
+                 Calibration(num_batches=2, smoothquant_alpha=0.5)]
+    _trainer(callbacks, max_steps=7).fit(task, loader())
+
+    plain = TinyTask()
+    model, optimizer = plain.model, plain.configure_optimizers()
+    schedule = compress.CompressionSchedule(
+        model, pruning=compress.PruningSchedule(0.5, start_step=1, end_step=5, frequency=2, score="movement"),
+        quantization=compress.QuantizationSchedule(W8A8Config(activation="static"), start_step=2),
+        calibration=compress.CalibrationSchedule(num_batches=2, smoothquant_alpha=0.5))
+    for x, y in itertools.islice(loader(), 7):
+        nn.functional.cross_entropy(model(x), y).backward()
+        schedule.before_optimizer_step(optimizer)
+        optimizer.step()
+        schedule.step()
+        optimizer.zero_grad()
+    for name, tensor in task.model.state_dict().items():
+        assert torch.equal(model.state_dict()[name], tensor), name
+    for name, total in callbacks[0].schedule.gradient_scores.items():
+        assert torch.equal(schedule.pruning.gradient_scores[name], total), name
+    assert callbacks[2].schedule.phase == schedule.calibration.phase == "done"

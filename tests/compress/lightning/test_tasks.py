@@ -104,6 +104,24 @@ def test_short_fit_logs_metrics_and_warms_up_the_learning_rate(tmp_path):
     assert trainer.optimizers[0].param_groups[1]["weight_decay"] == 0.0  # biases and norms
 
 
+def test_learnable_group_scales_get_no_weight_decay():
+    from compress.configs import W4A16Config
+    from compress.lightning.callbacks import QuantizationAware
+
+    task = CausalLMTask(config=TINY_LLAMA, weight_decay=0.1)
+    trainer = pl.Trainer(max_steps=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, accelerator="cpu",
+                         callbacks=[QuantizationAware(W4A16Config(32, learnable_scale=True))])
+    ids = torch.randint(0, 50, (4, 16))
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids}
+    trainer.fit(task, torch.utils.data.DataLoader([batch], batch_size=None))
+    decayed, not_decayed = (group["params"] for group in trainer.optimizers[0].param_groups)
+    scales = [p for name, p in task.model.named_parameters() if name.endswith("weight_scale")]
+    assert scales and all(p.dim() == 2 for p in scales)  # (N, K/G): 2-D like a weight
+    assert all(any(p is q for q in not_decayed) for p in scales)
+    assert not any(any(p is q for q in decayed) for p in scales)
+
+
 def test_causal_lm_task_step():
     task = CausalLMTask(config=TINY_LLAMA)
     ids = torch.randint(0, 50, (2, 16))

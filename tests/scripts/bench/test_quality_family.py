@@ -54,3 +54,25 @@ def test_command_line_writes_the_file(report_and_recipes, tmp_path):
     assert main(["--report", str(path), "--recipe-prefix", prefix, "--commit", "a", "--targets", "w8a8-qat=1",
                  "--family", "tiny", "--description", "d", "--out", str(out)]) == 0
     assert json.loads(out.read_text())["targets"] == {"w8a8-qat": 1.0}
+
+
+def test_a_rerun_counts_for_the_metric_and_the_joint_run_for_speed(report_and_recipes, tmp_path):
+    path, prefix = report_and_recipes
+    rerun = Report([_model("float weights of this run", 16.1, 2.2), _model("compressed (w8a8-lsq)", 16.1, 1.1)],
+                   "NVIDIA H100", "float16", {"torch": "2.11", "gpu": "NVIDIA H100"}, "cuda_graph")
+    rerun_path = write_json(rerun, tmp_path / "rerun.json")
+    out = tmp_path / "tiny-h100.json"
+    assert main(["--report", str(path), "--recipe-prefix", prefix, "--commit", "a", "--targets", "w8a8-qat=1",
+                 "--family", "tiny", "--description", "d", "--out", str(out), "--rerun", f"w8a8-qat={rerun_path}",
+                 "--rerun-commit", "b", "--rerun-note", "run again", "--speed-note", "earlier settings"]) == 0
+    data = json.loads(out.read_text())
+    joint, again = [r for r in data["runs"] if r["variant"] == "w8a8-qat"]
+    assert (joint["counts_for"], joint["note"], joint["perplexity"]) == (["speed"], "earlier settings", 16.4)
+    assert (again["counts_for"], again["note"], again["perplexity"]) == (["metric"], "run again", 16.1)
+    assert again["dense_latency_ms"] == {"1": 2.2, "8": 8.8} and again["source"]["commit"] == "b"
+    page = "\n".join(pages.quality_section("tiny.json", data))
+    assert "| w8a8-qat | at most 1.0 percent above dense | 3 | 16.10 | 16.00 | +0.6% | met | 1 of 1 |" in page
+    with pytest.raises(ValueError, match="one run of it"):
+        main(["--report", str(path), "--recipe-prefix", prefix, "--commit", "a", "--family", "t",
+              "--description", "d", "--out", str(out), "--rerun", f"w4a16-qat={rerun_path}",
+              "--rerun-commit", "b", "--rerun-note", "n", "--speed-note", "s"])

@@ -1,0 +1,288 @@
+"""MoE experts: the fused 3-D expert weights of ``transformers`` models, compressed expert by expert.
+
+Layout taken (``transformers`` 5.x ``@use_experts_implementation`` with its default flags: Mixtral,
+OLMoE, Qwen2-MoE, Qwen3-MoE, DeepSeek-V3, ...): an experts module holds ``gate_up_proj`` (E, 2I, H)
+and ``down_proj`` (E, H, I) Parameters and ``act_fn``; the tokens routed to expert ``e`` compute::
+
+    gate, up = (x @ gate_up_proj[e].T).chunk(2, dim=-1)
+    y = (act_fn(gate) * up) @ down_proj[e].T            (then * routing weight, summed over top-k)
+
+so ``gate_up_proj[e]`` (N=2I, K=H) and ``down_proj[e]`` (N=H, K=I) are two linear layers per expert.
+Other layouts (weights transposed, biases, interleaved gate/up, no gate, a post-expert norm, a custom
+gating: GPT-OSS, Aria, Nemotron-H) are reported by :func:`experts_layout_problem` and left dense.
+
+Training: :class:`CompressedExperts` keeps the original Parameters (an optimizer built before the swap
+keeps working) and holds one :class:`ExpertLinear` per expert and matrix (``gate_up.<e>``,
+``down.<e>``): a :class:`compress.nn.qat.CompressedLinear` whose ``weight`` is the view
+``parameter[e]``, so each expert gets exactly that layer's math (fake quantization, its own
+(N/32, K/32) block mask, LSQ scales) and every callback that walks ``compressed_layers`` finds it.
+The masks stacked are (E, N/32, K/32) (:meth:`CompressedExperts.masks`); one gradient hook per 3-D
+Parameter zeroes the gradient of every expert's pruned blocks.
+
+Inference: :class:`QuantizedExperts` holds per-expert inference modules (``W8A8Linear``,
+``W4A16Linear``, ``W8A16Linear``, ``BSRLinear``, ``BSRW8A8Linear``, or ``nn.Linear`` for an expert left
+dense) and runs
+the same loop. Cost: one kernel call per matrix for each expert that got tokens (2 per expert, plus
+the gather / ``index_add_`` that ``transformers``' own loop does), and a host synchronisation per
+forward to list the experts hit, as ``transformers``' eager loop has too.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from compress.core.sparsity import block_grid
+from compress.nn.qat import CompressedLinear, split_configs
+
+# The flags of transformers' use_experts_implementation, with the values this module takes.
+_STANDARD_FLAGS = {"is_transposed": False, "has_bias": False, "has_gate": True, "is_concatenated": True,
+                   "has_post_expert_norm": False}
+_FLAG_MEANINGS = {"is_transposed": "weights stored transposed (E, K, N)", "has_bias": "expert biases",
+                  "has_gate": "no gate (up_proj only)", "is_concatenated": "gate and up rows interleaved",
+                  "has_post_expert_norm": "a norm after each expert"}
+
+
+def is_fused_experts(module: nn.Module) -> bool:
+    """Whether ``module`` holds fused 3-D expert weights (a 3-D ``down_proj`` Parameter)."""
+    down = module._parameters.get("down_proj")
+    return down is not None and down.dim() == 3 and not isinstance(module, (CompressedExperts, QuantizedExperts))
+
+
+def experts_layout_problem(module: nn.Module) -> str | None:
+    """None when ``module`` is a fused-experts block in the layout of the module docstring, else why not."""
+    for flag, standard in _STANDARD_FLAGS.items():
+        if getattr(module, flag, standard) != standard:
+            return f"{_FLAG_MEANINGS[flag]} ({flag}={not standard})"
+    apply_gate = getattr(type(module), "_apply_gate", None)
+    if apply_gate is not None and apply_gate.__name__ != "_default_apply_gate":
+        return f"a custom gating ({type(module).__name__}._apply_gate)"
+    gate_up, down = module._parameters.get("gate_up_proj"), module._parameters.get("down_proj")
+    if gate_up is None or gate_up.dim() != 3 or down is None or down.dim() != 3:
+        return "expected 3-D gate_up_proj and down_proj Parameters"
+    experts, two_i, hidden = gate_up.shape
+    if down.shape != (experts, hidden, two_i // 2) or two_i % 2:
+        return (f"gate_up_proj {tuple(gate_up.shape)} and down_proj {tuple(down.shape)} are not (E, 2I, H) and "
+                "(E, H, I)")
+    if not callable(getattr(module, "act_fn", None)):
+        return "no act_fn"
+    return None
+
+
+def route_to_experts(hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor,
+                     num_experts: int, gate_up, down, act_fn) -> torch.Tensor:
+    """``transformers``' eager experts loop, with ``gate_up[e]`` / ``down[e]`` as the expert's layers.
+
+    hidden_states (T, H); top_k_index, top_k_weights (T, k); returns (T, H) in hidden_states' dtype.
+    An index equal to ``num_experts`` (expert-parallel sentinel) is skipped, as transformers does."""
+    final = torch.zeros_like(hidden_states)
+    with torch.no_grad():
+        expert_mask = F.one_hot(top_k_index, num_classes=num_experts + 1).permute(2, 1, 0)
+        expert_hit = torch.greater(expert_mask.sum(dim=(-1, -2)), 0).nonzero()
+    for hit in expert_hit.tolist():
+        expert = hit[0]
+        if expert == num_experts:
+            continue
+        top_k_pos, token_idx = torch.where(expert_mask[expert])
+        gate, up = gate_up[expert](hidden_states[token_idx]).chunk(2, dim=-1)
+        out = down[expert](act_fn(gate) * up) * top_k_weights[token_idx, top_k_pos, None]
+        final.index_add_(0, token_idx, out.to(final.dtype))
+    return final
+
+
+class ExpertLinear(CompressedLinear):
+    """Expert ``expert`` of a 3-D weight (E, N, K) as a :class:`CompressedLinear`: ``weight`` is the
+    view ``experts_weight[expert]`` (not a Parameter of this module: :class:`CompressedExperts` owns it)."""
+
+    def __init__(self, experts_weight: nn.Parameter, expert: int, configs=()):
+        nn.Module.__init__(self)
+        if experts_weight.dim() != 3 or not 0 <= expert < experts_weight.shape[0]:
+            raise ValueError(f"ExpertLinear: expected a 3-D (E, N, K) weight and an expert in [0, E), got shape "
+                             f"{tuple(experts_weight.shape)} and expert {expert}")
+        self.out_features, self.in_features = experts_weight.shape[1:]
+        self.expert = expert
+        self.link(experts_weight)
+        self.register_parameter("bias", None)
+        self._init_state()
+        self.add_configs(configs)
+
+    def link(self, experts_weight: nn.Parameter) -> None:
+        """Point at ``experts_weight`` (kept outside ``_parameters``: saved and optimized once, by the owner)."""
+        self.__dict__["experts_weight"] = experts_weight
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.__dict__["experts_weight"][self.expert]
+
+    @property
+    def weight_parameter(self) -> nn.Parameter:
+        return self.__dict__["experts_weight"]
+
+    def weight_grad(self) -> torch.Tensor | None:
+        grad = self.__dict__["experts_weight"].grad
+        return None if grad is None else grad[self.expert]
+
+    def _init_sparse(self, config) -> None:
+        """As CompressedLinear's, without a gradient hook on the view: the owner hooks the 3-D Parameter."""
+        self.sparse_config = config
+        grid = block_grid((self.out_features, self.in_features), config.block)
+        self.mask = torch.ones(grid, dtype=torch.bool, device=self.weight.device)
+
+    def to_float(self) -> nn.Linear:
+        """An ``nn.Linear`` holding a copy of this expert's masked weight (an expert exported dense)."""
+        self.apply_mask_()
+        linear = nn.Linear(self.in_features, self.out_features, bias=False, device="meta")
+        linear.weight = nn.Parameter(self.weight.detach().clone())
+        return linear
+
+    def extra_repr(self) -> str:
+        return f"expert={self.expert}, " + super().extra_repr()
+
+
+class CompressedExperts(nn.Module):
+    """Training module for a fused-experts block (module docstring); shares the block's Parameters.
+
+    ``gate_up`` / ``down``: ``nn.ModuleList`` of E :class:`ExpertLinear`; ``gate_up_proj`` /
+    ``down_proj``: the original 3-D Parameters (same names, so the state dict keeps their keys)."""
+
+    MATRICES = {"gate_up": "gate_up_proj", "down": "down_proj"}  # layer list -> 3-D Parameter
+
+    def __init__(self, experts: nn.Module, configs=()):
+        problem = experts_layout_problem(experts)
+        if problem is not None:
+            raise ValueError(f"CompressedExperts: expected a fused-experts block in the standard layout, got "
+                             f"{type(experts).__name__} with {problem}")
+        super().__init__()
+        self.num_experts, self.intermediate_dim, self.hidden_dim = experts.down_proj.shape[0], \
+            experts.down_proj.shape[2], experts.down_proj.shape[1]
+        self.gate_up_proj, self.down_proj = experts.gate_up_proj, experts.down_proj
+        self.act_fn = experts.act_fn
+        self.__dict__["original"] = experts  # given back by to_float; not a submodule (no second state)
+        self.gate_up = nn.ModuleList(ExpertLinear(self.gate_up_proj, e) for e in range(self.num_experts))
+        self.down = nn.ModuleList(ExpertLinear(self.down_proj, e) for e in range(self.num_experts))
+        for layers, parameter_name in self.MATRICES.items():
+            parameter = getattr(self, parameter_name)
+            if parameter.requires_grad:
+                parameter.register_hook(lambda grad, layers=layers: self._masked_gradient(layers, grad))
+        self.add_configs(configs)
+
+    def layers(self) -> list[ExpertLinear]:
+        return [*self.gate_up, *self.down]
+
+    def add_configs(self, configs) -> None:
+        """Add the configs to every expert layer (ValueError for a conflict, before any layer changes)."""
+        quant, sparse = split_configs(configs)
+        first = self.down[0]
+        split_configs([c for c in (first.quant_config, quant, first.sparse_config, sparse) if c is not None])
+        for layer in self.layers():
+            layer.add_configs(configs)
+
+    def _masked_gradient(self, layers: str, grad: torch.Tensor) -> torch.Tensor:
+        """The gradient hook of a 3-D Parameter: zero every expert's pruned blocks (none without masks)."""
+        if getattr(self, layers)[0].mask is None:
+            return grad
+        return grad * self.element_masks(layers).to(grad.dtype)
+
+    def element_masks(self, layers: str) -> torch.Tensor:
+        """(E, N, K) bool element masks of ``"gate_up"`` or ``"down"`` (all True without a sparse config)."""
+        experts = getattr(self, layers)
+        if experts[0].mask is None:
+            return torch.ones_like(getattr(self, self.MATRICES[layers]), dtype=torch.bool)
+        return torch.stack([layer._element_mask() for layer in experts])
+
+    def masks(self, layers: str) -> torch.Tensor | None:
+        """(E, N/32, K/32) block masks of ``"gate_up"`` or ``"down"``; None without a sparse config."""
+        experts = getattr(self, layers)
+        return None if experts[0].mask is None else torch.stack([layer.mask for layer in experts])
+
+    @torch.no_grad()
+    def apply_mask_(self) -> None:
+        for layer in self.layers():
+            layer.apply_mask_()
+
+    def _apply(self, fn, recurse=True):
+        result = super()._apply(fn, recurse)
+        for layers, parameter_name in self.MATRICES.items():  # a cast may have replaced the Parameters
+            for layer in getattr(self, layers):
+                layer.link(getattr(self, parameter_name))
+        return result
+
+    def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor):
+        return route_to_experts(hidden_states, top_k_index, top_k_weights, self.num_experts, self.gate_up, self.down,
+                                self.act_fn)
+
+    def to_float(self) -> nn.Module:
+        """The original experts module holding the (masked) Parameters."""
+        self.apply_mask_()
+        original = self.__dict__["original"]
+        original.gate_up_proj, original.down_proj = self.gate_up_proj, self.down_proj
+        return original
+
+    def to_inference(self) -> "QuantizedExperts":
+        """A :class:`QuantizedExperts` of the modules now in ``gate_up`` / ``down`` (export swaps each
+        :class:`ExpertLinear` for its inference module first)."""
+        left = [f"gate_up.{e}" for e, m in enumerate(self.gate_up) if isinstance(m, ExpertLinear)]
+        left += [f"down.{e}" for e, m in enumerate(self.down) if isinstance(m, ExpertLinear)]
+        if left:
+            raise ValueError(f"to_inference: expected every expert layer exported first, got training layers {left[:4]}")
+        return QuantizedExperts(self.act_fn, list(self.gate_up), list(self.down))
+
+    def extra_repr(self) -> str:
+        return (f"num_experts={self.num_experts}, hidden_dim={self.hidden_dim}, "
+                f"intermediate_dim={self.intermediate_dim}")
+
+
+class QuantizedExperts(nn.Module):
+    """Inference module for a fused-experts block: per expert, its ``gate_up`` (N=2I, K=H) and ``down``
+    (N=H, K=I) inference modules (or ``nn.Linear`` for a matrix left dense), run by the same loop."""
+
+    def __init__(self, act_fn: nn.Module, gate_up: list[nn.Module], down: list[nn.Module]):
+        super().__init__()
+        if not gate_up or len(gate_up) != len(down):
+            raise ValueError(f"QuantizedExperts: expected as many gate_up as down modules (at least one), got "
+                             f"{len(gate_up)} and {len(down)}")
+        self.num_experts = len(gate_up)
+        self.hidden_dim, self.intermediate_dim = gate_up[0].in_features, down[0].in_features
+        for e, (first, second) in enumerate(zip(gate_up, down)):
+            shapes = ((first.out_features, first.in_features), (second.out_features, second.in_features))
+            want = ((2 * self.intermediate_dim, self.hidden_dim), (self.hidden_dim, self.intermediate_dim))
+            if shapes != want:
+                raise ValueError(f"QuantizedExperts: expert {e}: expected gate_up and down of (N, K) {want}, "
+                                 f"got {shapes}")
+        self.act_fn = act_fn
+        self.gate_up, self.down = nn.ModuleList(gate_up), nn.ModuleList(down)
+
+    @classmethod
+    def empty_like(cls, experts: nn.Module) -> "QuantizedExperts":
+        """A skeleton for loading: ``experts``' act_fn and, per expert, meta ``nn.Linear`` placeholders that
+        the saved inference modules replace (a dense expert's weight is assigned from the checkpoint)."""
+        problem = experts_layout_problem(experts)
+        if problem is not None:
+            raise ValueError(f"QuantizedExperts: expected a fused-experts block in the standard layout, got "
+                             f"{type(experts).__name__} with {problem}")
+        count, hidden, intermediate = experts.down_proj.shape
+
+        def placeholder(k: int, n: int) -> nn.Linear:
+            return nn.Linear(k, n, bias=False, device="meta")
+
+        return cls(experts.act_fn, [placeholder(hidden, 2 * intermediate) for _ in range(count)],
+                   [placeholder(intermediate, hidden) for _ in range(count)])
+
+    def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor):
+        return route_to_experts(hidden_states, top_k_index, top_k_weights, self.num_experts, self.gate_up, self.down,
+                                self.act_fn)
+
+    def extra_repr(self) -> str:
+        kinds = sorted({type(m).__name__ for m in (*self.gate_up, *self.down)})
+        return (f"num_experts={self.num_experts}, hidden_dim={self.hidden_dim}, "
+                f"intermediate_dim={self.intermediate_dim}, modules={kinds}")
+
+
+def compressed_experts(model: nn.Module) -> dict[str, CompressedExperts]:
+    """``{name: module}`` of every :class:`CompressedExperts` in ``model``."""
+    return {name: m for name, m in model.named_modules() if isinstance(m, CompressedExperts)}
+
+
+def experts_module_name(layer_name: str) -> str:
+    """The experts module's name for an :class:`ExpertLinear` named ``<experts>.gate_up.<e>``."""
+    return layer_name.rsplit(".", 2)[0]

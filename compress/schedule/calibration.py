@@ -1,0 +1,167 @@
+"""Calibration during training: W8A8 observers over the first training batches, then static scales;
+GPTQ at the end of training.
+
+Phases (:attr:`CalibrationSchedule.phase`): ``"smooth"`` (only with ``smoothquant_alpha``): observe
+``num_batches`` batches, migrate activation outliers into the weights (SmoothQuant,
+:func:`compress.core.smoothquant.apply_smoothquant`: folded into the preceding norm where that keeps
+the outputs, else an ``input_smoothing`` buffer), then ``"observe"``: observe ``num_batches`` more
+batches and freeze (static layers take ``act_scale = observer.scale()``), then ``"done"``.
+Observer statistics are all-reduced with ``max`` across ranks before they are used; SmoothQuant's
+fold decisions depend on a batch, so rank 0's model state is broadcast after it.
+
+SmoothQuant checks each fold by running one batch: the inputs of the model's latest forward in
+training mode, recorded by a forward pre-hook during the ``"smooth"`` phase (so any loop works; the
+hook is removed once smoothing is done).
+
+GPTQ (:func:`run_gptq_on_all_ranks`): the layers whose config says ``algorithm="gptq"`` are rounded
+once training is over, from Hessians collected on calibration batches and summed over ranks;
+rank 0's result is broadcast (:func:`compress.calibration.run_gptq`).
+"""
+from __future__ import annotations
+
+import logging
+from typing import Optional
+
+import torch
+from torch import nn
+
+from compress.calibration import gptq_layers, run_gptq
+from compress.configs import OBSERVERS, W8A8Config
+from compress.core.smoothquant import apply_smoothquant
+from compress.nn.experts import ExpertLinear
+from compress.nn.qat import CompressedLinear, compressed_layers
+from compress.schedule import distributed
+from compress.schedule.validation import check_positive_int
+
+logger = logging.getLogger(__name__)
+PHASES = ("smooth", "observe", "done")
+
+
+def w8a8_layers(model: nn.Module) -> dict[str, CompressedLinear]:
+    """The prepared layers of ``model`` with a W8A8 config (the ones with an activation observer)."""
+    return {name: m for name, m in compressed_layers(model).items()  # experts: dynamic scales only, never smoothed
+            if isinstance(m.quant_config, W8A8Config) and not isinstance(m, ExpertLinear)}
+
+
+class CalibrationSchedule:
+    """Observe W8A8 layer inputs for ``num_batches`` training batches, then freeze static scales.
+
+    ``observer``: ``"absmax"``, ``"percentile"`` or ``"moving_average"``. ``smoothquant_alpha`` (in
+    [0, 1]): first observe ``num_batches``, migrate outliers (SmoothQuant), then observe ``num_batches``
+    more for the static scales. Call :meth:`bind` when training starts (and again after
+    :meth:`load_state_dict`), :meth:`batch_done` after each training batch.
+    """
+
+    def __init__(self, num_batches: int = 8, observer: str = "absmax", smoothquant_alpha: Optional[float] = None):
+        check_positive_int("num_batches", num_batches)
+        if observer not in OBSERVERS:
+            raise ValueError(f"observer: expected one of {OBSERVERS}, got {observer!r}")
+        if smoothquant_alpha is not None and not (
+                isinstance(smoothquant_alpha, (int, float)) and not isinstance(smoothquant_alpha, bool)
+                and 0.0 <= smoothquant_alpha <= 1.0):
+            raise ValueError(f"smoothquant_alpha: expected None or a value in [0, 1], got {smoothquant_alpha!r}")
+        self.num_batches, self.observer, self.smoothquant_alpha = num_batches, observer, smoothquant_alpha
+        self.phase = "smooth" if smoothquant_alpha is not None else "observe"
+        self.batches_seen = 0
+        self.model: Optional[nn.Module] = None
+        self.layers: dict[str, CompressedLinear] = {}
+        self._recorder = None  # the forward pre-hook recording the latest training inputs ("smooth" phase)
+        self._latest_inputs: Optional[tuple] = None
+
+    def bind(self, model: nn.Module) -> None:
+        """Start (or, after :meth:`load_state_dict`, resume) the current phase on ``model``'s W8A8 layers."""
+        self.model, self.layers = model, w8a8_layers(model)
+        self.stop_recording()
+        if self.phase == "done":
+            for layer in self.layers.values():
+                layer.observing = False
+            return
+        if not self.layers:
+            if not gptq_layers(model):
+                distributed.warn("calibration: no W8A8 or GPTQ layers to calibrate (quantize some layers with a "
+                                 "W8A8Config, or use a config with algorithm='gptq'); nothing to do")
+            self.phase = "done"
+            return
+        for layer in self.layers.values():
+            if layer.observer.kind != self.observer:
+                layer.replace_observer(self.observer, layer.quant_config.percentile)
+            if self.batches_seen == 0:
+                layer.observer.reset()
+            layer.observe(True)
+        if self.phase == "smooth":
+            self._recorder = model.register_forward_pre_hook(self._record_inputs, with_kwargs=True)
+
+    def _record_inputs(self, module, args, kwargs):
+        if module.training:
+            self._latest_inputs = (args, kwargs)
+
+    def stop_recording(self) -> None:
+        """Remove the input recorder (if any) and drop what it recorded."""
+        if self._recorder is not None:
+            self._recorder.remove()
+        self._recorder, self._latest_inputs = None, None
+
+    def batch_done(self) -> None:
+        """Count one training batch; after ``num_batches`` of them, smooth or freeze."""
+        if self.phase == "done":
+            return
+        self.batches_seen += 1
+        if self.batches_seen < self.num_batches:
+            return
+        for layer in self.layers.values():
+            layer.observing = False
+            layer.observer.sync_()
+        if self.phase == "smooth":
+            self._smooth()
+        else:
+            self._freeze()
+
+    def _smooth(self) -> None:
+        inputs = self._latest_inputs
+        self.stop_recording()
+        if inputs is None:
+            raise ValueError("calibration: SmoothQuant checks its folds on one training batch, but no forward of "
+                             "the model in training mode was seen while observing; call the model itself "
+                             "(model(...)) in the training step")
+        args, kwargs = inputs
+        placement = apply_smoothquant(self.model, self.layers, self.smoothquant_alpha,
+                                      lambda model: model(*args, **kwargs))
+        distributed.broadcast_floating_state_(self.model)  # fold decisions may differ per batch: rank 0's win
+        distributed.info(logger, f"calibration: SmoothQuant alpha={self.smoothquant_alpha} applied to "
+                                 f"{len(placement)} layers")
+        self.phase, self.batches_seen = "observe", 0
+        for layer in self.layers.values():
+            layer.observer.reset()
+            layer.observe(True)
+
+    def _freeze(self) -> None:
+        for layer in self.layers.values():
+            layer.freeze_observer()
+        static = sum(1 for m in self.layers.values() if m.quant_config.static)
+        distributed.info(logger, f"calibration: froze the observers of {len(self.layers)} W8A8 layers "
+                                 f"({static} static scales)")
+        self.phase = "done"
+
+    def state_dict(self) -> dict:
+        return {"phase": self.phase, "batches_seen": self.batches_seen}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Restore :meth:`state_dict`'s output; :meth:`bind` then resumes the phase on the model."""
+        phase = state_dict.get("phase", self.phase)
+        if phase not in PHASES:
+            raise ValueError(f"calibration state: expected a phase in {PHASES}, got {phase!r}")
+        self.phase, self.batches_seen = phase, state_dict.get("batches_seen", 0)
+
+
+def run_gptq_on_all_ranks(model: nn.Module, calibration_data) -> int:
+    """GPTQ on every layer whose config says ``algorithm="gptq"`` (and not yet rounded), Hessians summed
+    over ranks, rank 0's weights and scales broadcast; returns the number of layers rounded."""
+    if not gptq_layers(model):
+        return 0
+    with torch.no_grad():
+        results = run_gptq(model, calibration_data, sync=distributed.sum_over_ranks)
+    layers = compressed_layers(model)
+    for name in results:
+        distributed.broadcast_(layers[name].weight.data)
+        distributed.broadcast_(layers[name].weight_scale.data)
+    return len(results)

@@ -1,0 +1,281 @@
+"""Gradual 32x32 block pruning, one training step at a time, for any loop.
+
+The target sparsity follows the cubic schedule (Zhu & Gupta, 2017; :func:`compress.core.sparsity.cubic_sparsity`)
+from 0 at ``start_step`` to ``sparsity`` at ``end_step``; the blocks are re-scored at ``start_step``, every
+``frequency`` steps after it and at ``end_step``. Masks only shrink: blocks pruned earlier score
+``-inf`` (:func:`compress.core.sparsity.shrink_mask`), and the pruned weights are written back to exact
+zeros after every optimizer step, so AdamW's momentum and weight decay cannot revive them.
+
+Scores (``score``): ``"magnitude"`` (mean |w| per block) and ``"l2"`` read the weights at each
+re-scoring. ``"movement"`` (Sanh et al., 2020; blocks as in Lagunas et al., 2021) sums
+``-W * dL/dW`` per block over the optimizer steps (weights moving away from zero score high);
+``"fisher"`` (Optimal Brain Surgeon with one empirical-Fisher block per 32x32 block, Kurtic et al.,
+2022) sums ``(sum over the block of W * dL/dW)^2``, the loss increase that zeroing the block costs to
+second order, and starts its sums again after every re-scoring, so each one ranks the blocks by the
+steps since the one before. Both accumulate from the first training step on (the dense phase gives
+signal before pruning starts) with ``W`` the masked weight and ``dL/dW`` its gradient as the optimizer
+receives it (under DDP already all-reduced, so every rank sums the same); a step with a non-finite
+contribution (AMP skips it) adds nothing; once the last re-scoring is done, nothing more is summed. A
+layer whose sum is still all zero (pruning at step 0) is scored by magnitude for that re-scoring.
+
+``allocation="global"`` ranks the blocks of all matched layers together: the model as a whole reaches
+the schedule's sparsity while each layer stays within ``[(1 - spread) s, s + spread (1 - s)]`` of its
+blocks (:func:`compress.core.sparsity.global_block_masks`); where some layer has no gradient sum yet,
+every layer is scored by magnitude, so the ranking compares one kind of score.
+
+``reorder_neurons``: before the layers are swapped, list each MLP's hidden neurons by importance so weak
+neurons share blocks (:func:`compress.core.neuron_order.reorder_mlp_neurons`; the function is unchanged).
+
+Under DDP every rank computes its masks from identical weights and installs rank 0's (broadcast).
+The state (last re-scoring, gradient sums as CPU tensors) is :meth:`PruningSchedule.state_dict`; the
+masks themselves are module buffers, in the model's ``state_dict``.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Optional
+
+import torch
+from torch import nn
+
+from compress.configs import BLOCK_SCORES, GRADIENT_SCORES, BlockSparseConfig
+from compress.core.neuron_order import find_mlps, kept_mass, reorder_mlp_neurons
+from compress.nn.experts import is_fused_experts
+from compress.core.sparsity import (
+    allocation_bounds,
+    block_mask,
+    block_scores,
+    cubic_sparsity,
+    fisher_block_scores,
+    global_block_masks,
+    mask_sparsity,
+    movement_block_scores,
+    shrink_mask,
+)
+from compress.nn.qat import CompressedLinear
+from compress.plan import DEFAULT_EXCLUDE, Plan, prepare
+from compress.schedule import distributed
+from compress.schedule.validation import check_positive_int, check_step
+
+logger = logging.getLogger(__name__)
+ALLOCATIONS = ("layer", "global")  # each layer to the target, or all layers ranked together
+
+
+def _kept_mlp_mass(mlps, sparsity: float) -> float:
+    """Mean of :func:`compress.core.neuron_order.kept_mass` over the MLPs' matrices."""
+    shares = [kept_mass(lin.weight, sparsity) for mlp in mlps for lin in (*mlp.inputs, mlp.output)]
+    return sum(shares) / len(shares) if shares else float("nan")
+
+
+def _install_mask(layer: CompressedLinear, mask: torch.Tensor) -> float:
+    """Rank 0's ``mask`` into ``layer`` (pruned weights zeroed); returns its block sparsity."""
+    distributed.broadcast_(mask)
+    layer.set_mask(mask)
+    return mask_sparsity(mask)
+
+
+class PruningSchedule:
+    """Gradual block pruning to ``sparsity`` between ``start_step`` and ``end_step`` (module docstring).
+
+    ``plan``: None (every eligible linear) or ``{pattern: final sparsity}`` (fnmatch patterns on module
+    names; each matched layer ends at its own sparsity). ``exclude``: patterns left dense (None:
+    embeddings, classifier heads, ``lm_head``). ``allocation="global"`` needs ``plan=None``.
+
+    Per training step, in this order: :meth:`prune_if_due` before the step's forward,
+    :meth:`accumulate` after its backward (gradient scores only), :meth:`apply_masks` after the
+    optimizer step. :meth:`prepare` swaps the layers (once per model), :meth:`bind` finds them.
+    """
+
+    def __init__(self, sparsity: float = 0.5, start_step: int = 0, end_step: int = 100, frequency: int = 10,
+                 score: str = "magnitude", plan: Optional[dict[str, float]] = None,
+                 exclude: Optional[list[str]] = None, allocation: str = "layer", spread: float = 0.5,
+                 reorder_neurons: bool = False):
+        if score not in BLOCK_SCORES:
+            raise ValueError(f"score: expected one of {BLOCK_SCORES}, got {score!r}")
+        if allocation not in ALLOCATIONS:
+            raise ValueError(f"allocation: expected one of {ALLOCATIONS}, got {allocation!r}")
+        if allocation == "global" and plan is not None:
+            raise ValueError("allocation='global' ranks all layers against one sparsity; expected plan=None, "
+                             f"got plan={plan!r}")
+        allocation_bounds(sparsity, spread)  # validates spread
+        BlockSparseConfig(sparsity=sparsity, score=score)  # validates sparsity
+        check_step("start_step", start_step)
+        check_step("end_step", end_step)
+        if end_step < start_step:
+            raise ValueError(f"end_step: expected >= start_step ({start_step}), got {end_step}")
+        check_positive_int("frequency", frequency)
+        if not isinstance(reorder_neurons, bool):
+            raise ValueError(f"reorder_neurons: expected a bool, got {reorder_neurons!r}")
+        rules = {"*": sparsity} if plan is None else dict(plan)
+        self.plan = Plan({p: BlockSparseConfig(sparsity=s, score=score) for p, s in rules.items()},
+                         exclude=DEFAULT_EXCLUDE if exclude is None else tuple(exclude))
+        self.sparsity, self.start_step, self.end_step, self.frequency = sparsity, start_step, end_step, frequency
+        self.score, self.allocation, self.spread, self.reorder_neurons = score, allocation, spread, reorder_neurons
+        self.last_pruned_step: Optional[int] = None
+        self.gradient_scores: dict[str, torch.Tensor] = {}  # movement or Fisher sums: name -> (N/32, K/32) float32
+        self.layers: dict[str, CompressedLinear] = {}  # the matched layers (bind)
+        self._reordered = False
+
+    # ---- set-up ----------------------------------------------------------------------------------
+    def prepare(self, model: nn.Module) -> None:
+        """Reorder the MLP neurons (once per schedule, if asked), then swap the plan's layers."""
+        if self.reorder_neurons and not self._reordered:
+            mlps = find_mlps(model)
+            before = _kept_mlp_mass(mlps, self.sparsity)
+            reorder_mlp_neurons(model)
+            self._reordered = True
+            skipped = sum(is_fused_experts(m) for m in model.modules())
+            if skipped:
+                distributed.info(logger, f"pruning: the neurons of {skipped} fused experts blocks are not reordered")
+            distributed.info(logger, f"pruning: reordered the hidden neurons of {len(mlps)} MLPs; at sparsity "
+                                     f"{self.sparsity:g} their blocks would keep {before:.3f} -> "
+                                     f"{_kept_mlp_mass(mlps, self.sparsity):.3f} of the L1 mass")
+        prepare(model, self.plan)
+
+    def bind(self, model: nn.Module) -> None:
+        """Find the plan's (prepared) layers; gradient sums restored on their devices, else zeros."""
+        self.layers = self.plan.prepared_layers(model)
+        if self.score in GRADIENT_SCORES:
+            self.gradient_scores = {name: self._initial_sum(name, layer) for name, layer in self.layers.items()}
+
+    def _initial_sum(self, name: str, layer: CompressedLinear) -> torch.Tensor:
+        grid = tuple(layer.mask.shape)
+        restored = self.gradient_scores.get(name)
+        if restored is None:
+            return torch.zeros(grid, dtype=torch.float32, device=layer.weight.device)
+        if tuple(restored.shape) != grid:
+            raise ValueError(f"pruning: {self.score} scores of {name!r}: expected shape {grid}, "
+                             f"got {tuple(restored.shape)} (state from another model?)")
+        return restored.to(device=layer.weight.device, dtype=torch.float32)
+
+    # ---- the schedule --------------------------------------------------------------------------------
+    @property
+    def done(self) -> bool:
+        """True once the re-scoring at ``end_step`` has run: the masks are final."""
+        return self.last_pruned_step is not None and self.last_pruned_step >= self.end_step
+
+    @property
+    def reads_gradients(self) -> bool:
+        """Whether :meth:`accumulate` still has gradients to read (a gradient score, schedule not done)."""
+        return self.score in GRADIENT_SCORES and not self.done
+
+    def due(self, step: int) -> bool:
+        if step < self.start_step:
+            return False
+        if self.last_pruned_step is None:
+            return True
+        if step >= self.end_step:
+            return self.last_pruned_step < self.end_step
+        return step - self.last_pruned_step >= self.frequency
+
+    def prune_if_due(self, step: int) -> bool:
+        """Re-score and install the masks for ``step`` if the schedule says so; True if it did."""
+        if not self.due(step):
+            return False
+        if self.allocation == "global":
+            self._prune_globally(step)
+        else:
+            self._prune_each_layer(step)
+        return True
+
+    def finish(self, step: int) -> None:
+        """Give every layer its final mask now if the schedule has not reached ``end_step`` (training
+        ended at ``step``, earlier): one last re-scoring at the final sparsity."""
+        if self.done:
+            return
+        distributed.info(logger, f"pruning: training ended at step {step}, before end_step {self.end_step}; "
+                                 "pruning to the final sparsity now")
+        self.prune_if_due(self.end_step)
+
+    @torch.no_grad()
+    def accumulate(self, optimizer: Optional[torch.optim.Optimizer] = None) -> None:
+        """Add this step's movement or Fisher block scores from the layers' ``weight.grad`` (after the
+        backward, before the optimizer step; only the layers ``optimizer`` updates, when given)."""
+        if not self.reads_gradients:
+            return
+        block_step = movement_block_scores if self.score == "movement" else fisher_block_scores
+        updated = None if optimizer is None else {id(p) for group in optimizer.param_groups for p in group["params"]}
+        layers = {name: layer for name, layer in self.layers.items()
+                  if layer.weight_grad() is not None and (updated is None or id(layer.weight_parameter) in updated)}
+        steps = {name: block_step(layer.weight, layer.weight_grad(), layer.sparse_config.block)
+                 for name, layer in layers.items()}
+        if not steps:
+            return
+        finite = torch.stack([step.isfinite().all() for step in steps.values()]).all()
+        for name, step in steps.items():
+            self.gradient_scores[name].add_(torch.where(finite, step, torch.zeros_like(step)))
+
+    def apply_masks(self) -> None:
+        """Write exact zeros into the pruned weights (after every optimizer step)."""
+        for layer in self.layers.values():
+            layer.apply_mask_()
+
+    # ---- re-scoring --------------------------------------------------------------------------------------
+    def _summed_or_magnitude(self, name: str, layer: CompressedLinear) -> tuple[torch.Tensor, bool]:
+        """(the layer's gradient sum, False), or (its magnitude scores, True) while the sum is all zero."""
+        scores = self.gradient_scores.get(name)
+        if scores is not None and bool(scores.any()):
+            return scores, False
+        return block_scores(layer.masked_weight(), layer.sparse_config.block, "magnitude"), True
+
+    def _prune_each_layer(self, step: int) -> None:
+        reached, fallbacks = [], 0
+        for name, layer in self.layers.items():
+            config = layer.sparse_config
+            target = cubic_sparsity(step, self.start_step, self.end_step, config.sparsity)
+            if config.score in GRADIENT_SCORES:
+                scores, fell_back = self._summed_or_magnitude(name, layer)
+                fallbacks += fell_back
+                mask = shrink_mask(scores, layer.mask, target)
+            else:
+                mask = block_mask(layer.masked_weight(), target, config.block, config.score)
+            reached.append(_install_mask(layer, mask))
+        self._rescored(step)
+        if fallbacks:
+            distributed.info(logger, f"pruning: step {step}, no {self.score} scores accumulated yet for {fallbacks} "
+                                     "layers; scored them by magnitude")
+        if reached:
+            distributed.info(logger, f"pruning: step {step}, mean block sparsity {sum(reached) / len(reached):.3f} "
+                                     f"over {len(reached)} layers")
+
+    def _prune_globally(self, step: int) -> None:
+        """One re-scoring with ``allocation="global"``: all matched layers ranked together."""
+        layers = self.layers
+        target = cubic_sparsity(step, self.start_step, self.end_step, self.sparsity)
+        summed = self.score in GRADIENT_SCORES
+        scores = {name: self.gradient_scores.get(name) for name in layers} if summed else {}
+        fell_back = summed and any(s is None or not bool(s.any()) for s in scores.values())
+        if not summed or fell_back:
+            kind = "magnitude" if summed else self.score
+            scores = {name: block_scores(layer.masked_weight(), layer.sparse_config.block, kind)
+                      for name, layer in layers.items()}
+        masks = global_block_masks(scores, {name: layer.mask for name, layer in layers.items()}, target, self.spread)
+        shares = [_install_mask(layer, masks[name]) for name, layer in layers.items()]
+        self._rescored(step)
+        if fell_back:
+            distributed.info(logger, f"pruning: step {step}, {self.score} scores not accumulated in every layer "
+                                     "yet; ranked all layers by magnitude")
+        if shares:
+            pruned = sum(int((~layer.mask).sum()) for layer in layers.values())
+            blocks = sum(layer.mask.numel() for layer in layers.values())
+            distributed.info(logger, f"pruning: step {step}, block sparsity {pruned / blocks:.3f} over "
+                                     f"{len(shares)} layers (global; per layer {min(shares):.3f} to {max(shares):.3f})")
+
+    def _rescored(self, step: int) -> None:
+        """Record a re-scoring at ``step``; Fisher sums start again from zero after it."""
+        self.last_pruned_step = step
+        if self.score == "fisher":
+            for total in self.gradient_scores.values():
+                total.zero_()
+
+    # ---- state ---------------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {"last_pruned_step": self.last_pruned_step,
+                "gradient_scores": {name: t.detach().cpu().clone() for name, t in self.gradient_scores.items()}}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Restore :meth:`state_dict`'s output (call :meth:`bind` after it to put the sums on the layers'
+        devices). ``movement_scores`` is the key older Lightning checkpoints used for the sums."""
+        self.last_pruned_step = state_dict.get("last_pruned_step")
+        saved = state_dict.get("gradient_scores", state_dict.get("movement_scores", {}))
+        self.gradient_scores = {name: t.detach().cpu().float() for name, t in saved.items()}

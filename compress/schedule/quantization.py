@@ -1,0 +1,79 @@
+"""Quantization-aware training: fake quantization of a plan's layers from ``start_step`` on.
+
+From that step on each layer's forward quantizes and dequantizes its weight (and, W8A8, its input) on
+the grid the export stores (:class:`compress.nn.qat.CompressedLinear`), so training sees the function
+the inference module computes. A learnable (LSQ) scale is initialised from the weight when fake
+quantization first switches on. The switch is a module attribute, not a buffer: whoever restores a run
+calls :meth:`QuantizationSchedule.start_if_due` for the restored step again.
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+from torch import nn
+
+from compress.configs import QUANT_CONFIGS, W8A8Config
+from compress.nn.qat import CompressedLinear
+from compress.plan import DEFAULT_EXCLUDE, Plan, prepare
+from compress.schedule import distributed
+from compress.schedule.validation import check_step
+
+logger = logging.getLogger(__name__)
+
+
+class QuantizationSchedule:
+    """Fake-quantize ``plan``'s layers from ``start_step`` on (QAT).
+
+    ``plan``: a :class:`W8A8Config`, :class:`W4A16Config` or :class:`W8A16Config` (every eligible linear) or
+    ``{pattern: config}`` (fnmatch patterns on module names). ``exclude``: patterns left dense (None:
+    embeddings, classifier heads, ``lm_head``).
+    """
+
+    def __init__(self, plan, start_step: int = 0, exclude=None):
+        if isinstance(plan, QUANT_CONFIGS):
+            rules = {"*": plan}
+        elif isinstance(plan, Mapping):
+            rules = dict(plan)
+        else:
+            raise TypeError(f"QuantizationSchedule.plan: expected a W8A8Config, W4A16Config or W8A16Config, or a mapping "
+                            f"{{pattern: config}}, got {type(plan).__name__}")
+        for pattern, value in rules.items():
+            if not isinstance(value, QUANT_CONFIGS):
+                raise TypeError(f"QuantizationSchedule: expected W8A8Config, W4A16Config or W8A16Config for {pattern!r}, "
+                                f"got {type(value).__name__}")
+        check_step("start_step", start_step)
+        self.plan = Plan(rules, exclude=DEFAULT_EXCLUDE if exclude is None else tuple(exclude))
+        self.start_step = start_step
+        self.layers: dict[str, CompressedLinear] = {}
+
+    @property
+    def configs(self) -> list:
+        return [config for configs in self.plan.rules.values() for config in configs]
+
+    @property
+    def needs_static_scales(self) -> bool:
+        """Whether some config asks for static W8A8 activation scales (they need calibration)."""
+        return any(isinstance(c, W8A8Config) and c.static for c in self.configs)
+
+    @property
+    def needs_gptq(self) -> bool:
+        return any(c.gptq for c in self.configs)
+
+    def prepare(self, model: nn.Module) -> None:
+        """Swap the plan's layers (fake quantization still off)."""
+        prepare(model, self.plan)
+
+    def bind(self, model: nn.Module) -> None:
+        """Find the plan's (prepared) layers."""
+        self.layers = self.plan.prepared_layers(model)
+
+    def start_if_due(self, step: int) -> None:
+        """Switch fake quantization on for every layer still off once ``step >= start_step``."""
+        if step < self.start_step:
+            return
+        switched = [layer for layer in self.layers.values() if not layer.fake_quant_enabled]
+        for layer in switched:
+            layer.enable_fake_quant(True)
+        if switched:
+            distributed.info(logger, f"quantization: fake quantization on for {len(switched)} layers at step {step}")
