@@ -1,9 +1,9 @@
-"""compress: training-aware compression for PyTorch models (W8A8, W4A16, 32x32 block sparsity).
+"""compress: training-aware compression for PyTorch models (W8A8, W4A16, W8A16, 32x32 block sparsity).
 
 Public API (docs/architecture.md)::
 
     import compress
-    from compress import W8A8Config, W4A16Config, BlockSparseConfig, Plan
+    from compress import W8A8Config, W4A16Config, W8A16Config, BlockSparseConfig, Plan
     compress.prepare(model, plan)                        # training modules (QAT, masks), in place
     schedule = compress.CompressionSchedule(model, pruning=..., quantization=..., calibration=...)
     schedule.step()                                      # after each optimizer.step(), from any loop
@@ -38,10 +38,10 @@ import sys
 import types
 
 from compress.checkpoint import CheckpointError, load_compressed, save_compressed
-from compress.configs import BlockSparseConfig, W4A16Config, W8A8Config
+from compress.configs import BlockSparseConfig, W4A16Config, W8A8Config, W8A16Config
 from compress.nn.fusion import fuse_siblings
 from compress.nn.input_quant import link_quantized_inputs
-from compress.nn.modules import BSRLinear, BSRW8A8Linear, W4A16Linear, W8A8Linear
+from compress.nn.modules import BSRLinear, BSRW8A8Linear, W4A16Linear, W8A8Linear, W8A16Linear
 from compress.nn.qat import CompressedLinear
 from compress.plan import DEFAULT_EXCLUDE, Plan, convert, prepare
 from compress.schedule import CalibrationSchedule, CompressionSchedule, PruningSchedule, QuantizationSchedule
@@ -83,6 +83,8 @@ __all__ = [
     "W4A16Linear",
     "W8A8Config",
     "W8A8Linear",
+    "W8A16Config",
+    "W8A16Linear",
     "convert",
     "fuse_siblings",
     "link_quantized_inputs",

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from compress.configs import W8A8Config
+from compress.configs import W8A8Config, W8A16Config
 from compress.core.gptq import add_to_hessian, gptq_quantize, hessian
 from compress.core.quant import INT4_QMAX, INT8_QMAX, dequantize_groupwise, dequantize_per_channel, per_channel_scale
 from compress.core.smoothquant import apply_smoothquant
@@ -143,13 +143,14 @@ def collect_hessians(model: nn.Module, layers: dict[str, CompressedLinear], run_
 
 def gptq_layer(layer: CompressedLinear, xtx: torch.Tensor, tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
     """GPTQ of one layer from its inputs' ``X^T X``; the layer then holds the result. Returns (q, scale):
-    W8A8 (N, K) int8 and (N,); W4A16 (N, Kp) int8 and (N, Kp/G), K zero-padded as the export pads it."""
+    W8A8 and per-channel W8A16 (N, K) int8 and (N,), the row scales fixed up front; W4A16 and grouped W8A16
+    (N, Kp) int8 and (N, Kp/G), each group's scale searched by the sweep, K zero-padded as the export pads it."""
     config, k = layer.quant_config, layer.in_features
     h, w = hessian(xtx, tokens), layer.weight.detach().float()  # pruned weights too, if still there
     keep = None if layer.mask is None else expand_mask(layer.mask, tuple(w.shape), layer.sparse_config.block)
     act_order = config.gptq_act_order if config.gptq_act_order is not None else keep is None
     knobs = dict(keep=keep, damping=config.gptq_damping, act_order=act_order, block=config.gptq_block)
-    if isinstance(config, W8A8Config):
+    if isinstance(config, W8A8Config) or (isinstance(config, W8A16Config) and config.group_size is None):
         row_scale = per_channel_scale(layer.masked_weight().detach().float())  # the export's rule
         q, scale = gptq_quantize(w, h, INT8_QMAX, k, scale=row_scale[:, None], **knobs)
         scale = scale[:, 0]
@@ -159,7 +160,8 @@ def gptq_layer(layer: CompressedLinear, xtx: torch.Tensor, tokens: int) -> tuple
     pad = padded - k
     if keep is not None:
         knobs["keep"] = F.pad(keep, (0, pad), value=True)
-    q, scale = gptq_quantize(F.pad(w, (0, pad)), F.pad(h, (0, pad, 0, pad)), INT4_QMAX, group_size, **knobs)
+    qmax = INT8_QMAX if isinstance(config, W8A16Config) else INT4_QMAX
+    q, scale = gptq_quantize(F.pad(w, (0, pad)), F.pad(h, (0, pad, 0, pad)), qmax, group_size, **knobs)
     layer.set_quantized_weight(dequantize_groupwise(q, scale, group_size)[:, :k], scale)
     return q, scale
 

@@ -5,13 +5,16 @@
   static, calibrated per-tensor scale (``activation="static"``, found by an observer).
 * :class:`W4A16Config`: int4 weights in [-8, 7], one scale per group of ``group_size`` input
   channels (``None`` means one group per output channel, ``G = K``), fp16/bf16 activations.
+* :class:`W8A16Config`: int8 weights in [-128, 127], one scale per output channel
+  (``s_w[n] = max|W[n,:]| / 127``, the default) or per group of 128 input channels
+  (``group_size=128``), fp16/bf16 activations.
 * :class:`BlockSparseConfig`: 32x32 blocks of the weight pruned to ``sparsity`` (a fraction of
   blocks), scored by ``score``.
 
 ``learnable_scale`` turns the weight scales into parameters trained with the LSQ gradient (Esser et
 al., 2020) during QAT; the exported module stores the learned scales.
 
-``algorithm`` (both quantization configs) chooses how the weights are rounded: ``"rtn"`` (round to
+``algorithm`` (every quantization config) chooses how the weights are rounded: ``"rtn"`` (round to
 nearest, the default) or ``"gptq"`` (Frantar et al., 2022: :mod:`compress.core.gptq`, run on
 calibration data by :func:`compress.convert` or the ``Calibration`` callback), with its knobs
 ``gptq_damping`` (fraction of the Hessian's mean diagonal added to it, in (0, 1]),
@@ -31,6 +34,7 @@ from typing import Any, Optional, Union
 ACTIVATION_MODES = ("dynamic", "static")
 OBSERVERS = ("absmax", "percentile", "moving_average")
 W4_GROUP_SIZES = (32, 64, 128)
+W8_GROUP_SIZES = (128,)  # W8A16: the kernel's group of input channels (compress_kernels.reference.W8A16_GROUP_SIZE)
 BLOCK_SIZES = (32,)
 BLOCK_SCORES = ("magnitude", "l2", "movement", "fisher")
 GRADIENT_SCORES = ("movement", "fisher")  # scores summed from gradients over training steps
@@ -150,6 +154,31 @@ class W4A16Config(_AlgorithmMixin, _ConfigMixin):
 
 
 @dataclass(frozen=True)
+class W8A16Config(_AlgorithmMixin, _ConfigMixin):
+    """int8 weights, fp16/bf16 activations; ``group_size`` None (one scale per output channel, the
+    default) or 128 (one per group of 128 input channels).
+
+    ``algorithm="gptq"``: per channel the row scales are fixed up front (``max|W[n,:]| / 127``, as for
+    W8A8); with groups each group's scale is searched when the sweep reaches it (as for W4A16); then
+    GPTQ rounds the weights on those scales (:mod:`compress.core.gptq`).
+    """
+
+    group_size: Optional[int] = None
+    learnable_scale: bool = False
+    algorithm: str = "rtn"
+    gptq_damping: float = 0.01
+    gptq_act_order: Optional[bool] = None
+    gptq_block: int = 128
+
+    def __post_init__(self):
+        if self.group_size is not None:
+            _check_type("W8A16Config.group_size", self.group_size, (int,))
+            _check_choice("W8A16Config.group_size", self.group_size, W8_GROUP_SIZES + (None,))
+        _check_type("W8A16Config.learnable_scale", self.learnable_scale, (bool,))
+        self._check_algorithm()
+
+
+@dataclass(frozen=True)
 class BlockSparseConfig(_ConfigMixin):
     """Prune ``sparsity`` (fraction in [0, 1)) of the ``block`` x ``block`` weight blocks.
 
@@ -173,9 +202,10 @@ class BlockSparseConfig(_ConfigMixin):
         _check_choice("BlockSparseConfig.score", self.score, BLOCK_SCORES)
 
 
-QuantConfig = Union[W8A8Config, W4A16Config]
-AnyConfig = Union[W8A8Config, W4A16Config, BlockSparseConfig]
-CONFIG_TYPES = {cls.__name__: cls for cls in (W8A8Config, W4A16Config, BlockSparseConfig)}
+QuantConfig = Union[W8A8Config, W4A16Config, W8A16Config]
+QUANT_CONFIGS = (W8A8Config, W4A16Config, W8A16Config)
+AnyConfig = Union[W8A8Config, W4A16Config, W8A16Config, BlockSparseConfig]
+CONFIG_TYPES = {cls.__name__: cls for cls in (*QUANT_CONFIGS, BlockSparseConfig)}
 
 
 def config_from_dict(data: dict[str, Any]) -> AnyConfig:
@@ -190,4 +220,4 @@ def config_from_dict(data: dict[str, Any]) -> AnyConfig:
 
 
 def is_config(value) -> bool:
-    return isinstance(value, (W8A8Config, W4A16Config, BlockSparseConfig))
+    return isinstance(value, (*QUANT_CONFIGS, BlockSparseConfig))

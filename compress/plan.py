@@ -25,14 +25,17 @@ calibrate (SmoothQuant and static scales), GPTQ where a config says ``algorithm=
 
 Calibration (observers, SmoothQuant, static scales) and GPTQ live in :mod:`compress.calibration`.
 
-A layer that a kernel cannot take is handled on purpose: W4A16 pads K to the group size
-(:class:`compress.nn.modules.W4A16Linear`); block sparsity alone on a layer whose N or K is not a
+A layer that a kernel cannot take is handled on purpose: W4A16 and W8A16 pad K to the group size (and
+to a multiple of 8) with zero channels (:class:`compress.nn.modules.W4A16Linear`,
+:class:`compress.nn.modules.W8A16Linear`); block sparsity alone on a layer whose N or K is not a
 multiple of 32 is exported as a dense ``nn.Linear`` holding the masked weight, with a logged reason.
 
 Export picks the inference module from a layer's configs: W8A8 with block sparsity ->
 :class:`compress.nn.modules.BSRW8A8Linear` (int8 blocks, the pruned ones not stored; N or K not a
-multiple of 32: ``W8A8Linear`` with zero blocks); W8A8 -> ``W8A8Linear``; W4A16, with or without
-sparsity -> ``W4A16Linear`` (pruned blocks are zeros in the int4 weight); sparsity alone -> ``BSRLinear``.
+multiple of 32: ``W8A8Linear`` with zero blocks); W8A8 -> ``W8A8Linear``; W4A16 / W8A16, with or without
+sparsity -> ``W4A16Linear`` / ``W8A16Linear`` (pruned blocks are zeros in the int4 / int8 weight; the
+kernels read them like any other weight, so there pruning saves no bytes or time); sparsity alone ->
+``BSRLinear``.
 """
 from __future__ import annotations
 
@@ -46,7 +49,7 @@ import torch
 from torch import nn
 
 from compress.calibration import calibrate, gptq_layers, run_gptq
-from compress.configs import BlockSparseConfig, W4A16Config, W8A8Config, is_config
+from compress.configs import BlockSparseConfig, W4A16Config, W8A8Config, W8A16Config, is_config
 from compress.core.sparsity import block_mask
 from compress.nn.conv1d import is_conv1d, is_linear_or_conv1d
 from compress.nn.experts import (
@@ -57,7 +60,7 @@ from compress.nn.experts import (
     experts_module_name,
     is_fused_experts,
 )
-from compress.nn.modules import BSRLinear, BSRW8A8Linear, W4A16Linear, W8A8Linear
+from compress.nn.modules import BSRLinear, BSRW8A8Linear, W4A16Linear, W8A8Linear, W8A16Linear
 from compress.nn.qat import CompressedLinear, compressed_layers, split_configs
 
 logger = logging.getLogger(__name__)
@@ -173,8 +176,8 @@ def is_router(name: str, module: nn.Module) -> bool:
 
 
 def _experts_config_problem(configs) -> str | None:
-    """Why an experts block cannot take ``configs`` yet, or None: experts take dynamic W8A8, W4A16 and block
-    sparsity; static scales, SmoothQuant and GPTQ need calibration data routed to every expert."""
+    """Why an experts block cannot take ``configs`` yet, or None: experts take dynamic W8A8, W4A16, W8A16 and
+    block sparsity; static scales, SmoothQuant and GPTQ need calibration data routed to every expert."""
     for config in configs:
         if isinstance(config, W8A8Config) and config.static:
             return "static W8A8 activation scales are not supported for experts (use activation='dynamic')"
@@ -339,7 +342,7 @@ def prepare(model: nn.Module, plan, fake_quant: bool = False) -> nn.Module:
         raise ValueError(f"plan matched no eligible linear layer; the model's linear layers (nn.Linear, Conv1D) "
                          f"are {names[:20]}{' ...' if len(names) > 20 else ''}{_other_matrix_modules(model)}")
     if fake_quant and not any(split_configs(list(configs))[0] is not None for configs in targets.values()):
-        raise ValueError("prepare: fake_quant=True needs a quantization config (W8A8Config or W4A16Config) in the "
+        raise ValueError("prepare: fake_quant=True needs a quantization config (W8A8Config, W4A16Config or W8A16Config) in the "
                          "plan; it has block sparsity only")
     # 1. check every target before touching any.
     for name, configs in targets.items():
@@ -446,6 +449,8 @@ def export_module(name: str, layer: CompressedLinear) -> nn.Module:
         return dense
     if isinstance(quant, W4A16Config):
         return W4A16Linear.from_float(layer, quant, weight=weight, weight_scale=layer.weight_scale)
+    if isinstance(quant, W8A16Config):
+        return W8A16Linear.from_float(layer, quant, weight=weight, weight_scale=layer.weight_scale)
     if isinstance(sparse, BlockSparseConfig) and _bsr_shaped(name, layer, sparse.block, "weight"):
         return BSRLinear.from_float(layer, sparse, weight=weight, mask=layer.mask)
     return layer.to_float()

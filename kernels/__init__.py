@@ -1,4 +1,4 @@
-"""Triton kernels for compressed linear layers (import name ``compress_kernels``): W8A8, W4A16 and DDS.
+"""Triton kernels for compressed linear layers (import name ``compress_kernels``): W8A8, W4A16, W8A16 and DDS.
 
 One package per op, each with its dispatch table (``dispatch.py``: from the shapes to the kernel and
 tiles that run, one commented row per case), its launcher, validation and ``torch.library`` custom op
@@ -9,6 +9,7 @@ explains each kernel, each table and the current figures.
     w8a8/        w8a8_matmul(x, w_q, w_scale, bias=None, x_scale=None),
                  w8a8_matmul_quantized(xq, s_x, w_q, w_scale, bias=None, out_dtype=torch.float16)
     w4a16/       w4a16_matmul(x, qweight, scales, group_size, bias=None)
+    w8a16/       w8a16_matmul(x, w_q, w_scale, bias=None), w_scale (N,) per channel or (N, K/128) per group
     bsr/         bsr_matmul(x, weight, bias=None), bsr_matmul_parts(x, crow, col, values, out_features, bias=None),
                  bsr_w8a8_matmul_parts(x, crow, col, values_int8, w_scale, out_features, bias=None, x_scale=None),
                  bsr_w8a8_matmul_quantized(xq, s_x, crow, col, values_int8, w_scale, out_features, bias, out_dtype)
@@ -18,7 +19,7 @@ explains each kernel, each table and the current figures.
     common/      checks, bound calls, device facts, tiles, split-K, PDL, L2 prefetch, int8 quantize, int4 unpack
 
 ``bind_<op>(x, ...)`` for each matmul op above (``bind_w8a8_matmul``, ``bind_w8a8_matmul_quantized``,
-``bind_w4a16_matmul``, ``bind_bsr_matmul_parts``, ``bind_bsr_w8a8_matmul_parts``,
+``bind_w4a16_matmul``, ``bind_w8a16_matmul``, ``bind_bsr_matmul_parts``, ``bind_bsr_w8a8_matmul_parts``,
 ``bind_bsr_w8a8_matmul_quantized``) takes the op's arguments, validates them in full once and returns
 a call bound to the weight side: ``call(x)`` checks only x (dtype, device, K) and, in eager mode,
 launches without the custom op's dispatch (:mod:`compress_kernels.common.bound`). The inference
@@ -41,6 +42,7 @@ from compress_kernels.reference import (
     w4a16_matmul_ref,
     w8a8_matmul_quantized_ref,
     w8a8_matmul_ref,
+    w8a16_matmul_ref,
 )
 
 try:
@@ -57,6 +59,7 @@ if TRITON_AVAILABLE:
     from compress_kernels.norm_quant import gelu_quantize, layer_norm_quantize, rms_norm_quantize
     from compress_kernels.w4a16 import bind_w4a16_matmul, w4a16_matmul
     from compress_kernels.w8a8 import bind_w8a8_matmul, bind_w8a8_matmul_quantized, w8a8_matmul, w8a8_matmul_quantized
+    from compress_kernels.w8a16 import bind_w8a16_matmul, w8a16_matmul
 else:  # pragma: no cover
 
     def _missing(*_args, **_kwargs):
@@ -66,6 +69,7 @@ else:  # pragma: no cover
     w8a8_matmul_quantized = bsr_w8a8_matmul_quantized = layer_norm_quantize = gelu_quantize = _missing
     rms_norm_quantize = bind_w8a8_matmul = bind_w8a8_matmul_quantized = bind_w4a16_matmul = _missing
     bind_bsr_matmul_parts = bind_bsr_w8a8_matmul_parts = bind_bsr_w8a8_matmul_quantized = _missing
+    w8a16_matmul = bind_w8a16_matmul = _missing
     NORM_QUANT_MAX_ROW = 0
 
 __all__ = [
@@ -77,6 +81,7 @@ __all__ = [
     "bind_w4a16_matmul",
     "bind_w8a8_matmul",
     "bind_w8a8_matmul_quantized",
+    "bind_w8a16_matmul",
     "bsr_matmul",
     "bsr_matmul_parts",
     "bsr_matmul_ref",
@@ -100,4 +105,6 @@ __all__ = [
     "w8a8_matmul_quantized",
     "w8a8_matmul_quantized_ref",
     "w8a8_matmul_ref",
+    "w8a16_matmul",
+    "w8a16_matmul_ref",
 ]

@@ -20,6 +20,11 @@ division so the quantized values are 0 and nothing is NaN or Inf.
 * W4A16: ``qweight`` (K/8, N) int32, nibble ``k % 8`` of ``qweight[k // 8, n]`` holds ``q[k, n]``
   (two's complement, sign-extended on unpack); ``scales`` (K/G, N);
   ``W[n, k] = q[k, n] * scales[k // G, n]``; fp32 accumulation.
+* W8A16: ``w_q`` (N, K) int8 (the ``nn.Linear`` layout), symmetric, and ``w_scale`` (N,), one scale per
+  output channel ``s_w[n] = max|W[n, :]| / 127``, or (N, K/128), one per group of 128 input channels
+  ``s_w[n, g] = max|W[n, 128g : 128(g+1)]| / 127``; ``W[n, k] = w_q[n, k] * s_w[n (, k // 128)]``;
+  activations stay fp16 / bf16; ``y = x @ W.T (+ bias)`` with fp32 accumulation. The float ops need no
+  rule for non-finite input: a NaN or Inf in a row of ``x`` reaches that output row by arithmetic.
 * DDS: ``W`` as ``torch.sparse_bsr`` with 32x32 blocks; absent blocks are zero.
 * Sparse W8A8: W8A8 with the int8 weight ``W_q`` in BSR parts (int8 ``values``); absent blocks are zero.
 * LayerNorm / RMSNorm / GELU + quantize: the op's output in x's dtype and ``quantize_per_token`` of it.
@@ -29,6 +34,7 @@ from __future__ import annotations
 import torch
 
 INT8_QMAX = 127
+W8A16_GROUP_SIZE = 128  # input channels per scale of grouped W8A16 weights
 INT4_QMIN, INT4_QMAX = -8, 7
 BSR_BLOCK = 32
 
@@ -98,6 +104,22 @@ def w4a16_matmul_ref(x, qweight, scales, group_size, bias=None):
     """``y = x @ dequantize_int4(qweight, scales).T (+ bias)`` with fp32 accumulation."""
     w = dequantize_int4(qweight, scales, group_size)  # (N, K)
     y = x.float() @ w.T
+    if bias is not None:
+        y = y + bias.float()
+    return y.to(x.dtype)
+
+
+def dequantize_int8(w_q: torch.Tensor, w_scale: torch.Tensor) -> torch.Tensor:
+    """(N, K) int8 and scales (N,) or (N, K/128) -> W (N, K) float32, ``w_q * s_w`` (the W8A16 weight)."""
+    scale = w_scale.float()
+    if scale.dim() == 1:
+        return w_q.float() * scale[:, None]
+    return w_q.float() * scale.repeat_interleave(w_q.shape[1] // scale.shape[1], dim=1)
+
+
+def w8a16_matmul_ref(x, w_q, w_scale, bias=None):
+    """``y = x @ dequantize_int8(w_q, w_scale).T (+ bias)`` with fp32 accumulation, in x's dtype."""
+    y = x.float() @ dequantize_int8(w_q, w_scale).T
     if bias is not None:
         y = y + bias.float()
     return y.to(x.dtype)

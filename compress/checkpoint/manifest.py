@@ -41,7 +41,7 @@ from torch import nn
 
 from compress.configs import config_from_dict
 from compress.nn.experts import QuantizedExperts
-from compress.nn.modules import INFERENCE_MODULES, BSRLinear, BSRW8A8Linear, W4A16Linear, W8A8Linear
+from compress.nn.modules import INFERENCE_MODULES, BSRLinear, BSRW8A8Linear, W4A16Linear, W8A8Linear, W8A16Linear
 
 logger = logging.getLogger(__name__)
 
@@ -81,7 +81,7 @@ def layer_entry(module: nn.Module) -> dict:
                 "bias": False, "num_experts": module.num_experts, "intermediate_size": module.intermediate_dim}
     entry = {"module": type(module).__name__, "in_features": module.in_features,
              "out_features": module.out_features, "bias": module.bias is not None}
-    if isinstance(module, (W8A8Linear, W4A16Linear, BSRW8A8Linear)):
+    if isinstance(module, (W8A8Linear, W4A16Linear, W8A16Linear, BSRW8A8Linear)):
         entry["config"] = module.config.to_dict()
     if isinstance(module, (W8A8Linear, BSRW8A8Linear)):
         entry["smoothing"] = module.input_smoothing is not None
@@ -167,6 +167,7 @@ def _json_kind(value) -> str:
 _LAYER_FIELDS = {  # inference module -> {field: type} its manifest entry needs (see layer_entry)
     "W8A8Linear": {"config": dict, "smoothing": bool},
     "W4A16Linear": {"config": dict},
+    "W8A16Linear": {"config": dict},
     "BSRLinear": {"nnz": int, "block": int},
     "BSRW8A8Linear": {"config": dict, "smoothing": bool, "nnz": int, "block": int},
     "QuantizedExperts": {"num_experts": int, "intermediate_size": int},

@@ -19,8 +19,9 @@ rounding; B only changes speed). Before the sweep: inputs that never fire (``H[i
 with 10x more when the Cholesky factorization fails).
 
 Grid (``compress/core/quant.py``): ``q = clamp(round(w / s), -qmax - 1, qmax)``, one scale per row
-and group of G consecutive *original* input channels. W8A8 passes its per-row scales up front
-(``max|W[n, :]| / 127`` of the original rows, G = K). W4A16 lets the sweep choose them: when the
+and group of G consecutive *original* input channels. W8A8 and per-channel W8A16 pass their per-row
+scales up front (``max|W[n, :]| / 127`` of the original rows, G = K). W4A16 and W8A16 with groups of 128
+(qmax 7 and 127) let the sweep choose them: when the
 sweep first reaches any column of a group, the group's scale is searched (:func:`search_group_scales`)
 on its *current* (error-updated) weights: per row, ``s = p * absmax / qmax`` with the shrink ``p`` on
 a grid from 1 down to ``MIN_SHRINK``, the one that minimises the group's rounding error weighted by

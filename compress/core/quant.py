@@ -7,8 +7,9 @@ row or group) is replaced by 1 so its values quantize to 0, never NaN/Inf.
 Granularities (W is (N, K) as in ``nn.Linear``):
 
 * per token (rows of activations X (M, K)) -> scales (M,)
-* per channel (rows of W) -> scales (N,)
-* group-wise (G consecutive input channels of one output channel) -> scales (N, K/G)
+* per channel (rows of W) -> scales (N,), int8 (W8A8, W8A16)
+* group-wise (G consecutive input channels of one output channel) -> scales (N, K/G), int4 (W4A16)
+  or, with ``qmax=INT8_QMAX``, int8 (W8A16 with groups of 128)
 
 int4 packing (the kernels' layout): ``q`` (K, N) int8 in [-8, 7] -> ``qweight`` (K/8, N) int32 with
 ``qweight[k // 8, n] |= (q[k, n] & 0xF) << (4 * (k % 8))``; :func:`unpack_int4` sign-extends.
@@ -88,12 +89,12 @@ def group_scale(w: torch.Tensor, group_size: int, qmax: int = INT4_QMAX) -> torc
     return safe_scale(w.detach().reshape(n, k // group_size, group_size).abs().amax(dim=2), qmax)
 
 
-def quantize_groupwise(w: torch.Tensor, group_size: int, scale: torch.Tensor | None = None):
-    """(N, K) -> (q int8 (N, K) in [-8, 7], scale float32 (N, K/G))."""
-    n, k = w.shape
-    scale = group_scale(w, group_size) if scale is None else scale.detach().float()
+def quantize_groupwise(w: torch.Tensor, group_size: int, scale: torch.Tensor | None = None,
+                       qmax: int = INT4_QMAX):
+    """(N, K) -> (q int8 (N, K) in [-qmax - 1, qmax] (int4's [-8, 7] by default), scale float32 (N, K/G))."""
+    scale = group_scale(w, group_size, qmax) if scale is None else scale.detach().float()
     expanded = scale.repeat_interleave(group_size, dim=1)  # (N, K)
-    q = quantize(w.detach(), expanded, INT4_QMIN, INT4_QMAX).to(torch.int8)
+    q = quantize(w.detach(), expanded, -qmax - 1, qmax).to(torch.int8)
     return q, scale
 
 
@@ -164,12 +165,14 @@ def fake_quantize_per_channel(w: torch.Tensor, scale: torch.Tensor | None = None
     return fake_quantize(w, scale[:, None], INT8_QMIN, INT8_QMAX)
 
 
-def fake_quantize_groupwise(w: torch.Tensor, group_size: int, scale: torch.Tensor | None = None) -> torch.Tensor:
-    """Group-wise int4 fake quantization of W (N, K); ``scale`` (N, K/G) learnable or absmax."""
+def fake_quantize_groupwise(w: torch.Tensor, group_size: int, scale: torch.Tensor | None = None,
+                            qmax: int = INT4_QMAX) -> torch.Tensor:
+    """Group-wise fake quantization of W (N, K) to [-qmax - 1, qmax] (int4 by default); ``scale`` (N, K/G)
+    learnable or absmax."""
     n, k = w.shape
     if scale is None:
-        scale = group_scale(w, group_size)
+        scale = group_scale(w, group_size, qmax)
     else:
-        scale = scale_gradient(scale, lsq_gradient_factor(group_size, INT4_QMAX))
+        scale = scale_gradient(scale, lsq_gradient_factor(group_size, qmax))
     grouped = w.reshape(n, k // group_size, group_size)
-    return fake_quantize(grouped, scale[:, :, None], INT4_QMIN, INT4_QMAX).reshape(n, k)
+    return fake_quantize(grouped, scale[:, :, None], -qmax - 1, qmax).reshape(n, k)

@@ -41,7 +41,7 @@ from torch import nn
 
 from compress.calibration import calibrate, forward_batch
 from compress.checkpoint import save_compressed
-from compress.configs import W4A16Config, W8A8Config
+from compress.configs import W4A16Config, W8A8Config, W8A16Config
 from compress.nn.experts import CompressedExperts, ExpertLinear
 from compress.nn.qat import CompressedLinear, compressed_layers
 from compress.plan import convert
@@ -131,11 +131,12 @@ class QuantizationAware(pl.Callback):
     (``self.schedule``).
 
     ``config``: the scheme for every eligible linear when ``plan`` is None; ``plan``:
-    ``{pattern: W8A8Config or W4A16Config}``. ``exclude`` as in :class:`BlockPruning`.
+    ``{pattern: W8A8Config, W4A16Config or W8A16Config}``. ``exclude`` as in :class:`BlockPruning`.
+    In YAML a W8A16Config needs its ``class_path``: a plain ``{group_size: 128}`` is a W4A16Config.
     """
 
-    def __init__(self, config: Optional[Union[W8A8Config, W4A16Config]] = None, start_step: int = 0,
-                 plan: Optional[dict[str, Union[W8A8Config, W4A16Config]]] = None,
+    def __init__(self, config: Optional[Union[W8A8Config, W4A16Config, W8A16Config]] = None, start_step: int = 0,
+                 plan: Optional[dict[str, Union[W8A8Config, W4A16Config, W8A16Config]]] = None,
                  exclude: Optional[list[str]] = None):
         super().__init__()
         if (config is None) == (plan is None):
@@ -181,7 +182,7 @@ class Calibration(pl.Callback):
     A run without training steps (``trainer.max_steps: 0``, the post-training path in a recipe) is
     calibrated at fit start instead, on the first ``num_batches`` training batches (see ``on_fit_start``).
 
-    GPTQ (layers whose config says ``algorithm="gptq"``, W8A8 or W4A16): at the end of training
+    GPTQ (layers whose config says ``algorithm="gptq"``: W8A8, W4A16 or W8A16): at the end of training
     (``on_train_end``, before :class:`Export` converts in ``on_fit_end``), the first ``num_batches``
     batches of the training dataloader are run once more (eval mode, no gradients) to collect each
     layer's Hessian, summed over DDP ranks, then each layer's weight is rounded by GPTQ (rank 0's

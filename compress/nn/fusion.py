@@ -8,11 +8,12 @@ N = N_q + N_k + N_v costs much less than three. :func:`fuse_siblings` rewrites a
 * **A group** is a parent module's children named as one entry of :data:`SIBLING_NAMES` (e.g.
   ``("q_proj", "k_proj", "v_proj")``), all of one kind with the same ``in_features``: all
   ``W8A8Linear`` (same config, same static activation scale and smoothing factors, as siblings
-  calibrated on one input have), all ``W4A16Linear`` (same group size), all ``BSRLinear`` (same
-  block), all ``BSRW8A8Linear`` (both rules), or, only with ``dense=True``, all ``nn.Linear``. Other groups are left as they are.
+  calibrated on one input have), all ``W4A16Linear`` (same group size), all ``W8A16Linear`` (same
+  config), all ``BSRLinear`` (same block), all ``BSRW8A8Linear`` (both rules), or, only with
+  ``dense=True``, all ``nn.Linear``. Other groups are left as they are.
 * **The fused module** is one module of that kind whose output rows are the members' rows, stacked
   in the group's order, so output ``n`` of member ``i`` is row ``N_1 + ... + N_{i-1} + n``:
-  W8A8 ``w_q`` / ``w_scale`` / ``bias`` are concatenated along N (dim 0); W4A16 ``qweight``
+  W8A8 and W8A16 ``w_q`` / ``w_scale`` / ``bias`` are concatenated along N (dim 0); W4A16 ``qweight``
   (K/8, N) and ``scales`` (K/G, N) along dim 1; BSR block rows are appended (``crow_indices`` of
   member ``i`` shifted by the blocks of the members before it). Each output element is the same
   dot product as before; only the tile shape the wider N gets (and so the order of a split
@@ -41,7 +42,7 @@ import logging
 import torch
 from torch import nn
 
-from compress.nn.modules import BSRLinear, BSRW8A8Linear, W4A16Linear, W8A8Linear
+from compress.nn.modules import BSRLinear, BSRW8A8Linear, W4A16Linear, W8A8Linear, W8A16Linear
 
 logger = logging.getLogger(__name__)
 
@@ -160,6 +161,19 @@ def _concat_w4a16(members) -> W4A16Linear | str:
     return fused
 
 
+def _concat_w8a16(members) -> W8A16Linear | str:
+    first = members[0]
+    if any(m.config != first.config or m.padded_in_features != first.padded_in_features for m in members):
+        return "different W8A16 configs"
+    bias = _stacked_bias(members)
+    fused = W8A16Linear(first.in_features, sum(m.out_features for m in members), bias is not None,
+                        first.config).to(first.w_q.device)
+    fused.w_q = torch.cat([m.w_q for m in members])
+    fused.w_scale = torch.cat([m.w_scale for m in members])
+    fused.bias = bias
+    return fused
+
+
 def _stacked_block_rows(members) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """BSR parts (crow, col, values) of the members' block rows appended in order."""
     crows, offset = [members[0].crow_indices[:1]], 0
@@ -211,7 +225,7 @@ def _concat_linear(members) -> nn.Linear:
     return fused
 
 
-_CONCAT = {W8A8Linear: _concat_w8a8, W4A16Linear: _concat_w4a16, BSRLinear: _concat_bsr,
+_CONCAT = {W8A8Linear: _concat_w8a8, W4A16Linear: _concat_w4a16, W8A16Linear: _concat_w8a16, BSRLinear: _concat_bsr,
            BSRW8A8Linear: _concat_bsr_w8a8}
 
 
@@ -277,6 +291,9 @@ def _row_slice(fused: nn.Module, start: int, stop: int) -> nn.Module:
         part = W4A16Linear(fused.in_features, stop - start, bias is not None, fused.config).to(fused.qweight.device)
         part.qweight = fused.qweight[:, start:stop].contiguous()
         part.scales = fused.scales[:, start:stop].contiguous()
+    elif isinstance(fused, W8A16Linear):
+        part = W8A16Linear(fused.in_features, stop - start, bias is not None, fused.config).to(fused.w_q.device)
+        part.w_q, part.w_scale = fused.w_q[start:stop].clone(), fused.w_scale[start:stop].clone()
     elif isinstance(fused, (BSRLinear, BSRW8A8Linear)):
         crow, col, values = _block_rows(fused, start, stop)
         if isinstance(fused, BSRLinear):

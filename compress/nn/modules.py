@@ -9,6 +9,9 @@ W8A8Linear     ``w_q`` (N, K) int8, ``w_scale`` (N,) float32,        ``kernels.w
                factors no norm could absorb; optional)
 W4A16Linear    ``qweight`` (Kp/8, N) int32, ``scales`` (Kp/G, N)    ``kernels.w4a16_matmul``: int4
                float32; Kp = K padded to a multiple of G and 8      unpack, dequantize, fp32 acc.
+W8A16Linear    ``w_q`` (N, Kp) int8, ``w_scale`` (N,) float32 per   ``kernels.w8a16_matmul``: int8 x
+               channel or (N, Kp/128) per group; Kp = K padded to   fp16/bf16, fp32 accumulation
+               a multiple of 8 (of 128 with groups)
 BSRLinear      ``crow_indices`` (N/32+1,) int32, ``col_indices``    ``kernels.bsr_matmul_parts``:
                (nnz,) int32, ``values`` (nnz, 32, 32) model dtype   absent blocks skipped
 BSRW8A8Linear  the BSR indices, ``values`` (nnz, 32, 32) int8, and   ``kernels.bsr_w8a8_matmul_parts``:
@@ -28,8 +31,8 @@ BSR ``values`` follow the model dtype.
 
 On CUDA inputs in fp16/bf16 the forward calls the Triton kernels; everywhere else it calls the
 pure-PyTorch reference of the same op (``kernels/reference.py``), logged once per class. Padding
-(W4A16 with K not a multiple of the group size) appends zero input channels to the weight and to
-``x``, so the result is exact.
+(W4A16 and W8A16 with K not a multiple of the group size, or of 8) appends zero input channels to the
+weight and to ``x``, so the result is exact.
 
 How the kernels are called. In eager mode (e.g. ``model.generate`` as most users run it) a forward
 must cost little host time, since a decode step calls every linear layer once with a few rows. The
@@ -58,9 +61,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from compress import _kernels
-from compress.configs import BlockSparseConfig, W4A16Config, W8A8Config
+from compress.configs import BlockSparseConfig, W4A16Config, W8A8Config, W8A16Config
 from compress.core.float32 import Float32Buffers
 from compress.core.quant import (
+    INT8_QMAX,
     dequantize_groupwise,
     dequantize_per_channel,
     pack_int4,
@@ -333,6 +337,59 @@ class W4A16Linear(_InferenceLinear):
                 f"group_size={self.group_size}{pad}")
 
 
+class W8A16Linear(_InferenceLinear):
+    """int8 weights with one scale per output channel (or per group of 128 input channels), fp16/bf16
+    activations."""
+
+    _float32_buffers = ("w_scale",)
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, config: W8A16Config | None = None):
+        super().__init__(in_features, out_features, bias)
+        self.config = config or W8A16Config()
+        if not isinstance(self.config, W8A16Config):
+            raise TypeError(f"config: expected W8A16Config, got {type(self.config).__name__}")
+        self.padded_in_features, group_size = padded_in_features(in_features, self.config.group_size)
+        self.register_buffer("w_q", torch.zeros(out_features, self.padded_in_features, dtype=torch.int8))
+        groups = () if self.config.group_size is None else (self.padded_in_features // group_size,)
+        self.register_buffer("w_scale", torch.ones(out_features, *groups))  # (N,) or (N, Kp/128)
+
+    @classmethod
+    def from_float(cls, linear: nn.Linear, config: W8A16Config | None = None, *, weight: torch.Tensor | None = None,
+                   weight_scale: torch.Tensor | None = None) -> "W8A16Linear":
+        """Quantize ``linear`` (or ``weight``) to int8; ``weight_scale`` (N,) or (N, Kp/128), e.g. learned by
+        LSQ or chosen by GPTQ."""
+        config = config or W8A16Config()
+        module = cls(linear.in_features, linear.out_features, linear.bias is not None, config)
+        source = F.pad((linear.weight if weight is None else weight).detach().float(),
+                       (0, module.padded_in_features - module.in_features))
+        if config.group_size is None:
+            w_q, scale = quantize_per_channel(source, weight_scale)
+        else:
+            w_q, scale = quantize_groupwise(source, config.group_size, weight_scale, qmax=INT8_QMAX)
+        module.w_q.copy_(w_q)
+        module.w_scale.copy_(scale)
+        cls._copy_float_state(module, linear)
+        return module.to(source.device)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        pad = self.padded_in_features - self.in_features
+        if pad:
+            x = F.pad(x, (0, pad))
+        if self._use_kernel(x):
+            return self._kernel("w8a16_matmul", x, self.w_q, self.w_scale, self._bias_for(x))
+        return _kernels.reference.w8a16_matmul_ref(x, self.w_q, self.w_scale, self.bias)
+
+    def dequantized_weight(self) -> torch.Tensor:
+        """(N, K) float32 ``w_q * w_scale`` (padding removed)."""
+        return _kernels.reference.dequantize_int8(self.w_q, self.w_scale)[:, : self.in_features]
+
+    def extra_repr(self) -> str:
+        scales = "per channel" if self.config.group_size is None else f"group_size={self.config.group_size}"
+        pad = f", padded_in_features={self.padded_in_features}" if self.padded_in_features != self.in_features else ""
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+                f"int8 weights {scales}{pad}")
+
+
 class _BlockSparseIndices:
     """The BSR index check shared by the block-sparse modules: their forwards pass
     ``check_indices=False`` to the launchers, so indices are checked once, where they come in."""
@@ -473,7 +530,7 @@ class BSRW8A8Linear(_BlockSparseIndices, _TakesHandedInput, _InferenceLinear):
                 f"block={self.block}, nnz_blocks={self.nnz}/{total}, {_activation_repr(self)}")
 
 
-INFERENCE_MODULES = {cls.__name__: cls for cls in (W8A8Linear, W4A16Linear, BSRLinear, BSRW8A8Linear)}
+INFERENCE_MODULES = {cls.__name__: cls for cls in (W8A8Linear, W4A16Linear, W8A16Linear, BSRLinear, BSRW8A8Linear)}
 
 
 def to_float(module: _InferenceLinear) -> nn.Linear:

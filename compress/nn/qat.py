@@ -26,7 +26,8 @@ Forward (the numerical contract: the exported module computes the same function)
     w = weight * mask                                  (when masked)
     x = x / input_smoothing                            (when smoothed)
     W8A8:  y = fq_token(x) @ fq_channel(w).T + b       (fq = quantize-dequantize in float32)
-    W4A16: y = x @ fq_group(w).T + b
+    W4A16: y = x @ fq_group(w).T + b                   (int4, groups of G)
+    W8A16: y = x @ fq_channel(w).T + b                 (int8; fq_group with groups of 128)
     y in x's dtype
 """
 from __future__ import annotations
@@ -37,10 +38,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from compress.configs import BlockSparseConfig, W4A16Config, W8A8Config, is_config
+from compress.configs import BlockSparseConfig, QuantConfig, W8A8Config, W8A16Config, is_config
 from compress.core.float32 import Float32Buffers
 from compress.core.observers import Observer, make_observer
 from compress.core.quant import (
+    INT4_QMAX,
+    INT8_QMAX,
     fake_quantize_groupwise,
     fake_quantize_per_channel,
     fake_quantize_per_token,
@@ -54,15 +57,14 @@ from compress.nn.modules import padded_in_features
 logger = logging.getLogger(__name__)
 
 
-def split_configs(configs) -> tuple[W8A8Config | W4A16Config | None, BlockSparseConfig | None]:
+def split_configs(configs) -> tuple[QuantConfig | None, BlockSparseConfig | None]:
     """(quant config or None, sparse config or None) from one config or a list; rejects conflicts."""
     items = list(configs) if isinstance(configs, (list, tuple)) else [configs]
     quant, sparse = None, None
     for item in items:
         if not is_config(item):
-            raise TypeError(
-                f"configs: expected W8A8Config, W4A16Config or BlockSparseConfig items, got {type(item).__name__}"
-            )
+            raise TypeError(f"configs: expected W8A8Config, W4A16Config, W8A16Config or BlockSparseConfig items, "
+                            f"got {type(item).__name__}")
         if isinstance(item, BlockSparseConfig):
             if sparse is not None and sparse != item:
                 raise ValueError(f"configs: at most one BlockSparseConfig per layer, got {sparse} and {item}")
@@ -171,18 +173,29 @@ class CompressedLinear(Float32Buffers, nn.Linear):
             return self.weight
         return self.weight * self._element_mask().to(self.weight.dtype)
 
+    def _per_channel_int8(self) -> bool:
+        """Whether the weight has one int8 scale per output channel (W8A8, per-channel W8A16)."""
+        config = self.quant_config
+        return isinstance(config, W8A8Config) or (isinstance(config, W8A16Config) and config.group_size is None)
+
+    def _group_qmax(self) -> int:
+        """The largest value of a group-wise grid: int8 (W8A16) or int4 (W4A16)."""
+        return INT8_QMAX if isinstance(self.quant_config, W8A16Config) else INT4_QMAX
+
     def _absmax_weight_scale(self) -> torch.Tensor:
         w = self.masked_weight().detach()
-        if isinstance(self.quant_config, W8A8Config):
+        if self._per_channel_int8():
             return per_channel_scale(w)
         padded, group_size = padded_in_features(self.in_features, self.quant_config.group_size)
-        return group_scale(F.pad(w, (0, padded - self.in_features)), group_size)
+        return group_scale(F.pad(w, (0, padded - self.in_features)), group_size, self._group_qmax())
 
-    def _fake_quantize_int4(self, w: torch.Tensor) -> torch.Tensor:
-        """Group-wise int4 fake quantization, K zero-padded to the group size as the export does."""
+    def _fake_quantize_groups(self, w: torch.Tensor) -> torch.Tensor:
+        """Group-wise fake quantization (int4, or int8 for W8A16), K zero-padded to the group size as the
+        export does."""
         padded, group_size = padded_in_features(self.in_features, self.quant_config.group_size)
         w_padded = F.pad(w, (0, padded - self.in_features))
-        return fake_quantize_groupwise(w_padded, group_size, self.weight_scale)[:, : self.in_features]
+        w_fq = fake_quantize_groupwise(w_padded, group_size, self.weight_scale, self._group_qmax())
+        return w_fq[:, : self.in_features]
 
     @torch.no_grad()
     def set_mask(self, mask: torch.Tensor, zero_weights: bool = True) -> None:
@@ -206,7 +219,8 @@ class CompressedLinear(Float32Buffers, nn.Linear):
     def set_quantized_weight(self, weight: torch.Tensor, scale: torch.Tensor) -> None:
         """Hold a weight already on the quantization grid (GPTQ's ``q * s``, (N, K)) and its scales.
 
-        ``scale``: (N,) for W8A8, (N, Kp/G) for W4A16. A learnable scale takes the values (marked
+        ``scale``: (N,) for W8A8 and per-channel W8A16, (N, Kp/G) for W4A16 and grouped W8A16. A learnable
+        scale takes the values (marked
         initialised); otherwise they become the ``weight_scale`` buffer.
         """
         if self.quant_config is None:
@@ -279,16 +293,17 @@ class CompressedLinear(Float32Buffers, nn.Linear):
         w = self.masked_weight()
         if not self.fake_quant_enabled:
             return F.linear(x, w, self.bias)
-        scale = self.weight_scale
         if isinstance(self.quant_config, W8A8Config):
             static = self.static_act_scale()
             if self.quant_config.static and static is None:
                 logger.debug("%s: static W8A8 layer not calibrated yet; fake-quantizing per token", type(self).__name__)
             x_fq = fake_quantize_per_token(x, static)
-            w_fq = fake_quantize_per_channel(w, scale)
         else:
             x_fq = x.float()
-            w_fq = self._fake_quantize_int4(w)
+        if self._per_channel_int8():
+            w_fq = fake_quantize_per_channel(w, self.weight_scale)
+        else:
+            w_fq = self._fake_quantize_groups(w)
         bias = None if self.bias is None else self.bias.float()
         return F.linear(x_fq, w_fq, bias).to(x.dtype)
 

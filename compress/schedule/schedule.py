@@ -55,7 +55,7 @@ def _as_quantization(quantization) -> Optional[QuantizationSchedule]:
         return quantization
     if isinstance(quantization, (*QUANT_CONFIGS, Mapping)):
         return QuantizationSchedule(quantization)
-    raise TypeError(f"quantization: expected a QuantizationSchedule, a W8A8Config or W4A16Config, or a mapping "
+    raise TypeError(f"quantization: expected a QuantizationSchedule, a W8A8Config, W4A16Config or W8A16Config, or a mapping "
                     f"{{pattern: config}}, got {type(quantization).__name__}")
 
 
@@ -63,7 +63,7 @@ class CompressionSchedule:
     """Prune, quantize and calibrate ``model`` while it trains (see the module docstring).
 
     ``pruning``: a :class:`PruningSchedule` or None. ``quantization``: a :class:`QuantizationSchedule`,
-    or a W8A8 / W4A16 config or ``{pattern: config}`` (fake quantization from step 0), or None.
+    or a W8A8 / W4A16 / W8A16 config or ``{pattern: config}`` (fake quantization from step 0), or None.
     ``calibration``: a :class:`CalibrationSchedule` (needed by static W8A8 scales; counts one batch per
     step) or None. The parts are applied in that order at each step.
     """

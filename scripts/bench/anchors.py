@@ -24,6 +24,11 @@ computes the same product another way (said per anchor below).
   nibbles a byte with the even k in the high nibble; on the CPU ``aten._convert_weight_to_int4pack_for_cpu``
   from the (N, K) int32 ``u``, used with ``aten._weight_int4pack_mm_for_cpu``. Both need
   ``K % (16 * inner_k_tiles) == 0`` (inner_k_tiles = 8, as torchao) and ``N % 16 == 0``.
+* **PyTorch's int8 weight-only matmul** (``torch._weight_int8pack_mm``, the op torchao's and Inductor's
+  int8 weight-only paths lower to): x (M, K) fp16 / bf16, the int8 weight (N, K) as it is (no packing)
+  and one scale per output channel, (N,) in x's dtype (its CPU kernel takes no other); ``y = (x @ w.T) *
+  scales``. Its CUDA kernel (PyTorch 2.9 on) is one thread per output with a loop over K in fp32, so
+  the benchmarks time it at small M only (:data:`INT8PACK_MAX_M`). CPU: the same op, its CPU kernel.
 * **torch BSR**: PyTorch's Triton BSR kernel, ``torch.sparse._triton_ops.bsr_dense_mm``, on W as a
   ``torch.sparse_bsr_tensor`` with 32x32 blocks: it computes ``W @ x.T``, whose dense operand needs
   a multiple of 16 columns, so x is padded with zero rows to the next multiple of 16 and the result
@@ -39,6 +44,7 @@ INT_MM_MIN_ROWS = 17  # cuBLASLt's int8 GEMM behind torch._int_mm needs M > 16 .
 INT_MM_PADDED_ROWS = 32  # ... so fewer rows are padded to this many
 ABSMAX_FLOOR = 1e-8
 TINYGEMM_INNER_K_TILES = 8
+INT8PACK_MAX_M = 256  # torch._weight_int8pack_mm's CUDA kernel (a thread per output) takes seconds past this
 BSR_DENSE_MM_COLUMNS = 16  # bsr_dense_mm needs the dense operand's column count divisible by this
 
 
@@ -97,6 +103,13 @@ def tinygemm_int4_matmul(x: torch.Tensor, packed: torch.Tensor, group_size: int,
     if x.is_cuda:
         return torch.ops.aten._weight_int4pack_mm(x, packed, group_size, scales_and_zeros)
     return torch.ops.aten._weight_int4pack_mm_for_cpu(x, packed, group_size, scales_and_zeros)
+
+
+# ---- PyTorch's int8 weight-only matmul -------------------------------------------------------------
+def weight_int8pack_mm(x: torch.Tensor, w_q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """``y = (x @ w_q.T) * scales`` by ``torch._weight_int8pack_mm``: x (M, K) fp16 / bf16, w_q (N, K) int8,
+    scales (N,) in x's dtype -> (M, N) in x's dtype."""
+    return torch._weight_int8pack_mm(x, w_q, scales)
 
 
 # ---- torch BSR -------------------------------------------------------------------------------------

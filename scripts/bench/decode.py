@@ -1,14 +1,15 @@
 """End-to-end decode benchmark: tokens/s of a Llama-2-7B-shaped model, dense against every compressed variant.
 
     python -m scripts.bench.decode --out benchmarks/results/decode-h100.json
+    python -m scripts.bench.decode --variants fp16,w8a16,int8-aten,w8a8 --out decode-w8a16.json  # W8A16 alone
 
 A ``LlamaForCausalLM`` with Llama-2-7B shapes (``--layers`` decoder layers, 32 by default) and
 seeded random weights decodes greedily: a random prompt of ``--prompt-len`` tokens is prefilled,
 then ``--steps`` single-token decode steps are timed at each ``--batch``; tokens/s = batch * steps
 / time, the median of ``--repeats`` runs. The model and the variants (``--variants``; fp16, ours
-and PyTorch's tinygemm int4 anchor) are in :mod:`scripts.bench.decode_variants`, the harness
-(static KV cache, ``torch.compile`` of the decoder layer, one CUDA graph per decode step, timed by
-:mod:`compress.eval.timing`) in :mod:`scripts.bench.decode_runner`. Every variant is built from
+and PyTorch's tinygemm int4 and int8 weight-only anchors) are in :mod:`scripts.bench.decode_variants`,
+the harness (static KV cache, ``torch.compile`` of the decoder layer, one CUDA graph per decode step,
+timed by :mod:`compress.eval.timing`) in :mod:`scripts.bench.decode_runner`. Every variant is built from
 the same seeded weights, one at a time (freed after), with its sibling linears fused first
 (``compress.nn.fusion.fuse_siblings(model, dense=True)``: ``q/k/v`` and ``gate/up``, so a step runs 4
 matmuls per layer in every variant and the ratios compare kernels, not layouts). Every variant but
@@ -132,11 +133,14 @@ def targets(ratio_table: dict) -> dict:
         return row.get(variant, {}).get("vs_fp16")
 
     w4, anchor, w8, dds90 = vs_fp16("w4a16"), vs_fp16("int4-aten"), vs_fp16("w8a8"), vs_fp16("dds90")
+    w8a16, int8_anchor = vs_fp16("w8a16"), vs_fp16("int8-aten")
     return {
         "w4a16 >= 2.0x fp16 (batch 1)": None if w4 is None else w4 >= 2.0,
         "w4a16 ahead of int4-aten (batch 1)": None if w4 is None or anchor is None else w4 > anchor,
         "w8a8 >= 1.5x fp16 (batch 1)": None if w8 is None else w8 >= 1.5,
         "dds90 >= 3x fp16 (batch 1)": None if dds90 is None else dds90 >= 3.0,
+        "w8a16 >= 1.5x fp16 (batch 1)": None if w8a16 is None else w8a16 >= 1.5,
+        "w8a16 ahead of int8-aten (batch 1)": None if w8a16 is None or int8_anchor is None else w8a16 > int8_anchor,
     }
 
 

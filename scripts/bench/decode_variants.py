@@ -11,8 +11,9 @@ their sibling linears are fused (``q/k/v`` and ``gate/up``); ``lm_head`` and the
 in the model's dtype:
 
 * ``fp16``: cuBLAS fp16 linears; ``fp16-eager`` the same model run without compile or graph.
-* ``w4a16`` / ``w8a8`` (ours): ``compress.convert`` with ``W4A16Config(group_size=128)`` /
-  ``W8A8Config()`` (dynamic per-token activations).
+* ``w4a16`` / ``w8a8`` / ``w8a16`` (ours): ``compress.convert`` with ``W4A16Config(group_size=128)`` /
+  ``W8A8Config()`` (dynamic per-token activations) / ``W8A16Config()`` (int8 weights, one scale per
+  output channel, fp16 activations).
 * ``dds90`` / ``dds50`` (ours): ``compress.prepare`` with ``BlockSparseConfig(p)``, random 32x32
   block masks pruning exactly ``floor(p * blocks)`` blocks of every matrix (speed only, the masks
   are random), then ``compress.convert`` to ``BSRLinear``; ``dds50-w8a8`` the same 50% masks plus
@@ -20,6 +21,10 @@ in the model's dtype:
 * ``int4-aten``: PyTorch's tinygemm int4 kernel (:mod:`scripts.bench.anchors`, group 128) holding
   the same symmetric int4 weights as ``w4a16`` (``compress.core.quant.quantize_groupwise``); tinygemm
   takes bf16 activations only, so this variant's whole model runs in bf16.
+* ``int8-aten``: PyTorch's int8 weight-only op (``torch._weight_int8pack_mm``,
+  :mod:`scripts.bench.anchors`) holding the same int8 weights and per-channel scales as ``w8a16``
+  (``compress.core.quant.quantize_per_channel``; the scales in fp16, as the op takes them). Last in the
+  default order: its CUDA kernel (a thread per output) makes it the slowest variant by far.
 * ``no-linears``: not a scheme: the decoder linears return zeros, so a step times everything else
   (attention over the cache, norms, rotary embedding, ``lm_head``): the floor under every scheme.
 """
@@ -33,7 +38,7 @@ import torch
 from torch import nn
 
 import compress
-from compress.core.quant import quantize_groupwise
+from compress.core.quant import quantize_groupwise, quantize_per_channel
 from compress.core.sparsity import mask_from_scores
 from compress.nn.qat import compressed_layers
 from scripts.bench import anchors
@@ -123,6 +128,35 @@ class TinygemmInt4Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, group_size={self.group_size}"
 
 
+class WeightInt8Linear(nn.Module):
+    """A bias-free linear layer on ``torch._weight_int8pack_mm`` (PyTorch's int8 weight-only op).
+
+    ``w_q`` (N, K) int8 and ``scales`` (N,) in the model dtype come from
+    :func:`compress.core.quant.quantize_per_channel`: the integers and scales of our ``W8A16Linear``.
+    """
+
+    def __init__(self, in_features: int, out_features: int, w_q: torch.Tensor, scales: torch.Tensor):
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.register_buffer("w_q", w_q)
+        self.register_buffer("scales", scales)
+
+    @classmethod
+    @torch.no_grad()
+    def from_float(cls, linear: nn.Linear) -> "WeightInt8Linear":
+        if linear.bias is not None:
+            raise ValueError("WeightInt8Linear: expected a linear layer without bias")
+        w_q, scales = quantize_per_channel(linear.weight)
+        return cls(linear.in_features, linear.out_features, w_q.contiguous(), scales.to(linear.weight.dtype))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = anchors.weight_int8pack_mm(x.reshape(-1, self.in_features), self.w_q, self.scales.to(x.dtype))
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8 weights per channel"
+
+
 class SkippedLinear(nn.Module):
     """Stands in for a linear layer and returns zeros: times everything in a step except the linears."""
 
@@ -171,6 +205,10 @@ def apply_w8a8(model: nn.Module, seed: int) -> None:
     compress.convert(model, compress.W8A8Config())
 
 
+def apply_w8a16(model: nn.Module, seed: int) -> None:
+    compress.convert(model, compress.W8A16Config())
+
+
 @dataclass(frozen=True)
 class Variant:
     dtype: torch.dtype
@@ -183,10 +221,12 @@ VARIANTS = {
     "w4a16": Variant(torch.float16, True, apply_w4a16),
     "int4-aten": Variant(torch.bfloat16, True, lambda m, s: swap_decoder_linears(m, TinygemmInt4Linear.from_float)),
     "w8a8": Variant(torch.float16, True, apply_w8a8),
+    "w8a16": Variant(torch.float16, True, apply_w8a16),
     "dds90": Variant(torch.float16, True, lambda m, s: apply_random_block_sparsity(m, 0.9, s)),
     "dds50": Variant(torch.float16, True, lambda m, s: apply_random_block_sparsity(m, 0.5, s)),
     "dds50-w8a8": Variant(torch.float16, True, lambda m, s: apply_random_block_sparsity(m, 0.5, s, w8a8=True)),
     "fp16-eager": Variant(torch.float16, False, None),
     "no-linears": Variant(torch.float16, True, lambda m, s: swap_decoder_linears(m, SkippedLinear.from_float)),
+    "int8-aten": Variant(torch.float16, True, lambda m, s: swap_decoder_linears(m, WeightInt8Linear.from_float)),
 }
 ALL_VARIANTS = tuple(VARIANTS)  # the default run order

@@ -3,14 +3,16 @@
 Every op computes ``y = x @ W.T`` for x (M, K) and a weight of N x K, in its own format:
 
 * anchors (:mod:`scripts.bench.anchors`): ``cublas_fp16``; ``torch_int_mm_w8a8`` (torchao's
-  dynamic W8A8); ``tinygemm_int4_g128`` (group 128, bf16 activations); ``torch_bsr_{50,75,90}``
+  dynamic W8A8); ``tinygemm_int4_g128`` (group 128, bf16 activations); ``torch_weight_int8pack_w8a16``
+  (``torch._weight_int8pack_mm``, int8 weights per channel, timed up to M = 256); ``torch_bsr_{50,75,90}``
   (PyTorch's Triton BSR kernel at 50/75/90% block sparsity).
 * ours (``compress_kernels``): ``ours_w8a8`` (dynamic per-token scales), ``ours_w4a16_g128``,
+  ``ours_w8a16`` (int8 weights, one scale per output channel), ``ours_w8a16_g128`` (one per 128 inputs),
   ``ours_dds_{50,75,90}`` (block-sparse fp16) and ``ours_dds_w8a8_{50,90}`` (int8 blocks, per-token
   int8 x: a layer both pruned and W8A8-quantized; compare with ``ours_w8a8``).
 
 Weights are random in each op's format (values do not change the time): fp16 ``N(0, 0.02)``;
-int8 uniform with per-channel scales; packed int4 from uniform words; 32x32 block masks drawn
+int8 uniform with per-channel (or per-group) scales; packed int4 from uniform words; 32x32 block masks drawn
 uniformly with exactly ``round(p * blocks)`` blocks absent, the same way for ``torch_bsr_p`` and
 ``ours_dds_p``. One generator per shape, seeded from K and N, makes every op's sets in turn.
 
@@ -54,6 +56,7 @@ BSR_BLOCK = 32
 MAX_SETS = 128
 CHECK_ROWS = 64  # rows of x checked against the fp32 reference (keeps the reference cheap)
 CPU_ROTATE_MB = 0.1
+WEIGHT_KINDS = ("fp16", "int8", "int8_g128", "int8_fp16_scales", "int4", "int4_tinygemm", "bsr", "bsr_int8")
 
 
 # ---- weights -------------------------------------------------------------------------------------
@@ -77,13 +80,14 @@ def bsr_parts_from_mask(mask, dtype, gen, device):
 
 
 def make_weight_set(kind, k, n, gen, device, sparsity_pct=None) -> dict:
-    """One set of weight operands for ``kind`` in {fp16, int8, int4, int4_tinygemm, bsr, bsr_int8}."""
+    """One set of weight operands for ``kind`` in :data:`WEIGHT_KINDS`."""
     if kind == "fp16":
         return {"w": (torch.randn(n, k, generator=gen, device=device) * 0.02).to(torch.float16)}
-    if kind == "int8":
+    if kind in ("int8", "int8_g128", "int8_fp16_scales"):  # scales (N,) fp32, (N, K/128) fp32 or (N,) fp16
         w_q = torch.randint(-127, 128, (n, k), generator=gen, dtype=torch.int8, device=device)
-        w_scale = torch.rand(n, generator=gen, device=device) * 1e-3 + 1e-4
-        return {"w_q": w_q, "w_scale": w_scale}
+        groups = (k // GROUP_SIZE,) if kind == "int8_g128" else ()
+        w_scale = torch.rand(n, *groups, generator=gen, device=device) * 1e-3 + 1e-4
+        return {"w_q": w_q, "w_scale": w_scale.half() if kind == "int8_fp16_scales" else w_scale}
     if kind == "int4":  # our layout: (K/8, N) int32 words of 8 nibbles, (K/G, N) scales
         qweight = torch.randint(-2**31, 2**31 - 1, (k // 8, n), generator=gen, dtype=torch.int32, device=device)
         scales = (torch.rand(k // GROUP_SIZE, n, generator=gen, device=device) * 1e-2 + 1e-3).to(torch.float16)
@@ -102,7 +106,7 @@ def make_weight_set(kind, k, n, gen, device, sparsity_pct=None) -> dict:
         values = torch.randint(-127, 128, values.shape, generator=gen, dtype=torch.int8, device=device)
         w_scale = torch.rand(n, generator=gen, device=device) * 1e-3 + 1e-4
         return {"crow": crow, "col": col, "values": values, "w_scale": w_scale, "n": n, "k": k}
-    raise ValueError(f"weight kind: expected fp16, int8, int4, int4_tinygemm, bsr or bsr_int8, got {kind!r}")
+    raise ValueError(f"weight kind: expected one of {', '.join(WEIGHT_KINDS)}, got {kind!r}")
 
 
 def weight_bytes(ws) -> int:
@@ -122,6 +126,7 @@ class KernelSpec:
     cpu_call: Callable
     sparsity: int | None = None
     x_dtype: torch.dtype = torch.float16
+    max_m: int | None = None  # not timed above this many rows (an anchor whose kernel does not scale)
 
 
 def _cublas(x, ws):
@@ -134,6 +139,10 @@ def _int_mm(x, ws):
 
 def _tinygemm(x, ws):
     return anchors.tinygemm_int4_matmul(x, ws["packed"], GROUP_SIZE, ws["scales_zeros"])
+
+
+def _int8pack(x, ws):
+    return anchors.weight_int8pack_mm(x, ws["w_q"], ws["w_scale"])
 
 
 def _torch_bsr(x, ws):
@@ -154,6 +163,14 @@ def _ours_w4a16(x, ws):
 
 def _w4a16_ref(x, ws):
     return reference.w4a16_matmul_ref(x, ws["qweight"], ws["scales"], GROUP_SIZE)
+
+
+def _ours_w8a16(x, ws):
+    return compress_kernels.w8a16_matmul(x, ws["w_q"], ws["w_scale"])
+
+
+def _w8a16_ref(x, ws):
+    return reference.w8a16_matmul_ref(x, ws["w_q"], ws["w_scale"])
 
 
 def _ours_dds(x, ws):
@@ -179,11 +196,15 @@ def kernel_specs() -> list[KernelSpec]:
         KernelSpec("cublas_fp16", "fp16", _cublas, _cublas),
         KernelSpec("torch_int_mm_w8a8", "int8", _int_mm, _int_mm),
         KernelSpec("tinygemm_int4_g128", "int4_tinygemm", _tinygemm, _tinygemm, x_dtype=torch.bfloat16),
+        KernelSpec("torch_weight_int8pack_w8a16", "int8_fp16_scales", _int8pack, _int8pack,
+                   max_m=anchors.INT8PACK_MAX_M),
     ]
     specs += [KernelSpec(f"torch_bsr_{p}", "bsr", _torch_bsr, _torch_bsr, sparsity=p) for p in SPARSITIES]
     specs += [
         KernelSpec("ours_w8a8", "int8", _ours_w8a8, _w8a8_ref),
         KernelSpec("ours_w4a16_g128", "int4", _ours_w4a16, _w4a16_ref),
+        KernelSpec("ours_w8a16", "int8", _ours_w8a16, _w8a16_ref),
+        KernelSpec("ours_w8a16_g128", "int8_g128", _ours_w8a16, _w8a16_ref),
     ]
     specs += [KernelSpec(f"ours_dds_{p}", "bsr", _ours_dds, _dds_ref, sparsity=p) for p in SPARSITIES]
     specs += [KernelSpec(f"ours_dds_w8a8_{p}", "bsr_int8", _ours_dds_w8a8, _dds_w8a8_ref, sparsity=p)
@@ -286,6 +307,8 @@ def _point_or_skip(spec, weight_sets, k, n, m, opts, device, gen, started) -> di
     record = {"kernel": spec.name, "K": k, "N": n, "M": m, "sparsity": spec.sparsity}
     if time.monotonic() - started > opts.time_budget_s:
         return {**record, "error": "skipped: time budget spent"}
+    if spec.max_m is not None and m > spec.max_m:
+        return {**record, "error": f"skipped: timed up to M = {spec.max_m} only"}
     if not fits_in_memory(k, n, m, device):
         return {**record, "error": "skipped: would not fit in GPU memory"}
     try:

@@ -9,9 +9,17 @@ the report.
 
 Ratios (``ratio_vs_cublas``) are cuBLAS fp16 ms / op ms on the same shape and M in the same run (>1
 means faster than cuBLAS); ``ours_dds_*`` also get ``ratio_vs_torch_bsr`` (the torch BSR anchor at
-the same sparsity) and ``ours_w8a8`` / ``ours_w4a16_g128`` ``ratio_vs_anchor`` (``torch._int_mm``
-W8A8 / tinygemm int4). Targets: the minimal ratios below, per M range and shapes; a target is met
-when every measured cell meets it, and the report keeps the worst cell.
+the same sparsity) and ``ours_w8a8`` / ``ours_w4a16_g128`` / ``ours_w8a16`` ``ratio_vs_anchor``
+(``torch._int_mm`` W8A8 / tinygemm int4 / ``torch._weight_int8pack_mm``, measured up to M = 256).
+Targets: the minimal ratios below, per M range and shapes; a target is met when every measured cell
+meets it, and the report keeps the worst cell. W8A16 reads half of fp16's weight bytes, so at small M
+it can be at most 2x faster than cuBLAS fp16; at large M both are tensor-core bound.
+
+The W8A16 comparison alone (cuBLAS fp16, PyTorch's int8 weight-only op and ours, per channel and
+per group of 128), in one run::
+
+    python -m scripts.bench.kernels --kernels 'ours_w8a16*,torch_weight_int8pack_w8a16' \
+        --out benchmarks/results/kernels-w8a16-h100.json
 
 Output: a JSON file (``--out``: ``environment`` with the GPU, versions and settings, ``results``
 one record per op, shape and M, ``targets``) and a printed table; ``python -m scripts.bench.pages``
@@ -40,7 +48,7 @@ DDS_TARGETS = {
     50: [((1, 16), 1.6), ((64, 64), 1.4), ((2048, None), 1.5)],
 }
 BIG_LLM_SHAPES = ((4096, 11008), (11008, 4096), (8192, 8192), (8192, 28672))  # K x N
-# W4A16 / W8A8 targets: (kernel, label, M range, shapes (None: every shape), minimal ratio to cuBLAS fp16).
+# W4A16 / W8A8 / W8A16 targets: (kernel, label, M range, shapes (None: every shape), minimal ratio to cuBLAS fp16).
 QUANT_TARGETS = [
     ("ours_w4a16_g128", "W4A16 g128", (1, 16), BIG_LLM_SHAPES, 2.5),
     ("ours_w4a16_g128", "W4A16 g128", (1, 16), ((4096, 4096),), 2.0),
@@ -49,9 +57,13 @@ QUANT_TARGETS = [
     ("ours_w8a8", "W8A8", (1, 16), ((4096, 4096),) + BIG_LLM_SHAPES, 1.6),
     ("ours_w8a8", "W8A8", (64, 64), None, 1.3),
     ("ours_w8a8", "W8A8", (2048, None), None, 1.4),
+    ("ours_w8a16", "W8A16", (1, 16), ((4096, 4096),) + BIG_LLM_SHAPES, 1.6),
+    ("ours_w8a16", "W8A16", (64, 64), None, 1.3),
+    ("ours_w8a16", "W8A16", (2048, None), None, 0.85),
 ]
 # ours vs the matching PyTorch anchor at every shape and M
-ANCHOR_OF = {"ours_w4a16_g128": "tinygemm_int4_g128", "ours_w8a8": "torch_int_mm_w8a8"}
+ANCHOR_OF = {"ours_w4a16_g128": "tinygemm_int4_g128", "ours_w8a8": "torch_int_mm_w8a8",
+             "ours_w8a16": "torch_weight_int8pack_w8a16"}
 
 
 def add_ratios(results) -> None:

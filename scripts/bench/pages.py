@@ -151,7 +151,8 @@ def kernel_section(name: str, report: dict) -> list[str]:
               "(> 1: faster than cuBLAS).", ""] + kernel_ratios(results)
     lines += ["", "### Ours against PyTorch's kernels", "", "Anchor time / our time, same shape and M, same run "
               "(`torch_int_mm_w8a8`: per-token quantize + `torch._int_mm` + dequantize; `tinygemm_int4_g128`: "
-              "`aten._weight_int4pack_mm`; `torch_bsr_p`: `bsr_dense_mm` on the same block mask).", ""]
+              "`aten._weight_int4pack_mm`; `torch_weight_int8pack_w8a16`: `torch._weight_int8pack_mm`, up to "
+              "M = 256; `torch_bsr_p`: `bsr_dense_mm` on the same block mask).", ""]
     lines += kernel_anchors(results)
     errors = sorted({f"{r['kernel']} {r['K']}x{r['N']} M={r['M']}: {r['error']}" for r in results if "error" in r})
     if errors:
@@ -162,8 +163,9 @@ def kernel_section(name: str, report: dict) -> list[str]:
 KERNELS_INTRO = ("y = x @ W.T for x (M, K) and a weight of N x K, every kernel on the same shapes and M in one run "
                  "per GPU; `triton.testing.do_bench` medians with L2 flushed, weights rotated so none stays cached. "
                  "Kernels: `ours_w8a8` (dynamic per-token activations, quantization included), `ours_w4a16_g128` "
-                 "(group 128), `ours_dds_p` (p% of the 32x32 blocks absent, uniformly random masks), "
-                 "`ours_dds_w8a8_p` (int8 blocks x int8 tokens).")
+                 "(group 128), `ours_w8a16` / `ours_w8a16_g128` (int8 weights per channel / per 128 inputs, fp16 "
+                 "activations; in the runs that time them), `ours_dds_p` (p% of the 32x32 blocks absent, uniformly "
+                 "random masks), `ours_dds_w8a8_p` (int8 blocks x int8 tokens).")
 
 
 # ---- decode benchmark ----------------------------------------------------------------------------
@@ -211,9 +213,10 @@ def decode_section(name: str, report: dict) -> list[str]:
 
 
 DECODE_INTRO = ("Tokens per second of a `transformers` `LlamaForCausalLM` with Llama-2-7B shapes, dense against "
-                "every compressed variant, in one run per GPU. `fp16`: cuBLAS; `w4a16`, `w8a8`, `dds50`, `dds90`, "
-                "`dds50-w8a8`: ours (`dds` prunes exactly p% of the 32x32 blocks of every decoder matrix, at "
-                "random); `int4-aten`: PyTorch's tinygemm int4 kernel on the same int4 weights (bf16 activations); "
+                "every compressed variant, in one run per GPU. `fp16`: cuBLAS; `w4a16`, `w8a8`, `w8a16`, `dds50`, "
+                "`dds90`, `dds50-w8a8`: ours (`dds` prunes exactly p% of the 32x32 blocks of every decoder matrix, "
+                "at random); `int4-aten`: PyTorch's tinygemm int4 kernel on the same int4 weights (bf16 "
+                "activations); `int8-aten`: `torch._weight_int8pack_mm` on the same int8 weights as `w8a16`; "
                 "`fp16-eager`: plain eager PyTorch; `no-linears`: the decoder linears return zeros, so it times "
                 "the rest of a step. Ratios are tokens/s over fp16's at the same batch. Weights TB/s: decoder "
                 "weight bytes / step time.")
@@ -356,20 +359,25 @@ BLOCK_END = "<!-- figures: end -->"
 SUMMARY_SOURCE = "kernels-h100.json"
 SUMMARY_KERNELS = (("ours_w8a8", "W8A8 (dynamic per-token activations, quantization included)"),
                    ("ours_w4a16_g128", "W4A16 (G = 128)"),
+                   ("ours_w8a16", "W8A16 (one scale per output channel)"),
+                   ("ours_w8a16_g128", "W8A16 (G = 128)"),
                    ("ours_dds_50", "DDS, 50% of the blocks absent"), ("ours_dds_90", "DDS, 90% of the blocks absent"),
                    ("ours_dds_w8a8_50", "DDS + W8A8, 50% absent"), ("ours_dds_w8a8_90", "DDS + W8A8, 90% absent"))
 
 
 def kernel_summary(report: dict) -> list[str]:
-    """Per op: us per call (cuBLAS fp16 time / ours) for every shape and M of the run."""
+    """Per op the run timed: us per call (cuBLAS fp16 time / ours) for every shape and M of the run."""
     results = require(report, "results", SUMMARY_SOURCE)
     cells, keys = kernel_cells(results)
+    timed = {r["kernel"] for r in results}
     shapes = list(dict.fromkeys((k, n) for k, n, _ in keys))
     ms = list(dict.fromkeys(m for _, _, m in keys))
     lines = [f"{require(report, 'environment', SUMMARY_SOURCE).get('gpu')}, from "
              f"`{RESULTS / SUMMARY_SOURCE}` (every target and PyTorch's kernels: `docs/results/kernels.md`). "
              "Cells: us per call (cuBLAS fp16 time / ours); shapes K x N.", ""]
     for kernel, title in (("cublas_fp16", "cuBLAS fp16"),) + SUMMARY_KERNELS:
+        if kernel not in timed:
+            continue
         rows = []
         for k, n in shapes:
             row = [f"{k}x{n}"]

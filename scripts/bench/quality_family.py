@@ -2,7 +2,7 @@
 
     python -m scripts.bench.quality_family --report runs/smollm2-wikitext-compare/report.json \\
         --recipe-prefix recipes/smollm2-wikitext- --commit abc1234 \\
-        --targets w8a8-qat=1 w4a16-qat=3 w4a16-gptq=8 sparse50=15 sparse50-w8a8=18 \\
+        --targets w8a8-qat=1 w4a16-qat=3 w4a16-gptq=8 w8a16-ptq=1 sparse50=15 sparse50-w8a8=18 \\
         --description "..." --out benchmarks/results/smollm2-h100.json
 
 The report (:mod:`compress.eval.report`) compares saved models on one device, the dense baseline

@@ -4,5 +4,6 @@ shapes and M, checks them against the reference and writes JSON rows (python -m 
 sweep    what the sweeps share: options, neighbours, timing (compress.eval.timing), the rows
 w8a8     W8A8 (compress_kernels.w8a8)
 w4a16    W4A16 (compress_kernels.w4a16)
+w8a16    W8A16 (compress_kernels.w8a16)
 bsr      DDS and, with --int8, DDS + W8A8 (compress_kernels.bsr)
 """

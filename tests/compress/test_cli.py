@@ -310,13 +310,14 @@ def test_sparsity_outside_the_unit_interval_fails_before_training(tmp_path, caps
     assert not list(tmp_path.rglob("*.ckpt"))
 
 
-def test_group_size_that_does_not_divide_in_features_pads_with_a_warning(tmp_path, caplog):
-    recipe = tiny_recipe(tmp_path / "out", [qat("W4A16Config", group_size=128)])  # in_features 64 and 128
+@pytest.mark.parametrize("scheme, bits", [("W4A16", "int4"), ("W8A16", "int8")])
+def test_group_size_that_does_not_divide_in_features_pads_with_a_warning(scheme, bits, tmp_path, caplog):
+    recipe = tiny_recipe(tmp_path / "out", [qat(f"{scheme}Config", group_size=128)])  # in_features 64 and 128
     cli = CompressCLI(args=["--config", write_recipe(tmp_path / "r.yaml", recipe)], run=False)
     with caplog.at_level(logging.WARNING, logger="compress.cli"):
         check_recipe(cli.model, cli.trainer.callbacks)
-    assert re.search(r"group_size=128 does not divide in_features=64 of layer '.*': K is padded with zero "
-                     r"channels to 128 \(100% more int4 weights there\)", caplog.text)
+    assert re.search(rf"{scheme} group_size=128 does not divide in_features=64 of layer '.*': K is padded with zero "
+                     rf"channels to 128 \(100% more {bits} weights there\)", caplog.text)
 
 
 def test_recipe_checks_read_the_sizes_of_gpt2_conv1d_layers(caplog):

@@ -3,7 +3,7 @@ import dataclasses
 
 import pytest
 
-from compress.configs import BlockSparseConfig, W4A16Config, W8A8Config, config_from_dict
+from compress.configs import BlockSparseConfig, W4A16Config, W8A8Config, W8A16Config, config_from_dict
 
 
 @pytest.mark.parametrize("config", [W8A8Config(), W8A8Config(activation="static", observer="percentile"),
@@ -12,7 +12,9 @@ from compress.configs import BlockSparseConfig, W4A16Config, W8A8Config, config_
                                     BlockSparseConfig(0.5, score="movement"),
                                     W4A16Config(128, algorithm="gptq"),
                                     W4A16Config(None, algorithm="gptq", gptq_act_order=True, gptq_block=64),
-                                    W8A8Config(algorithm="gptq", gptq_damping=0.1, smoothquant_alpha=0.5)])
+                                    W8A8Config(algorithm="gptq", gptq_damping=0.1, smoothquant_alpha=0.5),
+                                    W8A16Config(), W8A16Config(128, learnable_scale=True),
+                                    W8A16Config(algorithm="gptq", gptq_act_order=False)])
 def test_dict_round_trip(config):
     assert config_from_dict(config.to_dict()) == config
 
@@ -37,6 +39,8 @@ def test_configs_are_frozen():
     (lambda: W8A8Config(smoothquant_alpha=1.5), "[0, 1]"),
     (lambda: W8A8Config(percentile=0), "(0, 100]"),
     (lambda: W4A16Config(group_size=48), "(32, 64, 128, None)"),
+    (lambda: W8A16Config(group_size=64), "(128, None)"),
+    (lambda: W8A16Config(gptq_block=64), "only used with algorithm='gptq'"),
     (lambda: BlockSparseConfig(sparsity=1.0), "[0, 1)"),
     (lambda: BlockSparseConfig(block=16), "(32,)"),
     (lambda: BlockSparseConfig(score="random"), "('magnitude', 'l2', 'movement', 'fisher')"),
@@ -55,7 +59,8 @@ def test_bad_values_list_what_is_allowed(make, fragment):
 @pytest.mark.parametrize("make", [lambda: W4A16Config(group_size="128"), lambda: BlockSparseConfig(sparsity="0.5"),
                                   lambda: W8A8Config(learnable_scale=1), lambda: BlockSparseConfig(block=True),
                                   lambda: W4A16Config(algorithm="gptq", gptq_act_order="yes"),
-                                  lambda: W8A8Config(algorithm="gptq", gptq_block=128.0)])
+                                  lambda: W8A8Config(algorithm="gptq", gptq_block=128.0),
+                                  lambda: W8A16Config(group_size=128.0), lambda: W8A16Config(learnable_scale="no")])
 def test_bad_types_raise_type_error(make):
     with pytest.raises(TypeError):
         make()

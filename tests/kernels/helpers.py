@@ -17,6 +17,9 @@ W4A16_TOL = {torch.float16: 2e-3, torch.bfloat16: 1e-2}
 # ... and of W8A8, whose paths compute the reference's integers exactly: only the fp32 rounding order of
 # the epilogue and the output cast differ (the interpreter truncates to bf16: one bf16 ulp = 2^-8)
 W8A8_TOL = {torch.float16: 1e-3, torch.bfloat16: 1e-2}
+# ... and of W8A16: exact integer operands and fp32 accumulation, except where grouped scales dequantize the
+# weight tile to x's dtype before the tensor-core product (as W4A16's paths do), and the output cast
+W8A16_TOL = {torch.float16: 2e-3, torch.bfloat16: 1e-2}
 
 
 def rel_error(y: torch.Tensor, ref: torch.Tensor) -> float:
@@ -48,6 +51,27 @@ def random_int8_weight(n: int, k: int, device="cpu"):
     w_q = torch.randint(-127, 128, (n, k), dtype=torch.int8, device=device)
     w_scale = torch.rand(n, device=device) * 0.01 + 0.001
     return w_q, w_scale
+
+
+def random_w8a16_weight(n: int, k: int, grouped: bool, scale_dtype=torch.float32, device="cpu"):
+    """Random (w_q (N, K) int8 over the whole int8 range, w_scale (N,) or, ``grouped``, (N, K/128))."""
+    w_q = torch.randint(-128, 128, (n, k), dtype=torch.int8, device=device)
+    shape = (n, k // 128) if grouped else (n,)
+    return w_q, (torch.rand(shape, device=device) * 0.01 + 0.001).to(scale_dtype)
+
+
+def check_w8a16_config(dtype, m, k, n, grouped, cfg, tol, device=DEVICE):
+    """W8A16 ``launch`` with ``cfg`` on random inputs (a bias for odd M) against the reference; returns y."""
+    from compress_kernels import reference
+    from compress_kernels.w8a16.op import launch
+
+    x = torch.randn(m, k, device=device).to(dtype)
+    w_q, w_scale = random_w8a16_weight(n, k, grouped, device=device)
+    bias = torch.randn(n, device=device).to(dtype) if m % 2 else None
+    y = launch(x, w_q, w_scale, bias, config=cfg)
+    assert y.shape == (m, n) and y.dtype == dtype
+    assert rel_error(y, reference.w8a16_matmul_ref(x, w_q, w_scale, bias)) <= tol
+    return y
 
 
 def block_sparse_dense(n, k, sparsity, dtype, device=DEVICE, empty_rows=(), seed=0):

@@ -2,8 +2,8 @@
 
 The contract (compress_kernels/reference.py): a row of ``x`` holding a NaN or an Inf gets a NaN
 per-token scale, so W8A8 (dense and block-sparse, dynamic or static scale) writes a NaN output row,
-and the norm / GELU quantize ops store a NaN scale for it. The float ops (W4A16, DDS) propagate NaN by
-their arithmetic. Every other row is untouched. Triton's ``max`` skips NaN, so without the kernels'
+and the norm / GELU quantize ops store a NaN scale for it. The float ops (W4A16, W8A16, DDS) propagate
+NaN by their arithmetic. Every other row is untouched. Triton's ``max`` skips NaN, so without the kernels'
 explicit check a NaN would come out as finite numbers.
 
 CPU: the Triton interpreter. With a GPU the module is marked ``gpu``, so the GPU suite
@@ -21,7 +21,10 @@ from compress_kernels.norm_quant.op import gelu_quantize, layer_norm_quantize, r
 from compress_kernels.w4a16.op import w4a16_matmul
 from compress_kernels.w8a8.dispatch import TileConfig
 from compress_kernels.w8a8.op import launch, w8a8_matmul
-from tests.kernels.helpers import DEVICE, block_sparse_dense, random_int4_weight, random_int8_weight
+from compress_kernels.w8a16.dispatch import TileConfig as W8A16Config
+from compress_kernels.w8a16.op import launch as w8a16_launch
+from tests.kernels.helpers import (DEVICE, block_sparse_dense, random_int4_weight, random_int8_weight,
+                                   random_w8a16_weight)
 
 pytestmark = [pytest.mark.filterwarnings("ignore::RuntimeWarning")]  # the interpreter's numpy on NaN
 if torch.cuda.is_available():
@@ -121,13 +124,17 @@ def test_norm_quantize_bad_row_has_a_nan_scale(value, op, static):
 
 @pytest.mark.parametrize("value", ["nan", "inf"])
 def test_float_ops_propagate(value):
-    """W4A16 and DDS compute in floats: the bad row is non-finite, the others finite."""
+    """W4A16, W8A16 (its one-row kernel and its tiles) and DDS compute in floats: the bad row is
+    non-finite, the others finite."""
     m, k, n = 4, 128, 64
     x = _with_bad_value(m, k, value)
     qweight, _, scales = random_int4_weight(k, n, 32, torch.float16, DEVICE)
     dense = block_sparse_dense(n, k, 0.5, torch.float16, device=DEVICE)
     bsr = dense.cpu().to_sparse_bsr((32, 32))
     parts = [t.to(DEVICE) for t in (bsr.crow_indices(), bsr.col_indices(), bsr.values())]
-    for y in (w4a16_matmul(x, qweight, scales, 32), bsr_matmul_parts(x, *parts, n)):
+    w_q, w_scale = random_w8a16_weight(n, k, True, device=DEVICE)
+    w8a16 = [w8a16_launch(x, w_q, w_scale, config=cfg) for cfg in (W8A16Config(1, 16, 64, split_k=2, path="gemv"),
+                                                                   W8A16Config(16, 32, 64, scale_after_dot=True))]
+    for y in (w4a16_matmul(x, qweight, scales, 32), bsr_matmul_parts(x, *parts, n), *w8a16):
         assert not torch.isfinite(y[BAD_ROW]).any() or torch.isnan(y[BAD_ROW]).any()
         assert torch.isfinite(y[[r for r in range(m) if r != BAD_ROW]]).all()

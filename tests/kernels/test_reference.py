@@ -63,3 +63,16 @@ def test_w4a16_ref_matches_dense_linear():
     w = (q.float() * scales.repeat_interleave(32, dim=0)).T  # (N, K)
     expected = torch.nn.functional.linear(x.float(), w).bfloat16()
     assert torch.equal(reference.w4a16_matmul_ref(x, pack_int4(q), scales, 32), expected)
+
+
+def test_w8a16_ref_applies_channel_and_group_scales():
+    w_q = torch.randint(-128, 128, (6, 256), dtype=torch.int8)
+    x = torch.randn(3, 256, dtype=torch.float16)
+    bias = torch.randn(6)
+    per_channel = torch.rand(6)
+    assert torch.equal(reference.dequantize_int8(w_q, per_channel), w_q.float() * per_channel[:, None])
+    groups = torch.tensor([[1.0, 0.5]]).repeat(6, 1)  # (N, K/128): the second half of K at half scale
+    w = reference.dequantize_int8(w_q, groups)
+    assert torch.equal(w[:, :128], w_q[:, :128].float()) and torch.equal(w[:, 128:], w_q[:, 128:].float() * 0.5)
+    expected = (torch.nn.functional.linear(x.float(), w) + bias).half()
+    assert torch.equal(reference.w8a16_matmul_ref(x, w_q, groups, bias), expected)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 import compress
 from compress.cli import CompressCLI, check_recipe, run_command
@@ -19,7 +20,7 @@ OURS = ["quickstart.yaml", *sorted(p.name for p in RECIPES.glob("minilm-sst2-*.y
 
 
 def test_the_minilm_variants_are_all_there():
-    expected = {"dense", "w8a8-qat", "w4a16-qat", "sparse50", "sparse50-w8a8"}
+    expected = {"dense", "w8a8-qat", "w4a16-qat", "w8a16-qat", "sparse50", "sparse50-w8a8"}
     assert {name.removeprefix("minilm-sst2-").removesuffix(".yaml") for name in OURS[1:]} == expected
 
 
@@ -31,6 +32,16 @@ def test_recipe_parses_and_prints_its_config(name, capsys):
     printed = capsys.readouterr().out
     assert "class_path: compress.lightning.tasks.SequenceClassificationTask" in printed
     assert "output_dir: runs/" in printed
+
+
+def test_the_w8a16_recipe_asks_for_w8a16_by_class_path(capsys):
+    """A config mapping without its class path would resolve to W4A16Config (the first that fits)."""
+    with pytest.raises(SystemExit):
+        run_command(["fit", "--config", str(RECIPES / "minilm-sst2-w8a16-qat.yaml"), "--print_config"])
+    printed = yaml.safe_load(capsys.readouterr().out)
+    (qat,) = [cb for cb in printed["trainer"]["callbacks"] if cb["class_path"].endswith("QuantizationAware")]
+    assert qat["init_args"]["config"]["class_path"] == "compress.configs.W8A16Config"
+    assert qat["init_args"]["config"]["init_args"]["group_size"] is None  # one scale per output channel
 
 
 FLAT_PATHS = {"compress.lightning.tasks.": "compress.tasks.", "compress.lightning.data.": "compress.data.",

@@ -6,8 +6,8 @@
   rate and distillation), so their perplexities compare with its.
 * Shrunk (a tiny Llama, the MiniLM tokenizer, a few steps, schedules scaled), each trained recipe runs
   end to end: train -> compress -> export -> evaluate -> report.
-* The GPTQ recipe quantizes the dense run's float model without a training step; shrunk, it runs
-  end to end too.
+* The post-training recipes (W4A16 GPTQ, W8A16 GPTQ) quantize the dense run's float model without a
+  training step; shrunk, they run end to end too.
 """
 from __future__ import annotations
 
@@ -21,11 +21,15 @@ import yaml
 
 from compress import cli, load_compressed
 from compress.lightning.paths import MINILM_NAME, SMOLLM2_NAME, data_root
-from compress.nn.modules import BSRLinear, BSRW8A8Linear, W4A16Linear, W8A8Linear
+from compress.nn.modules import BSRLinear, BSRW8A8Linear, W4A16Linear, W8A8Linear, W8A16Linear
 
 RECIPES = Path(__file__).resolve().parents[2] / "recipes"
 TRAINED = ("dense", "w8a8-qat", "w4a16-qat", "sparse50", "sparse50-w8a8")
-ALL = (*TRAINED, "w4a16-gptq")
+POST_TRAINING = {  # recipe -> (config class, group size, algorithm, exported module)
+    "w4a16-gptq": ("W4A16Config", 128, "gptq", W4A16Linear),
+    "w8a16-ptq": ("W8A16Config", None, "gptq", W8A16Linear),
+}
+ALL = (*TRAINED, *POST_TRAINING)
 SPARSE = ("sparse50", "sparse50-w8a8")
 EXPORTED_MODULE = {"w8a8-qat": W8A8Linear, "w4a16-qat": W4A16Linear, "sparse50": BSRLinear,
                    "sparse50-w8a8": BSRW8A8Linear}
@@ -108,16 +112,17 @@ def test_sparse_recipes_distil_from_a_dense_snapshot_taken_before_pruning(name):
     assert distillation["start_step"] <= pruning["start_step"] < pruning["end_step"] < recipe["trainer"]["max_steps"]
 
 
-def test_gptq_recipe_quantizes_the_dense_runs_float_model_without_training(monkeypatch, tmp_path):
-    recipe = _recipe("w4a16-gptq")
+@pytest.mark.parametrize("name", POST_TRAINING)
+def test_post_training_recipes_quantize_the_dense_runs_float_model_without_training(name, monkeypatch, tmp_path):
+    recipe = _recipe(name)
     assert recipe["model"]["init_args"]["model_name_or_path"] == _recipe("dense")["compress"]["output_dir"] + "/float"
     assert recipe["trainer"]["max_steps"] == 0 and recipe["data"] == _recipe("dense")["data"]
     monkeypatch.setattr("sys.argv", ["compress"])
-    config = _write(_with_model(recipe, dict(SMOLLM2_SHAPES, num_hidden_layers=2)), tmp_path / "gptq.yaml")
+    config = _write(_with_model(recipe, dict(SMOLLM2_SHAPES, num_hidden_layers=2)), tmp_path / f"{name}.yaml")
     parsed = cli.CompressCLI(args=["--config", str(config), "--trainer.accelerator=cpu"], run=False)
     (quantization,) = [cb for cb in parsed.trainer.callbacks if type(cb).__name__ == "QuantizationAware"]
     (configs,) = quantization.plan.rules.values()
-    assert [(type(c).__name__, c.group_size, c.algorithm) for c in configs] == [("W4A16Config", 128, "gptq")]
+    assert [(type(c).__name__, c.group_size, c.algorithm) for c in configs] == [POST_TRAINING[name][:3]]
 
 
 def _scaled_step(step: int, total: int) -> int:
@@ -183,11 +188,12 @@ def test_other_trained_recipes_run_end_to_end(name, tmp_path):
 
 
 @needs_wikitext
-def test_gptq_recipe_runs_without_a_training_step(tmp_path, caplog):
+@pytest.mark.parametrize("name", POST_TRAINING)
+def test_post_training_recipes_run_without_a_training_step(name, tmp_path, caplog):
     """max_steps 0: Calibration draws its batches at fit start, GPTQ rounds every targeted layer, and
     Export saves them; the float copy is the model as loaded."""
-    recipe = shrink(_recipe("w4a16-gptq"), tmp_path / "run")
-    config = _write(recipe, tmp_path / "gptq.yaml")
+    recipe = shrink(_recipe(name), tmp_path / "run")
+    config = _write(recipe, tmp_path / f"{name}.yaml")
     with caplog.at_level(logging.INFO):
         assert cli.main(["run", "--config", str(config)]) == 0
     assert "GPTQ quantized 14 layers on 16 training batches" in caplog.text
@@ -195,4 +201,4 @@ def test_gptq_recipe_runs_without_a_training_step(tmp_path, caplog):
     assert len(report["models"]) == 2
     assert all(math.isfinite(m["metrics"]["perplexity"]) for m in report["models"])
     exported = load_compressed(tmp_path / "run" / "compressed")
-    assert sum(isinstance(m, W4A16Linear) for m in exported.modules()) == 7 * 2
+    assert sum(isinstance(m, POST_TRAINING[name][3]) for m in exported.modules()) == 7 * 2

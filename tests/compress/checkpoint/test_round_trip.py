@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 import compress
-from compress import BlockSparseConfig, CheckpointError, W4A16Config, W8A8Config
+from compress import BlockSparseConfig, CheckpointError, W4A16Config, W8A8Config, W8A16Config
 from compress.checkpoint import MANIFEST, TENSORS, load_model_dir
 from tests.compress.checkpoint.helpers import tiny_bert_classifier, write_sealed
 
@@ -32,6 +32,25 @@ def test_save_load_is_bit_identical(tmp_path):
     x = torch.randn(3, 64)
     assert torch.equal(model(x), loaded(x))
     assert [type(m).__name__ for m in loaded] == [type(m).__name__ for m in model]
+
+
+@pytest.mark.parametrize("config", [W8A16Config(), W8A16Config(128), W8A16Config(128, algorithm="gptq")])
+def test_w8a16_round_trip_is_bit_identical(config, tmp_path):
+    """Per-channel and grouped W8A16 layers (K = 96 padded to 128 with groups) come back with their
+    configs, int8 weights and float32 scales, and compute the same outputs."""
+    torch.manual_seed(0)
+    batches = [torch.randn(8, 64) for _ in range(2)] if config.gptq else None
+    model = compress.convert(_skeleton(), {"0": config, "2": config}, calibration_data=batches)
+    compress.save_compressed(model, tmp_path / "c")
+    manifest = json.loads((tmp_path / "c" / MANIFEST).read_text())
+    assert manifest["layers"]["2"]["module"] == "W8A16Linear" and manifest["layers"]["2"]["config"] == config.to_dict()
+    loaded = compress.load_compressed(tmp_path / "c", model=_skeleton())
+    assert type(loaded[2]).__name__ == "W8A16Linear" and loaded[2].config == config
+    assert loaded[2].w_q.dtype == torch.int8 and loaded[2].w_scale.dtype == torch.float32
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(loaded.state_dict()[name], tensor), name
+    x = torch.randn(3, 64)
+    assert torch.equal(model(x), loaded(x))
 
 
 def test_loaded_tensors_sit_at_aligned_addresses(tmp_path):

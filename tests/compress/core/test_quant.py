@@ -42,6 +42,20 @@ def test_groupwise_round_trip_error_is_at_most_half_a_step():
     assert (err <= scale.repeat_interleave(32, dim=1) / 2 + 1e-6).all()
 
 
+def test_int8_groups_use_the_whole_int8_range_and_match_the_kernel_reference():
+    """W8A16 with groups of 128: scales max|W[n, group]| / 127, q in [-128, 127], and the dequantized weight
+    is the kernel reference's ``w_q * s_w[n, k // 128]``."""
+    torch.manual_seed(5)
+    w = torch.randn(8, 256)
+    q, scale = quant.quantize_groupwise(w, 128, qmax=quant.INT8_QMAX)
+    assert scale.shape == (8, 2) and (q.abs().reshape(8, 2, 128).amax(dim=2) == 127).all()
+    torch.testing.assert_close(scale, w.abs().reshape(8, 2, 128).amax(dim=2) / 127, rtol=0, atol=0)
+    deq = quant.dequantize_groupwise(q, scale, 128)
+    assert torch.equal(deq, reference.dequantize_int8(q, scale))
+    assert torch.equal(quant.fake_quantize_groupwise(w, 128, qmax=quant.INT8_QMAX), deq)
+    assert ((deq - w).abs() <= scale.repeat_interleave(128, dim=1) / 2 + 1e-6).all()
+
+
 def test_all_zero_group_and_row_give_zeros_not_nan():
     w = torch.randn(4, 64)
     w[1] = 0

@@ -9,13 +9,15 @@ from transformers import BertConfig, BertModel, LlamaConfig, LlamaForCausalLM
 
 import compress
 from compress.nn.fusion import SiblingGroup, SiblingOutput, fuse_members, fuse_siblings, is_fused, unfuse_siblings
-from compress.nn.modules import BSRLinear, W4A16Linear, W8A8Linear
+from compress.nn.modules import BSRLinear, W4A16Linear, W8A8Linear, W8A16Linear
 
 LLAMA = dict(hidden_size=64, intermediate_size=128, num_attention_heads=2, num_key_value_heads=2, vocab_size=50,
              num_hidden_layers=2)
 CONFIGS = {
     "w8a8": compress.W8A8Config(),
     "w4a16": compress.W4A16Config(group_size=32),
+    "w8a16": compress.W8A16Config(),
+    "w8a16-g128": compress.W8A16Config(group_size=128),
     "bsr": compress.BlockSparseConfig(0.5),
     "bsr+w8a8": [compress.BlockSparseConfig(0.5), compress.W8A8Config()],
 }
@@ -113,6 +115,16 @@ def test_w4a16_columns_are_appended():
     fused = fuse_members(members)
     assert fused.qweight.shape == (8, 40) and fused.scales.shape == (2, 40)
     torch.testing.assert_close(fused.dequantized_weight(), torch.cat([m.dequantized_weight() for m in members]))
+
+
+def test_w8a16_rows_are_stacked():
+    torch.manual_seed(0)
+    members = [W8A16Linear.from_float(nn.Linear(128, n), compress.W8A16Config(group_size=128)) for n in (16, 24)]
+    fused = fuse_members(members)
+    assert fused.w_q.shape == (40, 128) and fused.w_scale.shape == (40, 1)
+    torch.testing.assert_close(fused.dequantized_weight(), torch.cat([m.dequantized_weight() for m in members]))
+    mixed = [members[0], W8A16Linear.from_float(nn.Linear(128, 16), compress.W8A16Config())]
+    assert "different W8A16 configs" in fuse_members(mixed)
 
 
 def test_incompatible_groups_are_left_alone():

@@ -7,10 +7,10 @@ import pytest
 import torch
 from torch import nn
 
-from compress.configs import BlockSparseConfig, W4A16Config, W8A8Config
+from compress.configs import BlockSparseConfig, W4A16Config, W8A8Config, W8A16Config
 from compress.core.sparsity import block_mask, expand_mask
 from compress.lightning.paths import data_root
-from compress.nn.modules import BSRLinear, BSRW8A8Linear, W4A16Linear, W8A8Linear, to_float
+from compress.nn.modules import BSRLinear, BSRW8A8Linear, W4A16Linear, W8A8Linear, W8A16Linear, to_float
 
 
 def sqnr_db(reference: torch.Tensor, approx: torch.Tensor) -> float:
@@ -52,6 +52,29 @@ def test_w4a16_pads_k_that_is_not_a_multiple_of_the_group():
     assert per_channel.group_size == 104 and sqnr_db(linear(x), per_channel(x)) > 10
 
 
+@pytest.mark.parametrize("group_size, scale_shape", [(None, (64,)), (128, (64, 1))])
+def test_w8a16_matches_the_float_layer_and_its_own_dequantized_weight(group_size, scale_shape):
+    linear = _linear()
+    x = torch.randn(10, 128)
+    module = W8A16Linear.from_float(linear, W8A16Config(group_size))
+    assert module.w_q.shape == (64, 128) and module.w_q.dtype == torch.int8 and module.w_scale.shape == scale_shape
+    assert sqnr_db(linear(x), module(x)) > 38  # 8-bit weights, fp activations on Gaussian data: ~40 dB
+    torch.testing.assert_close(module(x), to_float(module)(x), atol=1e-5, rtol=1e-5)
+    expected_scale = linear.weight.detach().abs().amax(dim=1) / 127
+    torch.testing.assert_close(module.w_scale.reshape(-1), expected_scale, rtol=0, atol=0)
+
+
+def test_w8a16_pads_k_to_8_or_to_the_group():
+    linear = _linear(k=100)
+    x = torch.randn(3, 100)
+    for config, padded in ((W8A16Config(), 104), (W8A16Config(128), 128)):
+        module = W8A16Linear.from_float(linear, config)
+        assert module.padded_in_features == padded and f"padded_in_features={padded}" in repr(module)
+        assert (module.w_q[:, 100:] == 0).all() and module.dequantized_weight().shape == (64, 100)
+        torch.testing.assert_close(module(x), to_float(module)(x), atol=1e-5, rtol=1e-5)
+        assert sqnr_db(linear(x), module(x)) > 35
+
+
 def test_bsr_linear_is_exact_for_a_block_sparse_weight():
     linear = _linear()
     mask = block_mask(linear.weight, 0.5)
@@ -66,13 +89,14 @@ def test_bsr_linear_is_exact_for_a_block_sparse_weight():
 def test_half_keeps_scales_and_indices_but_casts_bias_and_bsr_values():
     linear = _linear()
     modules = [W8A8Linear.from_float(linear, W8A8Config()), W4A16Linear.from_float(linear, W4A16Config(64)),
-               BSRLinear.from_float(linear)]
-    w8, w4, bsr = [m.half() for m in modules]
+               BSRLinear.from_float(linear), W8A16Linear.from_float(linear, W8A16Config(128))]
+    w8, w4, bsr, w8a16 = [m.half() for m in modules]
     assert w8.w_scale.dtype == torch.float32 and w8.w_q.dtype == torch.int8 and w8.bias.dtype == torch.float16
     assert w4.scales.dtype == torch.float32 and w4.qweight.dtype == torch.int32
     assert bsr.values.dtype == torch.float16 and bsr.crow_indices.dtype == torch.int32
+    assert w8a16.w_scale.dtype == torch.float32 and w8a16.w_q.dtype == torch.int8 and w8a16.bias.dtype == torch.float16
     x = torch.randn(4, 128, dtype=torch.float16)
-    for module in (w8, w4, bsr):
+    for module in (w8, w4, bsr, w8a16):
         assert module(x).dtype == torch.float16
 
 
@@ -80,7 +104,7 @@ def test_weight_is_an_empty_marker_of_the_model_dtype_that_follows_casts_and_is_
     linear = _linear().to(torch.bfloat16)
     w8 = W8A8Linear.from_float(linear, W8A8Config())
     modules = [w8, W4A16Linear.from_float(linear, W4A16Config(64)), BSRLinear.from_float(linear),
-               BSRW8A8Linear.from_w8a8(w8)]
+               BSRW8A8Linear.from_w8a8(w8), W8A16Linear.from_float(linear, W8A16Config())]
     for module in modules:
         assert module.weight.dtype == torch.bfloat16 and module.weight.numel() == 0
         assert module.half().weight.dtype == torch.float16
@@ -142,6 +166,8 @@ def test_bad_arguments():
         BSRLinear(40, 64)
     with pytest.raises(ValueError, match="positive int"):
         W4A16Linear(0, 8)
+    with pytest.raises(TypeError, match="expected W8A16Config, got W4A16Config"):
+        W8A16Linear(8, 8, config=W4A16Config())
 
 
 @pytest.mark.gpu
@@ -149,6 +175,8 @@ def test_bad_arguments():
                                   lambda l: W8A8Linear.from_float(l, W8A8Config("static"), act_scale=torch.tensor(0.03)),
                                   lambda l: W4A16Linear.from_float(l, W4A16Config(128)),
                                   lambda l: W4A16Linear.from_float(l, W4A16Config(None)),
+                                  lambda l: W8A16Linear.from_float(l, W8A16Config()),
+                                  lambda l: W8A16Linear.from_float(l, W8A16Config(128)),
                                   lambda l: BSRLinear.from_float(l),
                                   lambda l: BSRW8A8Linear.from_float(l, mask=block_mask(l.weight, 0.5))])
 def test_cuda_kernels_agree_with_the_cpu_reference(make):
@@ -201,6 +229,9 @@ def minilm_activations():
 #   ~6 dB, so 30 dB is the usual "int8 is near-lossless" bar (torchao tests use 20-30 dB).
 # * W4A16 g128: min 16.1 dB / mean 20.0 dB; ~6 dB per bit says ~21 dB for 4 bits minus the weights'
 #   outliers inside a group: > 15 dB.
+# * W8A16: min 39.5 dB / mean 43.2 dB per channel, min 41.1 / mean 45.1 dB with groups of 128: the weight
+#   alone at 8 bits (no activation quantization, whose outliers cost W8A8 its ~6 dB): > 36 / 40 dB and
+#   > 38 / 42 dB.
 # * 50% magnitude block sparsity, one-shot, no fine-tuning: min 0.4 dB / mean 5.6 dB. Half of a
 #   near-uniform weight is removed, so the layer output keeps a bit more than half of its energy;
 #   the bar is > 0 dB per layer (pruning keeps more signal than it removes) and > 3 dB on average.
@@ -208,6 +239,8 @@ def minilm_activations():
 SCHEMES = {
     "W8A8": (lambda l: W8A8Linear.from_float(l, W8A8Config()), 30.0, 30.0),
     "W4A16-g128": (lambda l: W4A16Linear.from_float(l, W4A16Config(128)), 15.0, 15.0),
+    "W8A16": (lambda l: W8A16Linear.from_float(l, W8A16Config()), 36.0, 40.0),
+    "W8A16-g128": (lambda l: W8A16Linear.from_float(l, W8A16Config(128)), 38.0, 42.0),
     "block-sparse-50": (lambda l: _pruned_bsr(l, 0.5), 0.0, 3.0),
 }
 
@@ -248,6 +281,8 @@ def test_minilm_bsr_layout_is_exact(minilm_activations):
                                   lambda l: W8A8Linear.from_float(l, W8A8Config("static"), act_scale=torch.tensor(0.03)),
                                   lambda l: W4A16Linear.from_float(l, W4A16Config(32)),
                                   lambda l: W4A16Linear.from_float(l, W4A16Config(None)),
+                                  lambda l: W8A16Linear.from_float(l, W8A16Config()),
+                                  lambda l: W8A16Linear.from_float(l, W8A16Config(128)),
                                   lambda l: BSRLinear.from_float(l),
                                   lambda l: BSRW8A8Linear.from_float(l, mask=block_mask(l.weight, 0.5))])
 def test_kernel_dispatch_under_the_triton_interpreter(make, monkeypatch):
@@ -272,6 +307,7 @@ MAKERS = {
     "w8a8": lambda l: W8A8Linear.from_float(l, W8A8Config()),
     "w8a8-static": lambda l: W8A8Linear.from_float(l, W8A8Config("static"), act_scale=torch.tensor(0.03)),
     "w4a16": lambda l: W4A16Linear.from_float(l, W4A16Config(32)),
+    "w8a16": lambda l: W8A16Linear.from_float(l, W8A16Config()),
     "bsr": lambda l: BSRLinear.from_float(l),
     "bsr-w8a8": lambda l: BSRW8A8Linear.from_float(l, mask=block_mask(l.weight, 0.5)),
 }
@@ -285,7 +321,7 @@ def kernel_modules(monkeypatch):
 
     if not compress_kernels.TRITON_AVAILABLE or not interpreting():
         pytest.skip("needs the project's Triton kernels and TRITON_INTERPRET=1 (set by conftest without a GPU)")
-    for cls in (W8A8Linear, W4A16Linear, BSRLinear, BSRW8A8Linear):
+    for cls in (W8A8Linear, W4A16Linear, W8A16Linear, BSRLinear, BSRW8A8Linear):
         monkeypatch.setattr(cls, "_use_kernel", lambda self, x: x.dtype in (torch.float16, torch.bfloat16))
 
 
@@ -305,7 +341,7 @@ def test_eager_forward_binds_once_and_equals_the_compiled_custom_op(kind, kernel
     assert torch.equal(compiled(x), first)  # the public launcher and its custom op, traced
 
 
-@pytest.mark.parametrize("kind", ["w8a8", "w4a16", "bsr"])
+@pytest.mark.parametrize("kind", ["w8a8", "w4a16", "w8a16", "bsr"])
 def test_a_cast_drops_the_bound_call_and_another_input_dtype_binds_anew(kind, kernel_modules):
     torch.manual_seed(0)
     module = MAKERS[kind](nn.Linear(64, 64)).half()
@@ -360,7 +396,7 @@ def test_bound_calls_are_neither_copied_nor_pickled(kernel_modules):
     assert not _bound_calls(restored) and torch.equal(restored(x), y)
 
 
-@pytest.mark.parametrize("kind", ["w8a8", "w4a16", "bsr"])
+@pytest.mark.parametrize("kind", ["w8a8", "w4a16", "w8a16", "bsr"])
 def test_bad_inputs_fail_clearly_on_the_kernel_branch(kind, kernel_modules):
     module = MAKERS[kind](nn.Linear(64, 64)).half()
     module(torch.randn(2, 64, dtype=torch.float16))

@@ -3,7 +3,7 @@ import pytest
 import torch
 from torch import nn
 
-from compress.configs import BlockSparseConfig, W4A16Config, W8A8Config
+from compress.configs import BlockSparseConfig, W4A16Config, W8A8Config, W8A16Config
 from compress.core.sparsity import block_mask, expand_mask
 from compress.nn.qat import CompressedLinear
 
@@ -23,7 +23,8 @@ def test_from_float_shares_parameters_and_starts_as_the_float_layer():
 
 
 @pytest.mark.parametrize("configs", [[BlockSparseConfig(0.5)], [BlockSparseConfig(0.5), W8A8Config()],
-                                     [BlockSparseConfig(0.5), W4A16Config(32)]])
+                                     [BlockSparseConfig(0.5), W4A16Config(32)],
+                                     [BlockSparseConfig(0.5), W8A16Config()]])
 def test_masked_blocks_stay_exactly_zero_under_adamw(configs):
     linear, layer = _layer(configs)
     if layer.quant_config is not None:
@@ -45,7 +46,8 @@ def test_masked_blocks_stay_exactly_zero_under_adamw(configs):
 
 
 @pytest.mark.parametrize("config", [W8A8Config(), W4A16Config(32), W8A8Config(learnable_scale=True),
-                                    W4A16Config(32, learnable_scale=True)])
+                                    W4A16Config(32, learnable_scale=True), W8A16Config(learnable_scale=True),
+                                    W8A16Config(128, learnable_scale=True)])
 def test_gradients_flow_through_the_ste(config):
     linear, layer = _layer([config])
     layer.enable_fake_quant(True)
@@ -62,6 +64,20 @@ def test_fake_quant_changes_the_output_only_when_enabled():
     assert torch.equal(layer(x), linear(x))
     layer.enable_fake_quant(True)
     assert not torch.equal(layer(x), linear(x))
+
+
+@pytest.mark.parametrize("group_size", [None, 128])
+def test_w8a16_fake_quantizes_the_weight_on_the_int8_grid_and_keeps_x(group_size):
+    """The weight becomes ``q * s`` with q in [-128, 127] (per row, or per 128 input channels of the K padded
+    to 128 as the export pads it); x passes unquantized."""
+    linear, layer = _layer([W8A16Config(group_size)])
+    layer.enable_fake_quant(True)
+    x = torch.randn(4, 96)
+    w = layer.weight.detach()
+    scale = w.abs().amax(dim=1, keepdim=True) / 127  # one group of 128 holds the 96 channels too
+    expected = torch.nn.functional.linear(x, torch.clamp(torch.round(w / scale), -128, 127) * scale, linear.bias)
+    torch.testing.assert_close(layer(x), expected, rtol=0, atol=1e-6)
+    assert tuple(layer._absmax_weight_scale().shape) == ((64,) if group_size is None else (64, 1))
 
 
 def test_observer_and_static_scale():

@@ -3,12 +3,12 @@ import pytest
 import torch
 from torch import nn
 
-from compress import BlockSparseConfig, W4A16Config, W8A8Config
+from compress import BlockSparseConfig, W4A16Config, W8A8Config, W8A16Config
 from compress.schedule import QuantizationSchedule
 
 
 @pytest.mark.parametrize("plan, fragment", [
-    ("int8", "W8A8Config or W4A16Config, or a mapping"),
+    ("int8", "W8A8Config, W4A16Config or W8A16Config, or a mapping"),
     ({"*": BlockSparseConfig(0.5)}, "for '\\*', got BlockSparseConfig"),
 ])
 def test_a_plan_of_anything_but_quantization_configs_is_refused(plan, fragment):
@@ -26,6 +26,8 @@ def test_what_the_configs_need():
     assert mixed.needs_static_scales and mixed.needs_gptq
     plain = QuantizationSchedule(W8A8Config())
     assert not plain.needs_static_scales and not plain.needs_gptq
+    weight_only = QuantizationSchedule(W8A16Config(algorithm="gptq"))
+    assert weight_only.needs_gptq and not weight_only.needs_static_scales
 
 
 def test_fake_quantization_switches_on_from_the_start_step_and_stays_on():

@@ -13,7 +13,7 @@ from compress_kernels import reference
 from compress_kernels.common import bound
 from compress_kernels.common.bound import launches_directly
 from tests.kernels.helpers import DEVICE, block_sparse_dense, bsr_parts, int8_block_sparse, random_int4_weight
-from tests.kernels.helpers import random_int8_weight
+from tests.kernels.helpers import random_int8_weight, random_w8a16_weight
 
 K, N = 64, 96
 
@@ -30,6 +30,11 @@ def _w4a16():
     return "w4a16_matmul", (qweight, scales, 32, None), reference.w4a16_matmul_ref
 
 
+def _w8a16():
+    w_q, w_scale = random_w8a16_weight(N, K, False, device=DEVICE)
+    return "w8a16_matmul", (w_q, w_scale, torch.randn(N, device=DEVICE).half()), reference.w8a16_matmul_ref
+
+
 def _bsr():
     crow, col, values = bsr_parts(block_sparse_dense(N, K, 0.5, torch.float16, DEVICE))
     return "bsr_matmul_parts", (crow, col, values, N, torch.randn(N, device=DEVICE).half()), reference.bsr_matmul_ref
@@ -40,8 +45,8 @@ def _bsr_w8a8():
     return "bsr_w8a8_matmul_parts", (crow, col, values, w_scale, N, None, None), reference.bsr_w8a8_matmul_ref
 
 
-OPS = {"w8a8": lambda: _w8a8(False), "w8a8-static": lambda: _w8a8(True), "w4a16": _w4a16, "bsr": _bsr,
-       "bsr-w8a8": _bsr_w8a8}
+OPS = {"w8a8": lambda: _w8a8(False), "w8a8-static": lambda: _w8a8(True), "w4a16": _w4a16, "w8a16": _w8a16,
+       "bsr": _bsr, "bsr-w8a8": _bsr_w8a8}
 
 
 @pytest.mark.parametrize("op", list(OPS))

@@ -69,6 +69,20 @@ def test_tinygemm_holds_the_same_weights_as_our_w4a16(device):
     assert rel_err(y, x @ dequantize_groupwise(q, scales, 128).T) < 2e-2
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("m", [1, 7, 33])
+def test_weight_int8pack_mm_computes_our_w8a16(device, dtype, m):
+    """``torch._weight_int8pack_mm`` on the int8 weight and per-channel scales (in x's dtype) of our W8A16."""
+    gen = torch.Generator().manual_seed(m)
+    x = torch.randn(m, 128, generator=gen).to(dtype).to(device)
+    w_q = torch.randint(-128, 128, (48, 128), generator=gen, dtype=torch.int8).to(device)
+    scales = (torch.rand(48, generator=gen) * 1e-2 + 1e-3).to(dtype).to(device)
+    y = anchors.weight_int8pack_mm(x, w_q, scales)
+    assert y.shape == (m, 48) and y.dtype == dtype
+    assert rel_err(y, ref.w8a16_matmul_ref(x, w_q, scales)) < (2e-3 if dtype == torch.float16 else 1e-2)
+
+
 @pytest.mark.parametrize("q, error", [
     (torch.zeros(64, 200, dtype=torch.int8), ValueError),  # K not a multiple of 128
     (torch.zeros(40, 256, dtype=torch.int8), ValueError),  # N not a multiple of 16

@@ -5,6 +5,8 @@ import pytest
 import torch
 from torch import nn
 
+import compress
+
 from compress.core.quant import dequantize_groupwise, quantize_groupwise
 from compress.nn.fusion import SiblingGroup, fuse_siblings
 from compress.nn.modules import BSRLinear
@@ -55,6 +57,21 @@ def test_tinygemm_module_matches_our_dequantized_int4_weights():
     assert y.shape == (3, 5, 64) and y.dtype == torch.bfloat16
     assert ((y.float() - want).norm() / want.norm()) < 1e-2
     assert "group_size=128" in repr(module)
+
+
+def test_int8_weight_only_module_holds_our_w8a16_weights():
+    torch.manual_seed(0)
+    linear = nn.Linear(256, 64, bias=False).half()
+    module = variants.WeightInt8Linear.from_float(linear)
+    ours = compress.nn.modules.W8A16Linear.from_float(linear, compress.W8A16Config())
+    assert torch.equal(module.w_q, ours.w_q) and module.scales.dtype == torch.float16
+    x = torch.randn(3, 5, 256, dtype=torch.float16)
+    y = module(x)
+    assert y.shape == (3, 5, 64) and y.dtype == torch.float16
+    assert ((y.float() - ours(x).float()).norm() / ours(x).float().norm()) < 2e-3  # scales rounded to fp16
+    assert "int8 weights per channel" in repr(module)
+    with pytest.raises(ValueError, match="without bias"):
+        variants.WeightInt8Linear.from_float(nn.Linear(256, 64, bias=True))
 
 
 def test_tinygemm_module_rejects_bad_layers():

@@ -20,13 +20,18 @@ def test_block_mask_has_exact_sparsity():
 
 
 @pytest.mark.parametrize("kind, keys", [
-    ("fp16", {"w"}), ("int8", {"w_q", "w_scale"}), ("int4", {"qweight", "scales"}),
+    ("fp16", {"w"}), ("int8", {"w_q", "w_scale"}), ("int8_g128", {"w_q", "w_scale"}),
+    ("int8_fp16_scales", {"w_q", "w_scale"}), ("int4", {"qweight", "scales"}),
     ("int4_tinygemm", {"packed", "scales_zeros"}), ("bsr", {"crow", "col", "values", "bsr", "n", "k"}),
     ("bsr_int8", {"crow", "col", "values", "w_scale", "n", "k"}),
 ])
 def test_weight_sets_hold_each_format(kind, keys):
     ws = sweep.make_weight_set(kind, 256, 64, torch.Generator().manual_seed(0), CPU, sparsity_pct=50)
     assert set(ws) == keys and sweep.weight_bytes(ws) > 0
+    if kind.startswith("int8"):  # the scale layouts of W8A16 (per channel, per group of 128) and its anchor
+        expected = {"int8": ((64,), torch.float32), "int8_g128": ((64, 2), torch.float32),
+                    "int8_fp16_scales": ((64,), torch.float16)}[kind]
+        assert (tuple(ws["w_scale"].shape), ws["w_scale"].dtype) == expected
 
 
 def test_weight_bytes_count_dense_tensors_once():
@@ -38,7 +43,7 @@ def test_weight_bytes_count_dense_tensors_once():
 
 
 def test_unknown_weight_kind_is_refused():
-    with pytest.raises(ValueError, match="expected fp16, int8, int4"):
+    with pytest.raises(ValueError, match="expected one of fp16, int8, int8_g128"):
         sweep.make_weight_set("int3", 256, 64, torch.Generator(), CPU)
 
 
@@ -52,7 +57,8 @@ def test_select_matches_globs_and_keeps_order():
     names = [s.name for s in sweep.kernel_specs()]
     assert sweep.select(names, ["ours_dds_*"]) == ["ours_dds_50", "ours_dds_75", "ours_dds_90", "ours_dds_w8a8_50",
                                                    "ours_dds_w8a8_90"]
-    assert sweep.select(names, []) == names and len(names) == len(set(names)) == 13
+    assert sweep.select(names, []) == names and len(names) == len(set(names)) == 16
+    assert sweep.select(names, ["ours_w8a16*"]) == ["ours_w8a16", "ours_w8a16_g128"]
 
 
 def test_one_point_on_the_cpu_checks_and_times():

@@ -1,0 +1,116 @@
+"""W8A16's dispatch table: which kernel and tiles run for (M, N, K, scale grouping) on a device.
+
+Read :func:`pick` top to bottom: the first row that matches decides. The table depends on shapes only,
+so a call is the same every time and can be captured in a CUDA graph on its first run; there is no
+autotuning. Being a pure function of its arguments, it is remembered per argument tuple
+(:func:`cached_pick`, what the launcher calls). ``python -m scripts.tune.w8a16`` times the pick and its
+neighbours on the same path (one launch parameter changed) on a GPU.
+
+The rows start from what the other ops measured on an H100 (``docs/kernels.md``): W8A8's one-row
+kernel streams the same int8 bytes (8 outputs per program, 1024-deep K steps, 512 on layers wider
+than 16896, no K split from 512 programs on 132 SMs) and W4A16's wgmma path the same
+swapped tile shapes. Their W8A16 figures come from the kernel benchmark (``ours_w8a16*``); a row
+changes when the sweep shows a neighbour faster, its comment then carrying the figure.
+
+Paths (``TileConfig.path``):
+
+* ``gemv``: :mod:`compress_kernels.w8a16.gemv`, one token row per program on CUDA cores, the int8
+  weight converted in registers, split-K where the layer gives too few programs;
+* ``tiled``: :mod:`compress_kernels.w8a16.tiled`, the weight tile converted to x's dtype in the loop
+  and multiplied on tensor cores as the left operand of ``tl.dot`` (``y^T = W x^T``), split-K.
+"""
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import triton
+
+from compress_kernels.common.device import sm_count
+from compress_kernels.common.splitk import split_k_for
+from compress_kernels.reference import W8A16_GROUP_SIZE as GROUP_SIZE  # input channels per grouped scale
+SMALL_LAYER = 4 * 2**20  # N * K at most this (MiniLM's 384 / 1536): the layer sits in L2
+GEMV_MAX_SMALL_M = 4  # small layers take the one-row kernel up to this many rows (W8A8's rule)
+GEMV_WIDE_N = 264 * 64  # wider layers walk K in 512-deep steps in the one-row kernel (W8A8's rule)
+GEMV_MIN_PROGRAMS_PER_SM = 2  # the one-row kernel splits K until the grid has this many programs per SM ...
+GEMV_MAX_SPLIT = 16  # ... at most this many splits, each of at least one K tile
+GEMV_MIN_SPLIT_K_TILE = 128  # shortest K tile the one-row kernel shrinks to so that K can be split
+SMALL_M = 16  # up to here: 16-token tiles of 64 channels
+MID_M = 64  # up to here: 64-token tiles of 128 channels
+LARGE_M = 256  # up to here: 128 x 128 tiles, split-K to a program per SM; above, the same tiles unsplit
+PICK_CACHE_SIZE = 4096  # argument tuples remembered by cached_pick (a model has a few shapes per M)
+
+
+class TileConfig(NamedTuple):
+    """Launch parameters of a W8A16 path (see the module docstring).
+
+    ``block_m`` tokens by ``block_n`` output channels by ``block_k`` input channels per program and K
+    step; ``group_m``: token tiles that share a weight tile in the grouped tile order (tiled only);
+    ``scale_after_dot`` (tiled, grouped scales only): multiply each K tile's product by its scale row
+    instead of dequantizing the weight tile before the dot."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    split_k: int = 1
+    group_m: int = 8
+    num_warps: int = 4
+    num_stages: int = 3
+    scale_after_dot: bool = False
+    path: str = "tiled"
+
+
+def pick(m: int, n: int, k: int, grouped: bool, device) -> TileConfig:
+    """The W8A16 kernel and tiles for x (M, K) times w_q (N, K) on ``device``; ``grouped``: one scale
+    per 128 input channels (else one per output channel)."""
+    sms = sm_count(device)
+    # One row, and up to 4 on small layers: the one-row kernel (W8A8 measured its one-row kernel
+    # ahead of 16-row tiles there: 4096x4096 M = 1 11.7 -> 10.0 us; 1024x1024 M = 4 5.5 -> 4.5)
+    if m == 1 or (m <= GEMV_MAX_SMALL_M and n * k <= SMALL_LAYER):
+        return gemv_tile(m, n, k, grouped, sms)
+    # 2-16 rows: 16 tokens x 64 channels (one warp group's wgmma rows), 128-deep K tiles, split-K to a
+    # program per SM; grouped scales multiply each tile's fp32 product (16 x 64 multiplies per tile,
+    # against 128 x 64 for dequantizing the weight tile first)
+    if m <= SMALL_M:
+        cfg = TileConfig(16, 64, 128, num_warps=4, num_stages=4, scale_after_dot=grouped)
+    # 17-64 rows: 64 tokens x 128 channels (two warp groups), 64-deep K tiles
+    elif m <= MID_M:
+        cfg = TileConfig(64, 128, 64, num_warps=8, num_stages=4, scale_after_dot=grouped)
+    # More rows: 128 x 128 tiles, 8 warps; grouped scales dequantize the weight tile before the dot, so
+    # every K tile accumulates into one wgmma accumulator
+    else:
+        cfg = TileConfig(128, 128, 64, num_warps=8, num_stages=4)
+    if m > LARGE_M:  # enough tiles to fill the GPU, or a split's reduce costs more than it buys
+        return cfg
+    return cfg._replace(split_k=split_k_for(m, n, k, cfg, sms))
+
+
+@functools.lru_cache(maxsize=PICK_CACHE_SIZE)
+def cached_pick(m: int, n: int, k: int, grouped: bool, device) -> TileConfig:
+    """:func:`pick`, remembered per argument tuple (``device`` as a tensor's, with its index)."""
+    return pick(m, n, k, grouped, device)
+
+
+def gemv_tile(m: int, n: int, k: int, grouped: bool, sms: int) -> TileConfig:
+    """The one-row kernel's tile: 8 outputs per program, K in 1024-deep steps (512 on layers wider than
+    ``GEMV_WIDE_N``; 128 with grouped scales, one group per step; K rounded up to a power of two when
+    shorter), then :func:`gemv_split_k`."""
+    deepest = GROUP_SIZE if grouped else (512 if n > GEMV_WIDE_N else 1024)
+    cfg = TileConfig(1, 8, min(deepest, max(32, triton.next_power_of_2(k))), num_warps=4, num_stages=1, path="gemv")
+    return gemv_split_k(m, n, k, cfg, sms)
+
+
+def gemv_split_k(m: int, n: int, k: int, cfg: TileConfig, sms: int) -> TileConfig:
+    """``cfg`` with its K split: the smallest power of two giving ``GEMV_MIN_PROGRAMS_PER_SM`` programs per
+    SM (at most ``GEMV_MAX_SPLIT``, never more splits than K tiles). On layers too small for that the K
+    tile is halved first, down to ``GEMV_MIN_SPLIT_K_TILE``, so that there are K tiles to split."""
+    programs = m * triton.cdiv(n, cfg.block_n)
+    wanted = GEMV_MIN_PROGRAMS_PER_SM * sms
+    block_k = cfg.block_k
+    while programs * triton.cdiv(k, block_k) < wanted and block_k > GEMV_MIN_SPLIT_K_TILE:
+        block_k //= 2
+    k_tiles = triton.cdiv(k, block_k)
+    split = 1
+    while programs * split < wanted and split < GEMV_MAX_SPLIT and split * 2 <= k_tiles:
+        split *= 2
+    return cfg._replace(block_k=block_k, split_k=split)
