@@ -73,6 +73,10 @@ def _quantized_layers(model: nn.Module) -> dict[str, W8A8Linear | W4A16Linear]:
                          "format has no block-sparse layout (compressed-tensors 0.20 reads and writes no sparsity "
                          "compressor; its former bitmask and 2:4 formats cannot hold 32x32 blocks); save them with "
                          "format='compress', or convert the model without BlockSparseConfig")
+    other = [f"{name} ({type(m).__name__})" for name, m in layers.items() if not isinstance(m, (W8A8Linear, W4A16Linear))]
+    if other:
+        raise ValueError(f"save_compressed(format='compressed-tensors'): layers {_names(other)}: only W8A8Linear and "
+                         "W4A16Linear layers are written in this format; save with format='compress'")
     smoothed = [name for name, m in layers.items() if isinstance(m, W8A8Linear) and m.input_smoothing is not None]
     if smoothed:
         raise ValueError(f"save_compressed(format='compressed-tensors'): W8A8 layers {_names(smoothed)} divide their "

@@ -139,7 +139,7 @@ def targets(ratio_table: dict) -> dict:
         "w4a16 ahead of int4-aten (batch 1)": None if w4 is None or anchor is None else w4 > anchor,
         "w8a8 >= 1.5x fp16 (batch 1)": None if w8 is None else w8 >= 1.5,
         "dds90 >= 3x fp16 (batch 1)": None if dds90 is None else dds90 >= 3.0,
-        "w8a16 >= 1.5x fp16 (batch 1)": None if w8a16 is None else w8a16 >= 1.5,
+        "w8a16 >= 1.7x fp16 (batch 1)": None if w8a16 is None else w8a16 >= 1.7,
         "w8a16 ahead of int8-aten (batch 1)": None if w8a16 is None or int8_anchor is None else w8a16 > int8_anchor,
     }
 

@@ -161,6 +161,11 @@ def test_block_sparse_layers_are_refused_naming_them(tmp_path, plan):
              r"block-sparse layers model\.layers\.0\.\w+\.\w+_proj, .*no block-sparse layout")
 
 
+def test_w8a16_layers_are_refused_naming_them(tmp_path):
+    _refused(tmp_path, compress.convert(tiny_llama(), compress.W8A16Config()),
+             r"layers model\.layers\.0\.self_attn\.q_proj \(W8A16Linear\).*only W8A8Linear and W4A16Linear")
+
+
 def test_moe_experts_blocks_are_refused_naming_them(tmp_path):
     config = transformers.OlmoeConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=2,
                                       num_key_value_heads=1, vocab_size=128, num_experts=4, num_experts_per_tok=2)
