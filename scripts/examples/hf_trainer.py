@@ -15,10 +15,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-import compress
 from compress.integrations.hf_trainer import CompressionCallback
-from scripts.examples.digits import collate, digit_samples, logits_and_accuracy
-from scripts.examples.plain_loop import build, exported_layer_counts
+from scripts.examples.digits import collate, digit_samples
+from scripts.examples.plain_loop import build, export_and_compare
 
 
 def train(output_dir: Path, steps: int = 150, batch_size: int = 32, save_steps: int = 50, resume: bool = False,
@@ -46,16 +45,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--resume", action="store_true", help="continue from the last checkpoint in --output-dir")
     args = parser.parse_args(argv)
     model, _ = train(args.output_dir, args.steps, args.batch_size, args.save_steps, args.resume)
-    test = digit_samples("test")
-    trained_logits, trained_accuracy = logits_and_accuracy(model, test)
-    compress.convert(model)
-    exported_logits, exported_accuracy = logits_and_accuracy(model, test)
-    result = {"trained_accuracy": trained_accuracy, "exported_accuracy": exported_accuracy,
-              "max_logit_difference": (trained_logits - exported_logits).abs().max().item(),
-              "exported_layers": exported_layer_counts(model)}
-    print(f"accuracy on {len(test)} held-out digits: trained (fake-quantized, pruned) {trained_accuracy:.3f}, "
-          f"exported {exported_accuracy:.3f}; largest logit difference {result['max_logit_difference']:.2e}; "
-          f"exported layers {result['exported_layers']}")
+    result = export_and_compare(model)
     return result
 
 

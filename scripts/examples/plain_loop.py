@@ -71,6 +71,21 @@ def train(steps: int = 150, batch_size: int = 32, checkpoint: Path | None = None
     return model, schedule
 
 
+def export_and_compare(model) -> dict:
+    """Convert the trained model in place; its held-out accuracy and logits before and after, printed."""
+    test = digit_samples("test")
+    trained_logits, trained_accuracy = logits_and_accuracy(model, test)
+    compress.convert(model)
+    exported_logits, exported_accuracy = logits_and_accuracy(model, test)
+    result = {"trained_accuracy": trained_accuracy, "exported_accuracy": exported_accuracy,
+              "max_logit_difference": (trained_logits - exported_logits).abs().max().item(),
+              "exported_layers": exported_layer_counts(model)}
+    print(f"accuracy on {len(test)} held-out digits: trained (fake-quantized, pruned) {trained_accuracy:.3f}, "
+          f"exported {exported_accuracy:.3f}; largest logit difference {result['max_logit_difference']:.2e}; "
+          f"exported layers {result['exported_layers']}")
+    return result
+
+
 def exported_layer_counts(model) -> dict[str, int]:
     """{inference module class name: how many} in a converted model."""
     kinds = (compress.W8A8Linear, compress.W4A16Linear, compress.BSRLinear, compress.BSRW8A8Linear)
@@ -89,16 +104,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.resume and args.checkpoint is None:
         parser.error("--resume needs --checkpoint")
     model, _ = train(args.steps, args.batch_size, args.checkpoint, args.save_every, args.resume)
-    test = digit_samples("test")
-    trained_logits, trained_accuracy = logits_and_accuracy(model, test)
-    compress.convert(model)
-    exported_logits, exported_accuracy = logits_and_accuracy(model, test)
-    result = {"trained_accuracy": trained_accuracy, "exported_accuracy": exported_accuracy,
-              "max_logit_difference": (trained_logits - exported_logits).abs().max().item(),
-              "exported_layers": exported_layer_counts(model)}
-    print(f"accuracy on {len(test)} held-out digits: trained (fake-quantized, pruned) {trained_accuracy:.3f}, "
-          f"exported {exported_accuracy:.3f}; largest logit difference {result['max_logit_difference']:.2e}; "
-          f"exported layers {result['exported_layers']}")
+    result = export_and_compare(model)
     if args.export_dir is not None:
         print(f"saved to {compress.save_compressed(model, args.export_dir, overwrite=True)}")
     return result
