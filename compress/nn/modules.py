@@ -97,6 +97,13 @@ def _same_objects(a: tuple, b: tuple) -> bool:
     return len(a) == len(b) and all(p is q for p, q in zip(a, b))
 
 
+def _pad_inputs(x: torch.Tensor, in_features: int, padded_in_features: int) -> torch.Tensor:
+    """``x`` (..., K) with ``padded_in_features - in_features`` zero channels appended (the layers that pad
+    K); a wrong K is left for the kernel's check to name."""
+    pad = padded_in_features - in_features
+    return F.pad(x, (0, pad)) if pad else x
+
+
 class _InferenceLinear(Float32Buffers):
     """Shared plumbing: dtype-stable float32 buffers, kernel-or-reference dispatch, bound kernel calls, bias."""
 
@@ -319,9 +326,7 @@ class W4A16Linear(_InferenceLinear):
         return module.to(source.device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        pad = self.padded_in_features - self.in_features
-        if pad:
-            x = F.pad(x, (0, pad))
+        x = _pad_inputs(x, self.in_features, self.padded_in_features)
         if self._use_kernel(x):
             return self._kernel("w4a16_matmul", x, self.qweight, self.scales, self.group_size, self._bias_for(x))
         return _kernels.reference.w4a16_matmul_ref(x, self.qweight, self.scales, self.group_size, self.bias)
@@ -372,9 +377,7 @@ class W8A16Linear(_InferenceLinear):
         return module.to(source.device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        pad = self.padded_in_features - self.in_features
-        if pad:
-            x = F.pad(x, (0, pad))
+        x = _pad_inputs(x, self.in_features, self.padded_in_features)
         if self._use_kernel(x):
             return self._kernel("w8a16_matmul", x, self.w_q, self.w_scale, self._bias_for(x))
         return _kernels.reference.w8a16_matmul_ref(x, self.w_q, self.w_scale, self.bias)

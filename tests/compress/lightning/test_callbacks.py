@@ -29,22 +29,9 @@ from compress.lightning.callbacks import (
     target_model,
 )
 from compress.nn.qat import compressed_layers
+from tests.compress.models import PreNormMLP
 
 REPO = pathlib.Path(__file__).resolve().parents[3]
-
-
-class PreNormMLP(nn.Module):
-    """x -> LayerNorm -> up -> relu -> down (+ x) -> head; the norm feeds only ``up``."""
-
-    def __init__(self, hidden=64, ffn=128):
-        super().__init__()
-        self.norm = nn.LayerNorm(hidden)
-        self.up = nn.Linear(hidden, ffn)
-        self.down = nn.Linear(ffn, hidden)
-        self.classifier = nn.Linear(hidden, 4)
-
-    def forward(self, x):
-        return self.classifier(x + self.down(torch.relu(self.up(self.norm(x)))))
 
 
 class TinyTask(pl.LightningModule):

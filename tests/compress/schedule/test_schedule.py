@@ -19,20 +19,7 @@ from compress import (
 )
 from compress.core.sparsity import expand_mask, mask_sparsity
 from compress.nn.qat import compressed_layers
-
-
-class PreNormMLP(nn.Module):
-    """x -> LayerNorm -> up -> relu -> down (+ x) -> head; the norm feeds only ``up``."""
-
-    def __init__(self, hidden=64, ffn=128):
-        super().__init__()
-        self.norm = nn.LayerNorm(hidden)
-        self.up = nn.Linear(hidden, ffn)
-        self.down = nn.Linear(ffn, hidden)
-        self.classifier = nn.Linear(hidden, 4)
-
-    def forward(self, x):
-        return self.classifier(x + self.down(torch.relu(self.up(self.norm(x)))))
+from tests.compress.models import PreNormMLP
 
 
 def batches(count=12, seed=0):
