@@ -12,7 +12,13 @@ Inf absmax is turned into NaN: a non-finite block never comes out as finite numb
 
 * :func:`row_block_scales`: the scales of a (ROWS, 128) tile, one per row (activations: one token's block);
 * :func:`tile_scale`: the one scale of a 2-D tile (a 128 x 128 weight block);
-* :func:`quantize_sym`: fp32 values and a scale broadcast to their shape -> int8;
+* :func:`quantize_sym`: fp32 values and a scale broadcast to their shape -> int8, IEEE division per value
+  (weights, whose values may be any fp32);
+* :func:`quantize_rows_sym`: the same integers for values that are fp16 / bf16 numbers (activations,
+  and outputs rounded to the activation dtype), one float64 reciprocal per row and a multiply per value:
+  ``fp32(float64(v) * (1 / s))`` is the IEEE quotient ``v / s`` for such ``v`` (the argument and the
+  exhaustive check of :func:`compress_kernels.common.quantize.quantize_int8_recip`); a division per
+  value would cost as much as the int8 dot at small M;
 * :func:`round_through`: fp32 values rounded to fp16 or bf16 and back (the values a float layer stores);
 * :func:`gelu_exact`: the erf GELU in fp32.
 """
@@ -59,6 +65,17 @@ def quantize_sym(v, scale):
     q = tl.minimum(tl.maximum(q, -QMAX), QMAX)
     q = (q + ROUND_MAGIC) - ROUND_MAGIC
     return tl.where(scale < float("inf"), q, 0.0).to(tl.int8)
+
+
+@triton.jit
+def quantize_rows_sym(v, scale):
+    """int8 of fp32 ``v`` (ROWS, C) holding fp16 / bf16 values, with one ``scale`` (ROWS,) per row:
+    :func:`quantize_sym`'s integers through a float64 reciprocal per row (module docstring)."""
+    recip = 1.0 / scale.to(tl.float64)  # IEEE float64 division, once per row
+    q = (v.to(tl.float64) * recip[:, None]).to(tl.float32)
+    q = tl.minimum(tl.maximum(q, -QMAX), QMAX)
+    q = (q + ROUND_MAGIC) - ROUND_MAGIC
+    return tl.where((scale < float("inf"))[:, None], q, 0.0).to(tl.int8)
 
 
 @triton.jit

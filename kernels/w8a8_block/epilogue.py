@@ -21,7 +21,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from compress_kernels.w8a8_block.blocks import gelu_exact, quantize_sym, round_through, row_block_scales
+from compress_kernels.w8a8_block.blocks import gelu_exact, quantize_rows_sym, round_through, row_block_scales
 
 
 @triton.jit
@@ -41,7 +41,7 @@ def store_output(
         if GELU:
             v = round_through(gelu_exact(v), ACT_BF16)
         scale = row_block_scales(v)  # (BM,): the tile is one 128-column block
-        tl.store(out_ptrs, quantize_sym(v, tl.broadcast_to(scale[:, None], v.shape)), mask=mask)
+        tl.store(out_ptrs, quantize_rows_sym(v, scale), mask=mask)
         tl.store(sy_ptr + offs_m.to(tl.int64) * stride_sym + pid_n * stride_syk, scale, mask=m_ok)
     else:
         if GELU:

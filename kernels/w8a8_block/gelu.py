@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from compress_kernels.reference import SCALE_BLOCK, scale_blocks
-from compress_kernels.w8a8_block.blocks import gelu_exact, quantize_sym, round_through, row_block_scales
+from compress_kernels.w8a8_block.blocks import gelu_exact, quantize_rows_sym, round_through, row_block_scales
 from compress_kernels.w8a8_block.quantize import MAX_BLOCKS_PER_PROGRAM, empty_act_scales
 
 
@@ -37,7 +37,7 @@ def _gelu_int8_blocks_kernel(
     v = round_through(q * s_x[:, None], ACT_BF16)
     g = round_through(gelu_exact(v), ACT_BF16)  # padded lanes: gelu(0) = 0
     scale = row_block_scales(g)
-    tl.store(yq_ptr + row * K + cols, quantize_sym(g, tl.broadcast_to(scale[:, None], (BLOCKS, BLOCK))), mask=mask)
+    tl.store(yq_ptr + row * K + cols, quantize_rows_sym(g, scale), mask=mask)  # g holds act-dtype values
     tl.store(sy_ptr + row * stride_sym + kb * stride_syk, scale, mask=kb < KB)
 
 

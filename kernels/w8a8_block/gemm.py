@@ -27,7 +27,7 @@ import triton.language as tl
 from compress_kernels.common.pdl import launch_options, let_dependents_launch, pdl_enabled, wait_for_inputs
 from compress_kernels.common.splitk import last_split_buffers
 from compress_kernels.common.tiles import grouped_tile
-from compress_kernels.w8a8_block.blocks import quantize_sym, row_block_scales
+from compress_kernels.w8a8_block.blocks import quantize_rows_sym, row_block_scales
 from compress_kernels.w8a8_block.epilogue import store_output, store_partial, sum_partials
 
 
@@ -77,7 +77,7 @@ def _w8a8_block_gemm_kernel(
         if QUANTIZE_X:  # the tile is one scale block per row: quantize it here
             a32 = a.to(tl.float32)
             s_a = row_block_scales(a32)
-            a = quantize_sym(a32, tl.broadcast_to(s_a[:, None], (BLOCK_M, BLOCK_K)))
+            a = quantize_rows_sym(a32, s_a)
         else:
             s_a = tl.load(sx_ptr + rows * stride_sxm + kb * stride_sxk, mask=m_ok, other=0.0)
         b = tl.load(w_ptrs, mask=w_mask, other=0)

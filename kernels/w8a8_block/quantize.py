@@ -22,7 +22,7 @@ import triton.language as tl
 
 from compress_kernels.common.pdl import launch_options, let_dependents_launch, pdl_enabled, wait_for_inputs
 from compress_kernels.reference import SCALE_BLOCK, scale_blocks
-from compress_kernels.w8a8_block.blocks import quantize_sym, row_block_scales, tile_scale
+from compress_kernels.w8a8_block.blocks import quantize_rows_sym, quantize_sym, row_block_scales, tile_scale
 
 MAX_BLOCKS_PER_PROGRAM = 16  # activation blocks per program: 2048 channels, a 4 KB read of fp16
 
@@ -40,8 +40,7 @@ def _quantize_act_blocks_kernel(
     mask = cols < K
     v = tl.load(x_ptr + row * stride_xm + cols * stride_xk, mask=mask, other=0.0).to(tl.float32)
     scale = row_block_scales(v)  # (BLOCKS,)
-    q = quantize_sym(v, tl.broadcast_to(scale[:, None], (BLOCKS, BLOCK)))
-    tl.store(xq_ptr + row * K + cols, q, mask=mask)
+    tl.store(xq_ptr + row * K + cols, quantize_rows_sym(v, scale), mask=mask)  # fp16 / bf16 values
     tl.store(s_ptr + row * stride_sm + kb * stride_sk, scale, mask=kb < KB)
     let_dependents_launch(USE_PDL)
 
