@@ -19,6 +19,9 @@ Inf absmax is turned into NaN: a non-finite block never comes out as finite numb
   ``fp32(float64(v) * (1 / s))`` is the IEEE quotient ``v / s`` for such ``v`` (the argument and the
   exhaustive check of :func:`compress_kernels.common.quantize.quantize_int8_recip`); a division per
   value would cost as much as the int8 dot at small M;
+* :func:`block_sum_to_float`: an int32 block product (|v| < 2^22: at most 128 * 127^2) as its exact fp32
+  value with an integer add and a float subtract, not an int-to-float conversion, which issues at a
+  quarter of the FMA rate on Hopper: the GEMMs convert a whole tile every K step;
 * :func:`round_through`: fp32 values rounded to fp16 or bf16 and back (the values a float layer stores);
 * :func:`gelu_exact`: the erf GELU in fp32.
 """
@@ -76,6 +79,13 @@ def quantize_rows_sym(v, scale):
     q = tl.minimum(tl.maximum(q, -QMAX), QMAX)
     q = (q + ROUND_MAGIC) - ROUND_MAGIC
     return tl.where((scale < float("inf"))[:, None], q, 0.0).to(tl.int8)
+
+
+@triton.jit
+def block_sum_to_float(part):
+    """The int32 ``part`` (|part| < 2^22) as fp32, exactly: the bits of 1.5 * 2^23 plus ``part`` are the
+    float 1.5 * 2^23 + part (its ulp is 1 there), minus 1.5 * 2^23."""
+    return (part + 0x4B400000).to(tl.float32, bitcast=True) - ROUND_MAGIC
 
 
 @triton.jit

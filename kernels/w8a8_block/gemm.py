@@ -27,7 +27,7 @@ import triton.language as tl
 from compress_kernels.common.pdl import launch_options, let_dependents_launch, pdl_enabled, wait_for_inputs
 from compress_kernels.common.splitk import last_split_buffers
 from compress_kernels.common.tiles import grouped_tile
-from compress_kernels.w8a8_block.blocks import quantize_rows_sym, row_block_scales
+from compress_kernels.w8a8_block.blocks import block_sum_to_float, quantize_rows_sym, row_block_scales
 from compress_kernels.w8a8_block.epilogue import store_output, store_partial, sum_partials
 
 
@@ -86,7 +86,7 @@ def _w8a8_block_gemm_kernel(
         else:
             s_b = tl.load(sw_ptrs + kb)
         part = tl.dot(a, b, out_dtype=tl.int32)
-        acc += part.to(tl.float32) * (s_a[:, None] * s_b)
+        acc += block_sum_to_float(part) * (s_a[:, None] * s_b)  # exact conversion, one FMA
         x_ptrs += BLOCK_K * stride_xk
         w_ptrs += BLOCK_K * stride_wk
     let_dependents_launch(USE_PDL)

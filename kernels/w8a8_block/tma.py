@@ -22,6 +22,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from compress_kernels.common.pdl import launch_options, let_dependents_launch, pdl_enabled, wait_for_inputs
 from compress_kernels.common.tiles import grouped_tile
+from compress_kernels.w8a8_block.blocks import block_sum_to_float
 from compress_kernels.w8a8_block.epilogue import store_output
 
 
@@ -49,7 +50,7 @@ def _w8a8_block_tma_kernel(
         s_a = tl.load(sx_ptrs + kb * stride_sxk, mask=m_ok, other=0.0)
         s_b = tl.load(sw_ptrs + kb)
         part = tl.dot(a, b.T, out_dtype=tl.int32)
-        acc += part.to(tl.float32) * (s_a[:, None] * s_b)
+        acc += block_sum_to_float(part) * (s_a[:, None] * s_b)
     let_dependents_launch(USE_PDL)
     store_output(acc, offs_m, offs_n, pid_n, M, N, bias_ptr, out_ptr, sy_ptr, stride_om, stride_sym, stride_syk,
                  HAS_BIAS, GELU, OUT_INT8, ACT_BF16)
