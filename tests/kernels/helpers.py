@@ -21,6 +21,7 @@ W8A8_TOL = {torch.float16: 1e-3, torch.bfloat16: 1e-2}
 # the interpreter on fp16); split-K sums in another order, the GPU contracts multiply-adds, and the interpreter
 # truncates fp32 -> bf16 (one bf16 ulp = 2^-8)
 W8A8_BLOCK_TOL = {torch.float16: 1e-3, torch.bfloat16: 1e-2}
+BLOCK_EXACT = DEVICE == "cpu"  # the interpreter adds the rescaled K blocks as the reference does (no FMA contraction)
 # ... and of W8A16: exact integer operands and fp32 accumulation, except where grouped scales dequantize the
 # weight tile to x's dtype before the tensor-core product (as W4A16's paths do), and the output cast
 W8A16_TOL = {torch.float16: 2e-3, torch.bfloat16: 1e-2}

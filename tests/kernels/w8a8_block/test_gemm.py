@@ -3,7 +3,8 @@
 Configs are forced through ``op.launch``. Unsplit, a path sums the K blocks in the reference's order,
 so on fp16 the interpreter gives the reference's bits (float and int8 outputs); split-K sums in
 another order (``W8A8_BLOCK_TOL``), and the interpreter truncates fp32 -> bf16. CPU: the Triton
-interpreter; GPU: marked ``gpu``.
+interpreter; GPU: marked ``gpu``. On the GPU the bit-for-bit checks become tolerances (``BLOCK_EXACT``):
+the compiled kernel contracts each step's multiply-add into one FMA.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import torch
 from compress_kernels import reference
 from compress_kernels.w8a8_block.dispatch import TileConfig
 from compress_kernels.w8a8_block.op import launch
-from tests.kernels.helpers import DEVICE, DTYPES, W8A8_BLOCK_TOL, random_block_weight, rel_error
+from tests.kernels.helpers import BLOCK_EXACT, DEVICE, DTYPES, W8A8_BLOCK_TOL, random_block_weight, rel_error
 
 CONFIGS = {
     "small-m-in-kernel-quantize": TileConfig(16, 64, quantize_x=True),
@@ -42,7 +43,7 @@ def test_float_output_matches_reference(name, dtype):
     y = launch(x, None, w_q, w_scale, bias, False, dtype, config=CONFIGS[name])
     ref = reference.w8a8_block_matmul_ref(x, w_q, w_scale, bias)
     assert y.shape == (m, n) and y.dtype == dtype
-    if dtype == torch.float16 and name in UNSPLIT:
+    if BLOCK_EXACT and dtype == torch.float16 and name in UNSPLIT:
         assert torch.equal(y, ref)
     assert rel_error(y, ref) <= W8A8_BLOCK_TOL[dtype]
 
@@ -55,7 +56,7 @@ def test_int8_output_is_the_quantized_float_output(name, gelu):
     yq, s_y = launch(x, None, w_q, w_scale, bias, gelu, torch.int8, torch.float16, config=cfg)
     ref_q, ref_s = reference.w8a8_block_matmul_ref(x, w_q, w_scale, bias, gelu=gelu, out_dtype=torch.int8)
     assert yq.shape == (9, 200) and yq.dtype == torch.int8 and s_y.shape == (9, 2)
-    if name == "small-m-split":  # the sum's order differs: an integer may move by one at a rounding edge
+    if name == "small-m-split" or not BLOCK_EXACT:  # another sum order: an integer may move by one at an edge
         assert (yq.int() - ref_q.int()).abs().max() <= 1 and torch.allclose(s_y, ref_s, rtol=1e-2)
     else:
         assert torch.equal(yq, ref_q) and torch.equal(s_y, ref_s)
@@ -78,7 +79,7 @@ def test_quantized_input_gives_the_float_input_result(name):
     xq, s_x = reference.quantize_act_blocks_ref(x)
     y = launch(xq, s_x, w_q, w_scale, bias, False, torch.float16, config=cfg)
     assert rel_error(y, reference.w8a8_block_matmul_ref(x, w_q, w_scale, bias)) <= W8A8_BLOCK_TOL[torch.float16]
-    if name != "small-m-split":
+    if name != "small-m-split" and BLOCK_EXACT:
         assert torch.equal(y, reference.w8a8_block_matmul_quantized_ref(xq, s_x, w_q, w_scale, bias))
 
 
@@ -90,15 +91,18 @@ def test_zero_rows_and_blocks_give_zeros(name):
     w_q[:, 128:] = 0  # a zero weight block column
     y = launch(x, None, w_q, w_scale, None, False, torch.float16, config=CONFIGS[name])
     assert torch.isfinite(y).all() and (y[1] == 0).all()
-    assert torch.equal(y, reference.w8a8_block_matmul_ref(x, w_q, w_scale))
-    assert rel_error(y[3], reference.w8a8_block_matmul_ref(x[3:4, :], w_q, w_scale)[0]) == 0
+    ref = reference.w8a8_block_matmul_ref(x, w_q, w_scale)
+    assert torch.equal(y, ref) if BLOCK_EXACT else rel_error(y, ref) <= W8A8_BLOCK_TOL[torch.float16]
+    assert rel_error(y[3], reference.w8a8_block_matmul_ref(x[3:4, :], w_q, w_scale)[0]) <= (
+        0 if BLOCK_EXACT else W8A8_BLOCK_TOL[torch.float16])
 
 
 def test_odd_m_and_one_row_through_every_row_tile():
     for m in (1, 3, 17, 33):
         x, w_q, w_scale, bias = _operands(m, 128, 96, torch.float16, seed=m)
         y = launch(x, None, w_q, w_scale, bias, False, torch.float16, config=TileConfig(16, 32, quantize_x=True))
-        assert torch.equal(y, reference.w8a8_block_matmul_ref(x, w_q, w_scale, bias)), m
+        ref = reference.w8a8_block_matmul_ref(x, w_q, w_scale, bias)
+        assert torch.equal(y, ref) if BLOCK_EXACT else rel_error(y, ref) <= W8A8_BLOCK_TOL[torch.float16], m
 
 
 def test_bad_configs_are_refused_by_name():

@@ -11,9 +11,14 @@ from compress_kernels import reference
 from compress_kernels.w8a8_block.op import (bind_w8a8_block_matmul, bind_w8a8_block_matmul_int8,
                                             bind_w8a8_block_matmul_quantized, w8a8_block_matmul)
 from compress_kernels.w8a8_block.op_blocks import gelu_int8_blocks, quantize_act_blocks, quantize_weight_blocks
-from tests.kernels.helpers import DEVICE, DTYPES, W8A8_BLOCK_TOL, random_block_weight, rel_error
+from tests.kernels.helpers import BLOCK_EXACT, DEVICE, DTYPES, W8A8_BLOCK_TOL, random_block_weight, rel_error
 
 GPU_TOL = {torch.float16: 2e-3, torch.bfloat16: 8e-3}
+
+
+def _same(y, ref, tol=W8A8_BLOCK_TOL[torch.float16]) -> bool:
+    """Bit for bit in the interpreter (``BLOCK_EXACT``), else within ``tol`` (fp16 outputs)."""
+    return torch.equal(y, ref) if BLOCK_EXACT else rel_error(y, ref) <= tol
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -32,9 +37,9 @@ def test_batched_empty_and_strided_inputs():
     assert w8a8_block_matmul(torch.empty(0, 256, device=DEVICE).half(), w_q, w_scale).shape == (0, 64)
     x = torch.randn(2, 3, 256, device=DEVICE).half()
     y = w8a8_block_matmul(x, w_q, w_scale)
-    assert y.shape == (2, 3, 64) and torch.equal(y, reference.w8a8_block_matmul_ref(x, w_q, w_scale))
+    assert y.shape == (2, 3, 64) and _same(y, reference.w8a8_block_matmul_ref(x, w_q, w_scale))
     strided = torch.randn(256, 5, device=DEVICE).half().t()
-    assert torch.equal(w8a8_block_matmul(strided, w_q, w_scale), reference.w8a8_block_matmul_ref(strided, w_q, w_scale))
+    assert _same(w8a8_block_matmul(strided, w_q, w_scale), reference.w8a8_block_matmul_ref(strided, w_q, w_scale))
 
 
 def test_int8_output_feeds_the_next_layer():
@@ -46,7 +51,7 @@ def test_int8_output_feeds_the_next_layer():
     assert yq.shape == (4, 384) and s_y.shape == (4, 3)
     out = w8a8_block_matmul(yq, down_q, down_s, x_scale=s_y)
     hidden = reference.w8a8_block_matmul_ref(x, up_q, up_s, gelu=True)  # the float chain
-    assert torch.equal(out, reference.w8a8_block_matmul_ref(hidden, down_q, down_s))
+    assert _same(out, reference.w8a8_block_matmul_ref(hidden, down_q, down_s), tol=1e-2)  # GPU: the GELU's last bit
 
 
 def test_quantized_input_int8_output_and_act_dtype():
