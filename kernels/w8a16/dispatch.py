@@ -17,7 +17,8 @@ Paths (``TileConfig.path``):
 * ``gemv``: :mod:`compress_kernels.w8a16.gemv`, one token row per program on CUDA cores, the int8
   weight converted in registers, split-K where the layer gives too few programs;
 * ``tiled``: :mod:`compress_kernels.w8a16.tiled`, the weight tile converted to x's dtype in the loop
-  and multiplied on tensor cores as the left operand of ``tl.dot`` (``y^T = W x^T``), split-K.
+  and multiplied on tensor cores as the left operand of ``tl.dot`` (``y^T = W x^T``), split-K;
+* ``dequant``: :mod:`compress_kernels.w8a16.dequant`, the weight dequantized once, then cuBLAS.
 """
 from __future__ import annotations
 
@@ -38,6 +39,7 @@ GEMV_MIN_SPLIT_K_TILE = 128  # shortest K tile the one-row kernel shrinks to so 
 SMALL_M = 16  # up to here: 16-token tiles of 64 channels
 MID_M = 64  # up to here: 64-token tiles of 128 channels
 LARGE_M = 256  # up to here: 128 x 128 tiles, split-K to a program per SM; above, the same tiles unsplit
+DEQUANT_MIN_M = 512  # from here on, dequantize once and let cuBLAS run the fp16 GEMM
 PICK_CACHE_SIZE = 4096  # argument tuples remembered by cached_pick (a model has a few shapes per M)
 
 
@@ -47,7 +49,7 @@ class TileConfig(NamedTuple):
     ``block_m`` tokens by ``block_n`` output channels by ``block_k`` input channels per program and K
     step; ``group_m``: token tiles that share a weight tile in the grouped tile order (tiled only);
     ``scale_after_dot`` (tiled, grouped scales only): multiply each K tile's product by its scale row
-    instead of dequantizing the weight tile before the dot."""
+    instead of dequantizing the weight tile before the dot. The ``dequant`` path takes no parameters."""
 
     block_m: int
     block_n: int
@@ -68,6 +70,10 @@ def pick(m: int, n: int, k: int, grouped: bool, device) -> TileConfig:
     # ahead of 16-row tiles there: 4096x4096 M = 1 11.7 -> 10.0 us; 1024x1024 M = 4 5.5 -> 4.5)
     if m == 1 or (m <= GEMV_MAX_SMALL_M and n * k <= SMALL_LAYER):
         return gemv_tile(m, n, k, grouped, sms)
+    # From 512 rows: the weight dequantized once (3 bytes moved per weight), then cuBLAS's fp16 GEMM;
+    # the in-loop conversion of the tiles ran at 0.57-0.68x cuBLAS from M = 2048 on the H200
+    if m >= DEQUANT_MIN_M:
+        return TileConfig(0, 0, 0, path="dequant")
     # 2-16 rows: 16 tokens x 64 channels (one warp group's wgmma rows), 128-deep K tiles, split-K to a
     # program per SM; grouped scales multiply each tile's fp32 product (16 x 64 multiplies per tile,
     # against 128 x 64 for dequantizing the weight tile first)

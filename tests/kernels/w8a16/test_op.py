@@ -131,8 +131,8 @@ def test_bad_inputs_raise(args, error, words):
 def test_configs_the_launcher_cannot_run_are_refused():
     x = torch.randn(2, 256, device=DEVICE).half()
     w_q, w_scale = random_w8a16_weight(32, 256, True, device=DEVICE)
-    with pytest.raises(ValueError, match=r"config.path: expected one of \['gemv', 'tiled'\], got 'dequant'"):
-        launch(x, w_q, w_scale, config=TileConfig(16, 32, 32, path="dequant"))
+    with pytest.raises(ValueError, match=r"config.path: expected one of \['gemv', 'tiled', 'dequant'\], got 'wgmma'"):
+        launch(x, w_q, w_scale, config=TileConfig(16, 32, 32, path="wgmma"))
     with pytest.raises(ValueError, match="config.block_k: with group scales a K tile stays inside one group"):
         launch(x, w_q, w_scale, config=TileConfig(16, 32, 256))
 
