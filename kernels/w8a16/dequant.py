@@ -17,8 +17,8 @@ import torch
 import triton
 import triton.language as tl
 
-BLOCK_N = 32  # output channels per program
-BLOCK_K = 128  # input channels per program: one scale group, 4 KiB of int8 per program
+BLOCK_N = 32  # output channels per program (a config's block_n, when not 0)
+BLOCK_K = 128  # input channels per program: one scale group, 4 KiB of int8 per program (or block_k)
 
 
 @triton.jit
@@ -42,24 +42,25 @@ def _dequantize_kernel(
     tl.store(out_ptr + rows * K + offs_k[None, :], w.to(out_ptr.dtype.element_ty), mask=inside)
 
 
-def dequantize(w_q, w_scale, group_size: int, dtype: torch.dtype) -> torch.Tensor:
+def dequantize(w_q, w_scale, group_size: int, dtype: torch.dtype, block_n: int = BLOCK_N, block_k: int = BLOCK_K,
+               num_warps: int = 4) -> torch.Tensor:
     """Triton dequantization: (N, K) int8 + (N,) or (N, K/G) scales -> W (N, K) in ``dtype``
-    (``group_size`` a multiple of ``BLOCK_K`` with 2-D scales; validated by the caller)."""
+    (with 2-D scales ``block_k`` divides ``group_size``; validated by the caller)."""
     n, k = w_q.shape
     w = torch.empty((n, k), dtype=dtype, device=w_q.device)
     grouped = w_scale.dim() == 2
-    grid = (triton.cdiv(n, BLOCK_N), triton.cdiv(k, BLOCK_K))
+    grid = (triton.cdiv(n, block_n), triton.cdiv(k, block_k))
     _dequantize_kernel[grid](
         w_q, w_scale, w, n, k, w_q.stride(0), w_scale.stride(0), w_scale.stride(1) if grouped else 0,
-        GROUPED=grouped, GROUP_SIZE=group_size, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, num_warps=4,
+        GROUPED=grouped, GROUP_SIZE=group_size, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps,
     )
     return w
 
 
 def launch_dequant(x2, w_q, w_scale, bias, y, cfg, group_size: int) -> None:
-    """``y`` (M, N) <- x2 (M, K) @ W.T (+ bias), W dequantized by :func:`dequantize` in x2's dtype
-    (``cfg`` carries no launch parameters on this path)."""
-    w = dequantize(w_q, w_scale, group_size, x2.dtype)
+    """``y`` (M, N) <- x2 (M, K) @ W.T (+ bias), W dequantized by :func:`dequantize` in x2's dtype with
+    ``cfg``'s tile (``block_n``, ``block_k``: 0 for the defaults) and ``num_warps``."""
+    w = dequantize(w_q, w_scale, group_size, x2.dtype, cfg.block_n or BLOCK_N, cfg.block_k or BLOCK_K, cfg.num_warps)
     if bias is None:
         torch.matmul(x2, w.T, out=y)
     else:

@@ -68,7 +68,7 @@ def launch(x2, w_q, w_scale, bias=None, config: TileConfig | None = None) -> tor
     if w_q.storage_offset() % 4:  # checked here, not in _validate: torch.compile cannot trace storage_offset
         raise ValueError(f"w_q: expected its data to start at a multiple of 4 bytes (rows are read as int32 "
                          f"words), got storage offset {w_q.storage_offset()}")
-    if grouped and cfg.path != "dequant" and (cfg.block_k <= 0 or GROUP_SIZE % cfg.block_k):
+    if grouped and (cfg.path != "dequant" or cfg.block_k) and (cfg.block_k <= 0 or GROUP_SIZE % cfg.block_k):
         raise ValueError(f"config.block_k: with group scales a K tile stays inside one group of {GROUP_SIZE} "
                          f"(a power of two dividing it), got block_k={cfg.block_k}")
     bias = bias.contiguous() if bias is not None else None

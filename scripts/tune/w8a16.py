@@ -29,8 +29,11 @@ def candidates(cfg, m: int, n: int, k: int, grouped: bool, device) -> list:
     the neighbouring paths: for the one-row kernel, wider tiles with the K split the table would give
     them (at most the per-channel pick's 8 KiB of weights per step); from ``LARGE_M`` rows, the tiles and
     the dequantize + cuBLAS path against each other."""
-    if cfg.path == "dequant":
-        return [cfg, TileConfig(128, 128, 64, num_warps=8, num_stages=4)]
+    if cfg.path == "dequant":  # the dequantize pass's tile (0: its defaults) and warps, and the tiles
+        tiles = [cfg._replace(block_n=64, block_k=128), cfg._replace(block_n=64, block_k=128, num_warps=8)]
+        if not grouped:
+            tiles.append(cfg._replace(block_n=16, block_k=512))
+        return [cfg, *tiles, TileConfig(128, 128, 64, num_warps=8, num_stages=4)]
     steps = {"block_n": sweep.halve_double(4 if cfg.path == "gemv" else 16, 256), "split_k": sweep.halve_double(1, 32),
              "num_warps": sweep.halve_double(1, 8)}
     if cfg.path == "tiled":

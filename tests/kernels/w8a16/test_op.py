@@ -158,6 +158,19 @@ def test_gpu_full_size(dtype, m, grouped):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("m", [65, 128, 256, 257, 512, 1024])
+@pytest.mark.parametrize("k,n", [(4096, 4096), (4096, 11008), (11008, 4096)])
+def test_gpu_every_pick_from_65_rows(m, k, n):
+    """The picks of the wide tiles (split and unsplit) and of the dequantize path on Llama-2-7B's shapes."""
+    x = torch.randn(m, k, device="cuda").half()
+    for grouped in (False, True):
+        w_q, w_scale = random_w8a16_weight(n, k, grouped, device="cuda")
+        y = w8a16_matmul(x, w_q, w_scale)
+        assert rel_error(y, reference.w8a16_matmul_ref(x, w_q, w_scale)) <= GPU_TOL[torch.float16], (grouped, pick(
+            m, n, k, grouped, x.device))
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("m", [1, 3, 7, 100])
 @pytest.mark.parametrize("k,n", [(4104, 1000), (11008, 4096), (384, 1536)])  # K a multiple of 8 only, odd N
 def test_gpu_awkward_shapes(m, k, n):
