@@ -87,10 +87,11 @@ def pick(m: int, n: int, k: int, grouped: bool, device) -> TileConfig:
     # the small ones)
     elif m <= MID_M:
         cfg = TileConfig(64, 128, 64, num_warps=8, num_stages=3, scale_after_dot=grouped)
-    # 65-256 rows: 128 x 128 tiles, 4 warps, split-K (with 8 warps and a K split Triton 3.6 gave wrong
-    # sums on an H100, rel. error 0.2-0.5 at 4096x4096 M = 256; 4 warps: correct and as fast, 31.9 vs
-    # 31.2 us); grouped scales dequantize the weight tile before the dot, so every K tile accumulates
-    # into one wgmma accumulator
+    # 65-256 rows: 128 x 128 tiles, 4 warps, split-K; grouped scales dequantize the weight tile before
+    # the dot, so every K tile accumulates into one wgmma accumulator. Not 8 warps: with a K split (and
+    # in 256-row tiles even unsplit) the tiles gave wrong sums that changed from run to run on an H100
+    # (Triton 3.6; rel. error 0.2-0.5 at 4096x4096 M = 256), right again with the inline-PTX int8
+    # conversion replaced by a plain cast; 4 warps are right and as fast (31.9 vs 31.2 us)
     elif m <= LARGE_M:
         cfg = TileConfig(128, 128, 64, num_warps=4, num_stages=4)
     # 257-1023 rows: the same tiles with 8 warps, unsplit
