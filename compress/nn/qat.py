@@ -28,6 +28,7 @@ Forward (the numerical contract: the exported module computes the same function)
     W8A8:  y = fq_token(x) @ fq_channel(w).T + b       (fq = quantize-dequantize in float32)
     W4A16: y = x @ fq_group(w).T + b                   (int4, groups of G)
     W8A16: y = x @ fq_channel(w).T + b                 (int8; fq_group with groups of 128)
+    W8A8Block: y = fq_1x128(x) @ fq_128x128(w).T + b   (int8 in [-127, 127], compress.core.block_quant)
     y in x's dtype
 """
 from __future__ import annotations
@@ -38,7 +39,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from compress.configs import BlockSparseConfig, QuantConfig, W8A8Config, W8A16Config, is_config
+from compress.configs import BlockSparseConfig, QuantConfig, W8A8BlockConfig, W8A8Config, W8A16Config, is_config
+from compress.core.block_quant import fake_quantize_act_blocks, fake_quantize_weight_blocks, weight_block_scale
 from compress.core.float32 import Float32Buffers
 from compress.core.observers import Observer, make_observer
 from compress.core.quant import (
@@ -63,7 +65,8 @@ def split_configs(configs) -> tuple[QuantConfig | None, BlockSparseConfig | None
     quant, sparse = None, None
     for item in items:
         if not is_config(item):
-            raise TypeError(f"configs: expected W8A8Config, W4A16Config, W8A16Config or BlockSparseConfig items, "
+            raise TypeError(f"configs: expected W8A8Config, W4A16Config, W8A16Config, W8A8BlockConfig or "
+                            f"BlockSparseConfig items, "
                             f"got {type(item).__name__}")
         if isinstance(item, BlockSparseConfig):
             if sparse is not None and sparse != item:
@@ -184,6 +187,8 @@ class CompressedLinear(Float32Buffers, nn.Linear):
 
     def _absmax_weight_scale(self) -> torch.Tensor:
         w = self.masked_weight().detach()
+        if isinstance(self.quant_config, W8A8BlockConfig):
+            return weight_block_scale(w)
         if self._per_channel_int8():
             return per_channel_scale(w)
         padded, group_size = padded_in_features(self.in_features, self.quant_config.group_size)
@@ -293,6 +298,10 @@ class CompressedLinear(Float32Buffers, nn.Linear):
         w = self.masked_weight()
         if not self.fake_quant_enabled:
             return F.linear(x, w, self.bias)
+        bias = None if self.bias is None else self.bias.float()
+        if isinstance(self.quant_config, W8A8BlockConfig):
+            w_fq = fake_quantize_weight_blocks(w, self.weight_scale)
+            return F.linear(fake_quantize_act_blocks(x), w_fq, bias).to(x.dtype)
         if isinstance(self.quant_config, W8A8Config):
             static = self.static_act_scale()
             if self.quant_config.static and static is None:
@@ -304,7 +313,6 @@ class CompressedLinear(Float32Buffers, nn.Linear):
             w_fq = fake_quantize_per_channel(w, self.weight_scale)
         else:
             w_fq = self._fake_quantize_groups(w)
-        bias = None if self.bias is None else self.bias.float()
         return F.linear(x_fq, w_fq, bias).to(x.dtype)
 
     def to_float(self) -> nn.Module:

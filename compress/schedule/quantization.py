@@ -25,7 +25,8 @@ logger = logging.getLogger(__name__)
 class QuantizationSchedule:
     """Fake-quantize ``plan``'s layers from ``start_step`` on (QAT).
 
-    ``plan``: a :class:`W8A8Config`, :class:`W4A16Config` or :class:`W8A16Config` (every eligible linear) or
+    ``plan``: a :class:`W8A8Config`, :class:`W4A16Config`, :class:`W8A16Config` or :class:`W8A8BlockConfig`
+    (every eligible linear) or
     ``{pattern: config}`` (fnmatch patterns on module names). ``exclude``: patterns left dense (None:
     embeddings, classifier heads, ``lm_head``).
     """
@@ -36,11 +37,12 @@ class QuantizationSchedule:
         elif isinstance(plan, Mapping):
             rules = dict(plan)
         else:
-            raise TypeError(f"QuantizationSchedule.plan: expected a W8A8Config, W4A16Config or W8A16Config, or a mapping "
-                            f"{{pattern: config}}, got {type(plan).__name__}")
+            raise TypeError(f"QuantizationSchedule.plan: expected a W8A8Config, W4A16Config, W8A16Config or "
+                            f"W8A8BlockConfig, or a mapping {{pattern: config}}, got {type(plan).__name__}")
         for pattern, value in rules.items():
             if not isinstance(value, QUANT_CONFIGS):
-                raise TypeError(f"QuantizationSchedule: expected W8A8Config, W4A16Config or W8A16Config for {pattern!r}, "
+                raise TypeError(f"QuantizationSchedule: expected W8A8Config, W4A16Config, W8A16Config or W8A8BlockConfig "
+                                f"for {pattern!r}, "
                                 f"got {type(value).__name__}")
         check_step("start_step", start_step)
         self.plan = Plan(rules, exclude=DEFAULT_EXCLUDE if exclude is None else tuple(exclude))
