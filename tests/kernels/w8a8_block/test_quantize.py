@@ -83,7 +83,7 @@ def test_empty_activation_and_fake_shapes():
 
 @pytest.mark.parametrize("call,error,words", [
     (lambda: quantize_act_blocks(torch.randn(2, 128)), TypeError, "x: expected dtype"),
-    (lambda: quantize_act_blocks(torch.randn(2, 0).half()), ValueError, "K >= 1"),
+    (lambda: quantize_act_blocks(torch.randn(2, 0, device=DEVICE).half()), ValueError, "K >= 1"),
     (lambda: quantize_weight_blocks(torch.randint(0, 3, (128, 128), dtype=torch.int8)), TypeError, "w: expected dtype"),
     (lambda: quantize_weight_blocks(torch.randn(2, 3, 4)), ValueError, "w: expected 2 dimensions"),
 ])
