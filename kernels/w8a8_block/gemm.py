@@ -6,15 +6,12 @@ the 128-wide blocks covering K and N. Program (tile, split) owns a BLOCK_M x BLO
 (grouped tile order, :func:`compress_kernels.common.tiles.grouped_tile`) and a run of K blocks::
 
     for each K block kb of its split (BLOCK_K = 128: one scale block per step)
-        a      = xq[rows, kb]              (BM, 128) int8   or, QUANTIZE_X, x's tile quantized here
+        a      = xq[rows, kb]              (BM, 128) int8
         part   = dot(a, w_q[cols, kb]^T)   (BM, BN) int32, exact
         acc   += float(part) * (s_x[rows, kb] * s_w[cols // 128, kb])      fp32
 
-``QUANTIZE_X`` (small M): the program loads x's fp16 / bf16 tile and quantizes it in registers; a
-1 x 128 block is exactly one row of the K step, so its scale needs nothing outside the tile and the
-quantize launch disappears (each column tile quantizes the same rows again: cheap while M is small).
-Otherwise ``xq`` and ``s_x`` come from the quantize pass (or the int8 output of a layer before) and
-the kernel waits for them (PDL consumer). BLOCK_N <= 128 reads one weight scale per step; wider tiles
+``xq`` and ``s_x`` come from the quantize pass (or the int8 output of a layer before) and the kernel
+waits for them (PDL consumer). BLOCK_N <= 128 reads one weight scale per step; wider tiles
 read one per column. Rows past M and columns past N are masked (loaded as 0), a last partial K block
 too (unless EVEN_K). The end of the tile (bias, GELU, float or int8 output, the split-K sum) is
 :mod:`compress_kernels.w8a8_block.epilogue`.
@@ -27,17 +24,17 @@ import triton.language as tl
 from compress_kernels.common.pdl import launch_options, let_dependents_launch, pdl_enabled, wait_for_inputs
 from compress_kernels.common.splitk import last_split_buffers
 from compress_kernels.common.tiles import grouped_tile
-from compress_kernels.w8a8_block.blocks import block_sum_to_float, quantize_rows_sym, row_block_scales
+from compress_kernels.w8a8_block.blocks import block_sum_to_float
 from compress_kernels.w8a8_block.epilogue import store_output, store_partial, sum_partials
 
 
 @triton.jit
 def _w8a8_block_gemm_kernel(
-    x_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, out_ptr, sy_ptr,  # x or xq (M, K), s_x (M, Kb), w_q (N, K), s_w (Nb, Kb)
+    x_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, out_ptr, sy_ptr,  # xq (M, K), s_x (M, Kb), w_q (N, K), s_w (Nb, Kb)
     ws_ptr, cnt_ptr,  # SPLIT_K > 1: fp32 partials (SPLIT_K, M, N) and one ticket counter per output tile
     M, N, K, KB,
     stride_xm, stride_xk, stride_sxm, stride_sxk, stride_wn, stride_wk, stride_swn, stride_om, stride_sym, stride_syk,
-    QUANTIZE_X: tl.constexpr, HAS_BIAS: tl.constexpr, GELU: tl.constexpr, OUT_INT8: tl.constexpr,
+    HAS_BIAS: tl.constexpr, GELU: tl.constexpr, OUT_INT8: tl.constexpr,
     ACT_BF16: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     USE_PDL: tl.constexpr,
@@ -74,12 +71,7 @@ def _w8a8_block_gemm_kernel(
             x_mask = m_ok[:, None] & k_ok[None, :]
             w_mask = n_ok[None, :] & k_ok[:, None]
         a = tl.load(x_ptrs, mask=x_mask, other=0)
-        if QUANTIZE_X:  # the tile is one scale block per row: quantize it here
-            a32 = a.to(tl.float32)
-            s_a = row_block_scales(a32)
-            a = quantize_rows_sym(a32, s_a)
-        else:
-            s_a = tl.load(sx_ptr + rows * stride_sxm + kb * stride_sxk, mask=m_ok, other=0.0)
+        s_a = tl.load(sx_ptr + rows * stride_sxm + kb * stride_sxk, mask=m_ok, other=0.0)
         b = tl.load(w_ptrs, mask=w_mask, other=0)
         if BLOCK_N > BLOCK_K:
             s_b = tl.load(sw_ptrs + kb, mask=n_ok, other=0.0)[None, :]
@@ -106,23 +98,22 @@ def _w8a8_block_gemm_kernel(
 def launch_tiles(x2, s_x, w_q, w_scale, bias, out, s_out, cfg, gelu: bool, act_bf16: bool) -> None:
     """Write the product into ``out`` (M, N) (float, or int8 with ``s_out`` (M, Nb)) with ``cfg``'s tiles.
 
-    ``x2`` (M, K): fp16 / bf16 when ``cfg.quantize_x`` (``s_x`` unused), else int8 with ``s_x`` (M, Kb).
-    Inputs validated by the caller; ``w_scale`` contiguous."""
+    ``x2`` (M, K) int8 with ``s_x`` (M, Kb). Inputs validated by the caller; ``w_scale`` contiguous."""
     m, k = x2.shape
     n = w_q.shape[0]
     kb = triton.cdiv(k, cfg.block_k)
     tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
     workspace, counters = last_split_buffers(out, cfg.split_k, m, n, tiles)
-    use_pdl = pdl_enabled(x2.device) and not cfg.quantize_x  # a layer's first kernel does not wait
+    use_pdl = pdl_enabled(x2.device)
     int8_out = s_out is not None
     _w8a8_block_gemm_kernel[(tiles, cfg.split_k)](
-        x2, s_x if s_x is not None else w_scale, w_q, w_scale, bias if bias is not None else w_scale, out,
+        x2, s_x, w_q, w_scale, bias if bias is not None else w_scale, out,
         s_out if int8_out else w_scale, workspace, counters,
         m, n, k, kb,
-        x2.stride(0), x2.stride(1), s_x.stride(0) if s_x is not None else 0, s_x.stride(1) if s_x is not None else 0,
+        x2.stride(0), x2.stride(1), s_x.stride(0), s_x.stride(1),
         w_q.stride(0), w_q.stride(1), w_scale.stride(0), out.stride(0),
         s_out.stride(0) if int8_out else 0, s_out.stride(1) if int8_out else 0,
-        QUANTIZE_X=cfg.quantize_x, HAS_BIAS=bias is not None, GELU=gelu, OUT_INT8=int8_out, ACT_BF16=act_bf16,
+        HAS_BIAS=bias is not None, GELU=gelu, OUT_INT8=int8_out, ACT_BF16=act_bf16,
         SPLIT_K=cfg.split_k, EVEN_K=k % cfg.block_k == 0, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, USE_PDL=use_pdl, num_warps=cfg.num_warps,
         num_stages=cfg.num_stages, **launch_options(use_pdl),

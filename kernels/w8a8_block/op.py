@@ -11,8 +11,7 @@ then the epilogue: a float output in x's dtype (optionally ``gelu`` of it), or `
 the same values quantized to int8 + (M, Nb) scales, the input format of the next block-scaled layer.
 
 ``w8a8_block_matmul(x, w_q, w_scale, bias=None, *, x_scale=None, out_dtype=None, gelu=False,
-act_dtype=None)`` takes float ``x`` (..., K) (quantized in the kernel at small M, by the quantize pass
-otherwise) or, with ``x_scale``, an int8 ``x`` (M, K) already quantized; ``act_dtype`` names the float
+act_dtype=None)`` takes float ``x`` (..., K) (quantized by the quantize pass first) or, with ``x_scale``, an int8 ``x`` (M, K) already quantized; ``act_dtype`` names the float
 dtype of such an input's layer (default fp16: the dtype its output is rounded to). Any M; K and N need
 no padding (a last partial block is masked). Four custom ops carry the calls, each with a fake
 implementation so callers compile under ``torch.compile`` and capture in CUDA graphs::
@@ -102,7 +101,7 @@ def _validate_quantized(xq, s_x, w_q, w_scale, bias, gelu, float_dtype, dtype_na
     check_flag("gelu", gelu)
 
 
-def check_config(cfg: TileConfig, quantized: bool, int8_out: bool) -> None:
+def check_config(cfg: TileConfig, int8_out: bool) -> None:
     """ValueError unless ``cfg`` can run this call (module docstring of the dispatch table)."""
     if cfg.path not in PATHS:
         raise ValueError(f"config.path: expected one of {PATHS}, got {cfg.path!r}")
@@ -113,8 +112,6 @@ def check_config(cfg: TileConfig, quantized: bool, int8_out: bool) -> None:
                          f"scales), got {cfg.block_n}")
     if (SCALE_BLOCK % cfg.block_n if cfg.block_n < SCALE_BLOCK else cfg.block_n % SCALE_BLOCK):
         raise ValueError(f"config.block_n: expected a divisor or a multiple of {SCALE_BLOCK}, got {cfg.block_n}")
-    if cfg.quantize_x and (quantized or cfg.path != "tiled"):
-        raise ValueError("config.quantize_x: only the tiled path on a float x quantizes in the kernel")
     if cfg.path == "tma" and (cfg.split_k != 1 or cfg.block_n != SCALE_BLOCK):
         raise ValueError(f"config: the tma path needs split_k 1 and block_n {SCALE_BLOCK}, got {cfg}")
 
@@ -134,11 +131,11 @@ def launch(x2, s_x, w_q, w_scale, bias=None, gelu=False, out_dtype=torch.float16
     if m == 0:
         return (out, s_out) if int8_out else out
     ready = tma_ready(w_q, x2 if quantized else None)
-    cfg = config or cached_pick(m, n, k, x2.device, quantized=quantized, int8_out=int8_out, tma_ok=ready)
-    check_config(cfg, quantized, int8_out)
+    cfg = config or cached_pick(m, n, k, x2.device, int8_out=int8_out, tma_ok=ready)
+    check_config(cfg, int8_out)
     w_scale = w_scale.contiguous()
     bias = bias.contiguous() if bias is not None else None
-    if not quantized and not cfg.quantize_x:
+    if not quantized:
         x2, s_x = launch_quantize_act_blocks(x2)
     act_bf16 = (act_dtype if int8_out else out_dtype) == torch.bfloat16
     if cfg.path == "tma":

@@ -4,8 +4,7 @@
 
 For each weight shape K x N and token count M it times ``w8a8_block_matmul``'s path with the config
 :func:`compress_kernels.w8a8_block.dispatch.pick` gives, and the same path with one launch parameter
-changed (row and column tile, K split, warps, stages, x quantized in the kernel or by the pre-pass; TMA
-tiles run unsplit and 128 wide), each checked against ``compress_kernels.reference.w8a8_block_matmul_ref``,
+changed (row and column tile, K split, warps, stages; TMA tiles run unsplit and 128 wide), each checked against ``compress_kernels.reference.w8a8_block_matmul_ref``,
 next to cuBLAS fp16. ``--int8-out`` times the int8 + 1 x 128-scale output with the GELU epilogue (the
 up-projection of a linked MLP chain; 128-wide tiles only). Rows and method: :mod:`scripts.tune.sweep`.
 Runs on a GPU; on the CPU (Triton's interpreter, ``TRITON_INTERPRET=1``) only tiny shapes are practical.
@@ -30,8 +29,7 @@ def candidates(cfg, int8_out: bool = False) -> list:
     """The pick and its neighbours on the same path."""
     steps = {"num_warps": sweep.halve_double(2, 8), "num_stages": sweep.stages}
     if cfg.path == "tiled":
-        steps.update(block_m=sweep.halve_double(16, 128), split_k=sweep.halve_double(1, 16),
-                     quantize_x=lambda v: [not v])
+        steps.update(block_m=sweep.halve_double(16, 128), split_k=sweep.halve_double(1, 16))
         if not int8_out:
             steps["block_n"] = sweep.halve_double(32, 256)
     else:

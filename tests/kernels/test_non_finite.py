@@ -145,7 +145,7 @@ def test_float_ops_propagate(value):
 
 
 @pytest.mark.parametrize("value", VALUES)
-@pytest.mark.parametrize("config", [BlockConfig(16, 64, quantize_x=True), BlockConfig(16, 64, split_k=2),
+@pytest.mark.parametrize("config", [BlockConfig(16, 64), BlockConfig(16, 64, split_k=2),
                                     BlockConfig(16, 128, path="tma")])
 @pytest.mark.parametrize("int8_out", [False, True])
 def test_w8a8_block_bad_row_is_nan(value, config, int8_out):

@@ -17,14 +17,14 @@ from compress_kernels.w8a8_block.op import launch
 from tests.kernels.helpers import BLOCK_EXACT, DEVICE, DTYPES, W8A8_BLOCK_TOL, random_block_weight, rel_error
 
 CONFIGS = {
-    "small-m-in-kernel-quantize": TileConfig(16, 64, quantize_x=True),
-    "small-m-split": TileConfig(16, 64, split_k=2, quantize_x=True),
-    "mid-m-split-3": TileConfig(32, 128, split_k=3, quantize_x=True),
+    "small-m": TileConfig(16, 64),
+    "small-m-split": TileConfig(16, 64, split_k=2),
+    "mid-m-split-3": TileConfig(32, 128, split_k=3),
     "pre-pass": TileConfig(32, 128),
     "wide-columns": TileConfig(16, 256),  # a weight scale per column
     "tma": TileConfig(32, 128, path="tma"),
 }
-UNSPLIT = ("small-m-in-kernel-quantize", "pre-pass", "wide-columns", "tma")
+UNSPLIT = ("small-m", "pre-pass", "wide-columns", "tma")
 
 
 def _operands(m, k, n, dtype, seed=0):
@@ -65,7 +65,7 @@ def test_int8_output_is_the_quantized_float_output(name, gelu):
 @pytest.mark.parametrize("gelu", [False, True])
 def test_float_output_with_gelu(gelu):
     x, w_q, w_scale, bias = _operands(5, 128, 64, torch.float16, seed=2)
-    y = launch(x, None, w_q, w_scale, bias, gelu, torch.float16, config=CONFIGS["small-m-in-kernel-quantize"])
+    y = launch(x, None, w_q, w_scale, bias, gelu, torch.float16, config=CONFIGS["small-m"])
     ref = reference.w8a8_block_matmul_ref(x, w_q, w_scale, bias, gelu=gelu)
     assert rel_error(y, ref) <= W8A8_BLOCK_TOL[torch.float16]
     if gelu:
@@ -74,7 +74,7 @@ def test_float_output_with_gelu(gelu):
 
 @pytest.mark.parametrize("name", ["pre-pass", "tma", "small-m-split"])
 def test_quantized_input_gives_the_float_input_result(name):
-    cfg = CONFIGS[name]._replace(quantize_x=False)
+    cfg = CONFIGS[name]
     x, w_q, w_scale, bias = _operands(7, 256, 128, torch.float16, seed=3)
     xq, s_x = reference.quantize_act_blocks_ref(x)
     y = launch(xq, s_x, w_q, w_scale, bias, False, torch.float16, config=cfg)
@@ -83,7 +83,7 @@ def test_quantized_input_gives_the_float_input_result(name):
         assert torch.equal(y, reference.w8a8_block_matmul_quantized_ref(xq, s_x, w_q, w_scale, bias))
 
 
-@pytest.mark.parametrize("name", ["small-m-in-kernel-quantize", "pre-pass", "tma"])
+@pytest.mark.parametrize("name", ["small-m", "pre-pass", "tma"])
 def test_zero_rows_and_blocks_give_zeros(name):
     x, w_q, w_scale, _ = _operands(6, 256, 128, torch.float16, seed=4)
     x[1] = 0
@@ -100,7 +100,7 @@ def test_zero_rows_and_blocks_give_zeros(name):
 def test_odd_m_and_one_row_through_every_row_tile():
     for m in (1, 3, 17, 33):
         x, w_q, w_scale, bias = _operands(m, 128, 96, torch.float16, seed=m)
-        y = launch(x, None, w_q, w_scale, bias, False, torch.float16, config=TileConfig(16, 32, quantize_x=True))
+        y = launch(x, None, w_q, w_scale, bias, False, torch.float16, config=TileConfig(16, 32))
         ref = reference.w8a8_block_matmul_ref(x, w_q, w_scale, bias)
         assert torch.equal(y, ref) if BLOCK_EXACT else rel_error(y, ref) <= W8A8_BLOCK_TOL[torch.float16], m
 
@@ -114,6 +114,3 @@ def test_bad_configs_are_refused_by_name():
             launch(x, None, w_q, w_scale, None, False, torch.float16, config=cfg)
     with pytest.raises(ValueError, match="int8 output needs 128-wide tiles"):
         launch(x, None, w_q, w_scale, None, False, torch.int8, torch.float16, config=TileConfig(16, 64))
-    xq, s_x = reference.quantize_act_blocks_ref(x)
-    with pytest.raises(ValueError, match="quantize_x"):
-        launch(xq, s_x, w_q, w_scale, None, False, torch.float16, config=TileConfig(16, 64, quantize_x=True))

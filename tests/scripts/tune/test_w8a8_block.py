@@ -21,8 +21,8 @@ def test_rows_for_the_pick_and_a_neighbour(int8_out, few_neighbours):
 
 
 def test_each_path_keeps_to_the_configs_it_takes():
-    tiled = w8a8_block.candidates(TileConfig(16, 64, split_k=4, quantize_x=True))
-    assert any(not c.quantize_x for c in tiled) and all(c.block_k == 128 for c in tiled)
+    tiled = w8a8_block.candidates(TileConfig(16, 64, split_k=4))
+    assert len(tiled) > 1 and all(c.block_k == 128 and c.path == "tiled" for c in tiled)
     assert all(c.block_n == 128 for c in w8a8_block.candidates(TileConfig(16, 128), int8_out=True))
     tma = w8a8_block.candidates(TMA_TILE)
     assert all(c.path == "tma" and c.split_k == 1 and c.block_n == 128 for c in tma) and len(tma) > 1
