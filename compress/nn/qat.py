@@ -21,6 +21,14 @@ Parameters (an optimizer built before the swap keeps working) and holds:
 * ``fake_quant_enabled`` (bool attribute): off until a QAT schedule (or ``prepare(..., fake_quant=True)``,
   or :func:`compress.convert`'s post-training path) switches it on.
 
+Under FSDP2 (``fully_shard`` after the swap) ``weight`` and an LSQ ``weight_scale`` are row shards
+(:mod:`compress.core.sharding`) outside the forward, whole inside it; ``mask`` and the other buffers
+stay whole on every process. What runs outside the forward works on this process's rows:
+:meth:`apply_mask_` zeroes them, :meth:`local_masked_weight` hands them to scoring and GPTQ, an
+LSQ scale is initialised row by row (a row's scale depends on that row only), and
+:meth:`set_quantized_weight` takes GPTQ's rows. The gradient hook registered on the weight does not
+survive sharding; the forward's ``weight * mask`` already gives pruned weights a zero gradient.
+
 Forward (the numerical contract: the exported module computes the same function)::
 
     w = weight * mask                                  (when masked)
@@ -50,6 +58,7 @@ from compress.core.quant import (
     group_scale,
     per_channel_scale,
 )
+from compress.core.sharding import is_sharded, local_rows, local_tensor, rows_to_full
 from compress.core.sparsity import block_grid, expand_mask
 from compress.nn.conv1d import conv1d_from_linear, is_conv1d, linear_from_conv1d
 from compress.nn.modules import padded_in_features
@@ -173,6 +182,15 @@ class CompressedLinear(Float32Buffers, nn.Linear):
             return self.weight
         return self.weight * self._element_mask().to(self.weight.dtype)
 
+    def local_masked_weight(self) -> tuple[torch.Tensor, slice]:
+        """(the rows of ``weight * mask`` this process holds, detached; which rows they are): all rows
+        unless the weight is an FSDP2 shard (module docstring)."""
+        rows = local_rows(self.weight)
+        weight = local_tensor(self.weight).detach()
+        if self.mask is None:
+            return weight, rows
+        return weight * self._element_mask()[rows].to(weight.dtype), rows
+
     def _per_channel_int8(self) -> bool:
         """Whether the weight has one int8 scale per output channel (W8A8, per-channel W8A16)."""
         config = self.quant_config
@@ -183,7 +201,8 @@ class CompressedLinear(Float32Buffers, nn.Linear):
         return INT8_QMAX if isinstance(self.quant_config, W8A16Config) else INT4_QMAX
 
     def _absmax_weight_scale(self) -> torch.Tensor:
-        w = self.masked_weight().detach()
+        """The absmax scales of this process's rows (all rows without FSDP): (R,) or (R, Kp/G)."""
+        w, _ = self.local_masked_weight()
         if self._per_channel_int8():
             return per_channel_scale(w)
         padded, group_size = padded_in_features(self.in_features, self.quant_config.group_size)
@@ -211,9 +230,11 @@ class CompressedLinear(Float32Buffers, nn.Linear):
 
     @torch.no_grad()
     def apply_mask_(self) -> None:
-        """Write exact zeros into the pruned weights (call after every optimizer step)."""
+        """Write exact zeros into the pruned weights (call after every optimizer step); under FSDP2 into
+        this process's rows of them."""
         if self.mask is not None:
-            self.weight.mul_(self._element_mask().to(self.weight.dtype))
+            weight = local_tensor(self.weight)
+            weight.mul_(self._element_mask()[local_rows(self.weight)].to(weight.dtype))
 
     @torch.no_grad()
     def set_quantized_weight(self, weight: torch.Tensor, scale: torch.Tensor) -> None:
@@ -222,15 +243,24 @@ class CompressedLinear(Float32Buffers, nn.Linear):
         ``scale``: (N,) for W8A8 and per-channel W8A16, (N, Kp/G) for W4A16 and grouped W8A16. A learnable
         scale takes the values (marked
         initialised); otherwise they become the ``weight_scale`` buffer.
+
+        Under FSDP2 both are this process's rows (``local_rows(self.weight)``) and every process calls
+        this for the same layers in the same order: a scale buffer, whole on every process, is
+        gathered from all processes' rows.
         """
         if self.quant_config is None:
             raise ValueError("set_quantized_weight: this layer has no quantization config")
-        self.weight.copy_(weight.to(self.weight.dtype))
-        scale = scale.detach().float().to(self.weight.device)
+        target = local_tensor(self.weight)
+        if weight.shape != target.shape:
+            raise ValueError(f"set_quantized_weight: expected a weight of shape {tuple(target.shape)} (the rows this "
+                             f"process holds), got {tuple(weight.shape)}")
+        target.copy_(weight.to(target.dtype))
+        scale = scale.detach().float().to(target.device)
         if isinstance(self.weight_scale, nn.Parameter):
-            self.weight_scale.copy_(scale)
+            local_tensor(self.weight_scale).copy_(scale)
             self.scale_initialized.fill_(True)
         else:
+            scale = rows_to_full(scale, self.weight) if is_sharded(self.weight) else scale
             if "weight_scale" not in self._buffers:
                 del self.weight_scale
             self.register_buffer("weight_scale", scale)
@@ -244,7 +274,7 @@ class CompressedLinear(Float32Buffers, nn.Linear):
         self.fake_quant_enabled = bool(on)
         if on and self.scale_initialized is not None and not bool(self.scale_initialized):
             with torch.no_grad():
-                self.weight_scale.copy_(self._absmax_weight_scale())
+                local_tensor(self.weight_scale).copy_(self._absmax_weight_scale())
                 self.scale_initialized.fill_(True)
 
     def observe(self, on: bool = True) -> None:
