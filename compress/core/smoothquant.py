@@ -16,9 +16,10 @@ checked by running one batch and comparing the model's outputs with those before
 that changes them is undone. Layers with no foldable norm keep ``s`` as their ``input_smoothing``
 buffer and divide their input by it at run time (exact, one elementwise op).
 
-Across processes (DDP, FSDP2) every process checks each fold on its own batch and the largest change
-decides for all of them, so they fold the same norms. Under FSDP2 the weights' column maxima are
-taken over every process's rows (:func:`compress.core.sharding.column_absmax`), each process scales
+Across processes every process checks each fold on its own batch; under DDP the caller then installs
+rank 0's model on every rank. Under FSDP2, whose shards cannot be broadcast (each process holds other
+rows), the largest change over the processes decides each fold for all of them, the weights' column
+maxima are taken over every process's rows (:func:`compress.core.sharding.column_absmax`), each process scales
 its own rows of the weights and norms, and the model is put back on its shards after every forward
 (:func:`compress.core.sharding.reshard_`), so the changes reach the shards and the next forward
 gathers them.
@@ -32,7 +33,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from compress.core.sharding import column_absmax, local_rows, local_tensor, reshard_
+from compress.core.sharding import column_absmax, is_sharded, local_rows, local_tensor, reshard_
 
 logger = logging.getLogger(__name__)
 
@@ -99,13 +100,13 @@ def _output_tensors(output) -> list[torch.Tensor]:
     return []
 
 
-def _relative_change(before: list[torch.Tensor], after: list[torch.Tensor]) -> float:
-    """The largest relative change of the outputs, over every process's batch when distributed."""
+def _relative_change(before: list[torch.Tensor], after: list[torch.Tensor], agree: bool) -> float:
+    """The largest relative change of the outputs; with ``agree``, over every process's batch (an all-reduce)."""
     worst = 0.0
     for a, b in zip(before, after):
         scale = a.float().abs().max().clamp_min(1e-12)
         worst = max(worst, ((a.float() - b.float()).abs().max() / scale).item())
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+    if agree:
         agreed = torch.tensor(worst, dtype=torch.float64, device=before[0].device if before else "cpu")
         dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
         worst = agreed.item()
@@ -137,11 +138,11 @@ def _scale_weights_(layers: list[nn.Module], factors: torch.Tensor) -> None:
 
 
 @torch.no_grad()
-def _try_fold(model, norm, layers, factors, forward_fn, reference) -> bool:
+def _try_fold(model, norm, layers, factors, forward_fn, reference, agree: bool) -> bool:
     """Fold ``factors`` into ``norm`` and ``layers``; undo and return False if the outputs change."""
     _scale_norm_(norm, factors)
     _scale_weights_(layers, factors)
-    change = _relative_change(reference, _output_tensors(forward_fn(model)))
+    change = _relative_change(reference, _output_tensors(forward_fn(model)), agree)
     if change <= FOLD_TOLERANCE:
         return True
     _scale_norm_(norm, 1.0 / factors)
@@ -174,6 +175,7 @@ def apply_smoothquant(model: nn.Module, layers: Mapping[str, nn.Module], alpha: 
     paused = _pause_compression(model)
     forward_fn = _on_shards(forward_fn)
     reshard_(model)
+    agree = any(is_sharded(p) for p in model.parameters())  # FSDP2: every process decides each fold alike
     model.eval()
     try:
         reference = _output_tensors(forward_fn(model))
@@ -187,7 +189,7 @@ def apply_smoothquant(model: nn.Module, layers: Mapping[str, nn.Module], alpha: 
             members = [layers[n] for n in names]
             act = torch.stack([m.observer.channel_absmax for m in members]).amax(dim=0)
             factors = smoothing_factors(act, [m.weight for m in members], alpha)
-            if _try_fold(model, modules[norm_name], members, factors, forward_fn, reference):
+            if _try_fold(model, modules[norm_name], members, factors, forward_fn, reference, agree):
                 placement.update({n: f"norm {norm_name}" for n in names})
         for name, layer in layers.items():
             if name in placement:

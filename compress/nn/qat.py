@@ -163,6 +163,13 @@ class CompressedLinear(Float32Buffers, nn.Linear):
     def _element_mask(self) -> torch.Tensor:
         return expand_mask(self.mask, (self.out_features, self.in_features), self.sparse_config.block)
 
+    def _element_mask_rows(self, rows: slice) -> torch.Tensor:
+        """Rows ``rows`` of the element mask, expanded from the block rows they reach only."""
+        block = self.sparse_config.block
+        first, last = rows.start // block, -(-rows.stop // block)
+        blocks = expand_mask(self.mask[first:last], ((last - first) * block, self.in_features), block)
+        return blocks[rows.start - first * block: rows.stop - first * block]
+
     def _mask_gradient(self, grad: torch.Tensor) -> torch.Tensor:
         return grad if self.mask is None else grad * self._element_mask().to(grad.dtype)
 
@@ -189,7 +196,7 @@ class CompressedLinear(Float32Buffers, nn.Linear):
         weight = local_tensor(self.weight).detach()
         if self.mask is None:
             return weight, rows
-        return weight * self._element_mask()[rows].to(weight.dtype), rows
+        return weight * self._element_mask_rows(rows).to(weight.dtype), rows
 
     def _per_channel_int8(self) -> bool:
         """Whether the weight has one int8 scale per output channel (W8A8, per-channel W8A16)."""
@@ -234,7 +241,7 @@ class CompressedLinear(Float32Buffers, nn.Linear):
         this process's rows of them."""
         if self.mask is not None:
             weight = local_tensor(self.weight)
-            weight.mul_(self._element_mask()[local_rows(self.weight)].to(weight.dtype))
+            weight.mul_(self._element_mask_rows(local_rows(self.weight)).to(weight.dtype))
 
     @torch.no_grad()
     def set_quantized_weight(self, weight: torch.Tensor, scale: torch.Tensor) -> None:

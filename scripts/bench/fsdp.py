@@ -19,8 +19,9 @@ validation split on rank 0 (``report.json``).
 
 ``<out>/fsdp-bench.json``: per mode the command, its exit status and wall time, per rank the peak
 memory allocated and reserved (GiB), the median and mean step time after ``--warmup`` steps, samples
-per second, and the metrics of the float weights and of the export; plus the environment. A mode that
-fails is recorded with its exit status (its log: ``<out>/<mode>/run.log``) and the others still run.
+per second, and the metrics of the float weights and of the export; plus the environment. It is
+written again after each mode, so a run stopped early keeps the modes done. A mode that fails is
+recorded with its exit status (its log: ``<out>/<mode>/run.log``) and the others still run.
 """
 from __future__ import annotations
 
@@ -159,8 +160,8 @@ def main(argv=None) -> int:
         entry.update(probe_summary(out / "probe", args.warmup, samples_per_step),
                      metrics=report_metrics(out / "report.json"))
         result["modes"][mode] = entry
+        Path(args.out, "fsdp-bench.json").write_text(json.dumps(result, indent=2))
         print(f"{mode}: {json.dumps({k: v for k, v in entry.items() if k != 'command'})}", flush=True)
-    Path(args.out, "fsdp-bench.json").write_text(json.dumps(result, indent=2))
     return 0 if all(entry["returncode"] == 0 for entry in result["modes"].values()) else 1
 
 
