@@ -13,7 +13,9 @@ process's; the model gathered on rank 0 (``gather_full_model``) exports what the
 exports (:func:`assert_exports_close`): the same kept blocks, int8 weights equal but in under 5% of
 their entries, none more than 2 steps of the grid apart (a rounding that float32 reassociation flips,
 GPTQ carries into the columns after it), other tensors and the outputs within ``EXPORT_TOLERANCE`` of
-their largest value. Also the helpers' checks.
+their largest value. A tiny Llama whose ``lm_head`` is its embedding (SmolLM2's layout) shards by
+decoder layer and gathers back as a plain ``LlamaForCausalLM``: tie kept, no FSDP class or hook left,
+the same logits as before sharding. Also the helpers' checks.
 """
 import copy
 
@@ -97,6 +99,38 @@ def pruned_weights_are_zero(model) -> bool:
     return True
 
 
+def tied_llama():
+    """A tiny Llama whose lm_head is its embedding (tied), its linear layers prepared for W8A8."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=2,
+                         num_key_value_heads=1, max_position_embeddings=32, tie_word_embeddings=True)
+    return compress.prepare(LlamaForCausalLM(config), W8A8Config())
+
+
+def llama_tokens():
+    return torch.arange(24).reshape(2, 12) % 64
+
+
+def gathered_llama(mesh) -> dict:
+    """The tied Llama sharded then gathered: FSDP units, and on rank 0 what the gathered copy is."""
+    from torch.distributed.fsdp import FSDPModule
+
+    llama = tied_llama()
+    fully_shard_model(llama, mesh)
+    units = len([m for m in llama.modules() if isinstance(m, FSDPModule)])
+    gathered = gather_full_model(llama)
+    if gathered is None:
+        return {"units": units, "gathered": None}
+    with torch.no_grad():
+        logits = gathered(llama_tokens()).logits
+    return {"units": units, "gathered": {
+        "class": type(gathered).__name__, "tied": gathered.lm_head.weight is gathered.model.embed_tokens.weight,
+        "fsdp_left": any(isinstance(m, FSDPModule) or m._forward_pre_hooks for m in gathered.modules()),
+        "logits": logits}}
+
+
 def sharded_runs(rank, world_size, init_file, out_dir):
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
     from torch.distributed.device_mesh import init_device_mesh
@@ -112,6 +146,7 @@ def sharded_runs(rank, world_size, init_file, out_dir):
         exported = gather_full_model(model)
         results[run] = {"buffers": buffers_of(model, schedule), "zero": zero,
                         "export": None if exported is None else compress.convert(exported).state_dict()}
+    results["llama"] = gathered_llama(mesh)
     torch.save(results, f"{out_dir}/rank{rank}.pt")
     dist.destroy_process_group()
 
@@ -180,6 +215,16 @@ def test_the_model_gathered_on_rank_zero_exports_what_one_process_exports(ranks)
     x = whole(halves())[0][0]
     with torch.no_grad():
         assert_close(gathered(x), single(x), EXPORT_TOLERANCE, "outputs")
+
+
+@pytest.mark.slow
+def test_a_tied_llama_shards_by_decoder_layer_and_gathers_back_plain(ranks):
+    assert ranks[0]["llama"]["units"] == ranks[1]["llama"]["units"] == 3  # 2 decoder layers, then the model
+    assert ranks[1]["llama"]["gathered"] is None
+    gathered = ranks[0]["llama"]["gathered"]
+    assert gathered["class"] == "LlamaForCausalLM" and gathered["tied"] and not gathered["fsdp_left"]
+    with torch.no_grad():
+        assert torch.equal(gathered["logits"], tied_llama()(llama_tokens()).logits)
 
 
 def test_transformer_blocks_are_the_layers_innermost_first_and_self_contained():
