@@ -5,12 +5,13 @@ Subcommands::
     compress run      --config RECIPE [--ckpt_path CKPT] [overrides]
                                                     fine-tune with the recipe's compression callbacks
                                                     (resumed from a Lightning checkpoint with
-                                                    --ckpt_path), export, evaluate, report
+                                                    --ckpt_path: a file, or the directory of a
+                                                    sharded FSDP2 checkpoint), export, evaluate, report
     compress fit      --config RECIPE [overrides]   plain LightningCLI fit (same recipe checks)
     compress validate --config RECIPE [overrides]   plain LightningCLI validate
     compress export   --config RECIPE --ckpt_path CKPT [--export_dir DIR] [--overwrite]
                       [--format compress|compressed-tensors]
-                                                    Lightning checkpoint -> compressed model dir
+                                                    Lightning checkpoint file -> compressed model dir
                                                     (--overwrite replaces an earlier export there;
                                                     compressed-tensors: a model dir for vLLM and
                                                     transformers, with the recipe's tokenizer)
@@ -28,6 +29,10 @@ training step, :func:`check_recipe` asks the compression plan of every callback 
 (the Export callback's ``dirpath``), ``float/`` (the run's fine-tuned float weights, when asked or
 when the recipe exports nothing) and ``report.{md,json,png}`` comparing the run's float weights with
 the exported compressed model.
+
+Multi-device runs (``trainer.devices`` > 1 with DDP, or FSDP2 through ``ModelParallelStrategy``): Lightning
+starts the other ranks by running the same command line again; after the fit every rank leaves the
+process group and rank 0 alone goes on (float model, report).
 
 Errors: a bad input (a path, a recipe value, a damaged checkpoint: ``ValueError``, ``TypeError``,
 ``OSError``, ``ImportError``, ``KeyError``) prints one line, ``compress COMMAND: error: TYPE: message``,
