@@ -1,9 +1,10 @@
-"""compress: training-aware compression for PyTorch models (W8A8, W4A16, W8A16, 32x32 block sparsity).
+"""compress: training-aware compression for PyTorch models (W8A8, block-scaled W8A8, W4A16, W8A16, 32x32 block
+sparsity).
 
 Public API (docs/architecture.md)::
 
     import compress
-    from compress import W8A8Config, W4A16Config, W8A16Config, BlockSparseConfig, Plan
+    from compress import W8A8Config, W8A8BlockConfig, W4A16Config, W8A16Config, BlockSparseConfig, Plan
     compress.prepare(model, plan)                        # training modules (QAT, masks), in place
     schedule = compress.CompressionSchedule(model, pruning=..., quantization=..., calibration=...)
     schedule.step()                                      # after each optimizer.step(), from any loop
@@ -15,6 +16,7 @@ Public API (docs/architecture.md)::
     compress.load_compressed(path)                       # rebuild without the original weights (either format)
     compress.fuse_siblings(model)                        # q/k/v (and gate/up) as one kernel call each
     compress.link_quantized_inputs(model, example_inputs)  # norms / GELU quantize for the W8A8 layer after
+    compress.link_block_chains(model, example_inputs)   # block-scaled MLPs: up -> GELU -> down in int8
 
 Its layers, each importing only from those listed before it (``tests/test_import_graph.py`` checks
 that core, nn and eval do, and that no import cycle exists)::
@@ -38,10 +40,11 @@ import sys
 import types
 
 from compress.checkpoint import CheckpointError, load_compressed, save_compressed
-from compress.configs import BlockSparseConfig, W4A16Config, W8A8Config, W8A16Config
+from compress.configs import BlockSparseConfig, W4A16Config, W8A8BlockConfig, W8A8Config, W8A16Config
+from compress.nn.block_chain import link_block_chains
 from compress.nn.fusion import fuse_siblings
 from compress.nn.input_quant import link_quantized_inputs
-from compress.nn.modules import BSRLinear, BSRW8A8Linear, W4A16Linear, W8A8Linear, W8A16Linear
+from compress.nn.modules import BSRLinear, BSRW8A8Linear, W4A16Linear, W8A8BlockLinear, W8A8Linear, W8A16Linear
 from compress.nn.qat import CompressedLinear
 from compress.plan import DEFAULT_EXCLUDE, Plan, convert, prepare
 from compress.schedule import CalibrationSchedule, CompressionSchedule, PruningSchedule, QuantizationSchedule
@@ -81,12 +84,15 @@ __all__ = [
     "QuantizationSchedule",
     "W4A16Config",
     "W4A16Linear",
+    "W8A8BlockConfig",
+    "W8A8BlockLinear",
     "W8A8Config",
     "W8A8Linear",
     "W8A16Config",
     "W8A16Linear",
     "convert",
     "fuse_siblings",
+    "link_block_chains",
     "link_quantized_inputs",
     "load_compressed",
     "prepare",

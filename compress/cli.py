@@ -98,7 +98,8 @@ class CompressOptions:
     evaluate compressed models with their query/key/value (and gate/up) layers fused into one
     kernel call each (:mod:`compress.nn.fusion`; the saved models are not changed).
     ``link_quantized_inputs``: W8A8 layers after a norm or GELU take their input already
-    quantized by that op, one launch fewer each (:mod:`compress.nn.input_quant`; saved models unchanged).
+    quantized by that op, one launch fewer each (:mod:`compress.nn.input_quant`; saved models unchanged),
+    and block-scaled MLPs run up-projection -> GELU -> down-projection in int8 (:mod:`compress.nn.block_chain`).
     """
 
     def __post_init__(self):

@@ -8,6 +8,9 @@
 * :class:`W8A16Config`: int8 weights in [-128, 127], one scale per output channel
   (``s_w[n] = max|W[n,:]| / 127``, the default) or per group of 128 input channels
   (``group_size=128``), fp16/bf16 activations.
+* :class:`W8A8BlockConfig`: block-scaled int8 x int8 (DeepSeek-V3 / Jetfire style): activations per
+  token with one dynamic scale per 128 consecutive channels (``s_x[m, kb] = max|X[m, 128kb:128(kb+1)]| / 127``),
+  weights with one scale per 128 x 128 block; both symmetric in [-127, 127].
 * :class:`BlockSparseConfig`: 32x32 blocks of the weight pruned to ``sparsity`` (a fraction of
   blocks), scored by ``score``.
 
@@ -34,6 +37,7 @@ from typing import Any, Optional, Union
 ACTIVATION_MODES = ("dynamic", "static")
 OBSERVERS = ("absmax", "percentile", "moving_average")
 W4_GROUP_SIZES = (32, 64, 128)
+SCALE_BLOCKS = (128,)  # W8A8Block: the kernels' scale block (compress_kernels.reference.SCALE_BLOCK)
 W8_GROUP_SIZES = (128,)  # W8A16: the kernel's group of input channels (compress_kernels.reference.W8A16_GROUP_SIZE)
 BLOCK_SIZES = (32,)
 BLOCK_SCORES = ("magnitude", "l2", "movement", "fisher")
@@ -179,6 +183,29 @@ class W8A16Config(_AlgorithmMixin, _ConfigMixin):
 
 
 @dataclass(frozen=True)
+class W8A8BlockConfig(_ConfigMixin):
+    """Block-scaled int8 x int8: dynamic 1 x ``block`` activation scales, ``block`` x ``block`` weight scales.
+
+    ``block``: 128 (the kernels' step). ``learnable_scale``: the weight block scales are trained with
+    the LSQ gradient during QAT. ``algorithm``: ``"rtn"`` only (GPTQ on block scales is not implemented).
+    """
+
+    block: int = 128
+    learnable_scale: bool = False
+    algorithm: str = "rtn"
+
+    def __post_init__(self):
+        _check_type("W8A8BlockConfig.block", self.block, (int,))
+        _check_choice("W8A8BlockConfig.block", self.block, SCALE_BLOCKS)
+        _check_type("W8A8BlockConfig.learnable_scale", self.learnable_scale, (bool,))
+        _check_choice("W8A8BlockConfig.algorithm", self.algorithm, ("rtn",))
+
+    @property
+    def gptq(self) -> bool:
+        return False
+
+
+@dataclass(frozen=True)
 class BlockSparseConfig(_ConfigMixin):
     """Prune ``sparsity`` (fraction in [0, 1)) of the ``block`` x ``block`` weight blocks.
 
@@ -202,9 +229,9 @@ class BlockSparseConfig(_ConfigMixin):
         _check_choice("BlockSparseConfig.score", self.score, BLOCK_SCORES)
 
 
-QuantConfig = Union[W8A8Config, W4A16Config, W8A16Config]
-QUANT_CONFIGS = (W8A8Config, W4A16Config, W8A16Config)
-AnyConfig = Union[W8A8Config, W4A16Config, W8A16Config, BlockSparseConfig]
+QuantConfig = Union[W8A8Config, W4A16Config, W8A16Config, W8A8BlockConfig]
+QUANT_CONFIGS = (W8A8Config, W4A16Config, W8A16Config, W8A8BlockConfig)
+AnyConfig = Union[W8A8Config, W4A16Config, W8A16Config, W8A8BlockConfig, BlockSparseConfig]
 CONFIG_TYPES = {cls.__name__: cls for cls in (*QUANT_CONFIGS, BlockSparseConfig)}
 
 

@@ -32,10 +32,11 @@ multiple of 32 is exported as a dense ``nn.Linear`` holding the masked weight, w
 
 Export picks the inference module from a layer's configs: W8A8 with block sparsity ->
 :class:`compress.nn.modules.BSRW8A8Linear` (int8 blocks, the pruned ones not stored; N or K not a
-multiple of 32: ``W8A8Linear`` with zero blocks); W8A8 -> ``W8A8Linear``; W4A16 / W8A16, with or without
-sparsity -> ``W4A16Linear`` / ``W8A16Linear`` (pruned blocks are zeros in the int4 / int8 weight; the
-kernels read them like any other weight, so there pruning saves no bytes or time); sparsity alone ->
-``BSRLinear``.
+multiple of 32: ``W8A8Linear`` with zero blocks); W8A8 -> ``W8A8Linear``; W4A16 / W8A16 / W8A8Block, with
+or without sparsity -> ``W4A16Linear`` / ``W8A16Linear`` / ``W8A8BlockLinear`` (pruned blocks are zeros in
+the int4 / int8 weight; the kernels read them like any other weight, so there pruning saves no bytes or
+time); sparsity alone -> ``BSRLinear``. ``W8A8BlockLinear`` needs no padding: its kernels mask a last
+partial 128-channel block.
 """
 from __future__ import annotations
 
@@ -49,7 +50,7 @@ import torch
 from torch import nn
 
 from compress.calibration import calibrate, gptq_layers, run_gptq
-from compress.configs import BlockSparseConfig, W4A16Config, W8A8Config, W8A16Config, is_config
+from compress.configs import BlockSparseConfig, W4A16Config, W8A8BlockConfig, W8A8Config, W8A16Config, is_config
 from compress.core.sharding import is_sharded
 from compress.core.sparsity import block_mask
 from compress.nn.conv1d import is_conv1d, is_linear_or_conv1d
@@ -61,7 +62,7 @@ from compress.nn.experts import (
     experts_module_name,
     is_fused_experts,
 )
-from compress.nn.modules import BSRLinear, BSRW8A8Linear, W4A16Linear, W8A8Linear, W8A16Linear
+from compress.nn.modules import BSRLinear, BSRW8A8Linear, W4A16Linear, W8A8BlockLinear, W8A8Linear, W8A16Linear
 from compress.nn.qat import CompressedLinear, compressed_layers, split_configs
 
 logger = logging.getLogger(__name__)
@@ -186,6 +187,8 @@ def _experts_config_problem(configs) -> str | None:
             return "SmoothQuant is not supported for experts"
         if getattr(config, "gptq", False):
             return "GPTQ is not supported for experts (use algorithm='rtn')"
+        if isinstance(config, W8A8BlockConfig):
+            return "block-scaled W8A8 (W8A8BlockConfig) is not supported for experts yet"
     return None
 
 
@@ -360,7 +363,8 @@ def prepare(model: nn.Module, plan, fake_quant: bool = False) -> nn.Module:
         raise ValueError(f"plan matched no eligible linear layer; the model's linear layers (nn.Linear, Conv1D) "
                          f"are {names[:20]}{' ...' if len(names) > 20 else ''}{_other_matrix_modules(model)}")
     if fake_quant and not any(split_configs(list(configs))[0] is not None for configs in targets.values()):
-        raise ValueError("prepare: fake_quant=True needs a quantization config (W8A8Config, W4A16Config or W8A16Config) in the "
+        raise ValueError("prepare: fake_quant=True needs a quantization config (W8A8Config, W4A16Config, W8A16Config or "
+                         "W8A8BlockConfig) in the "
                          "plan; it has block sparsity only")
     # 1. check every target before touching any.
     for name, configs in targets.items():
@@ -470,6 +474,8 @@ def export_module(name: str, layer: CompressedLinear) -> nn.Module:
         return W4A16Linear.from_float(layer, quant, weight=weight, weight_scale=layer.weight_scale)
     if isinstance(quant, W8A16Config):
         return W8A16Linear.from_float(layer, quant, weight=weight, weight_scale=layer.weight_scale)
+    if isinstance(quant, W8A8BlockConfig):
+        return W8A8BlockLinear.from_float(layer, quant, weight=weight, weight_scale=layer.weight_scale)
     if isinstance(sparse, BlockSparseConfig) and _bsr_shaped(name, layer, sparse.block, "weight"):
         return BSRLinear.from_float(layer, sparse, weight=weight, mask=layer.mask)
     return layer.to_float()

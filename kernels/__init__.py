@@ -1,4 +1,5 @@
-"""Triton kernels for compressed linear layers (import name ``compress_kernels``): W8A8, W4A16, W8A16 and DDS.
+"""Triton kernels for compressed linear layers (import name ``compress_kernels``): W8A8, block-scaled W8A8,
+W4A16, W8A16 and DDS.
 
 One package per op, each with its dispatch table (``dispatch.py``: from the shapes to the kernel and
 tiles that run, one commented row per case), its launcher, validation and ``torch.library`` custom op
@@ -8,6 +9,9 @@ explains each kernel, each table and the current figures.
     reference    the pure-PyTorch contract of every op (imports without Triton)
     w8a8/        w8a8_matmul(x, w_q, w_scale, bias=None, x_scale=None),
                  w8a8_matmul_quantized(xq, s_x, w_q, w_scale, bias=None, out_dtype=torch.float16)
+    w8a8_block/  w8a8_block_matmul(x, w_q, w_scale, bias=None, *, x_scale=None, out_dtype=None, gelu=False,
+                 act_dtype=None): 1 x 128 activation and 128 x 128 weight scales, float or int8 output;
+                 quantize_act_blocks(x), quantize_weight_blocks(w), gelu_int8_blocks(xq, s_x, act_dtype)
     w4a16/       w4a16_matmul(x, qweight, scales, group_size, bias=None)
     w8a16/       w8a16_matmul(x, w_q, w_scale, bias=None), w_scale (N,) per channel or (N, K/128) per group
     bsr/         bsr_matmul(x, weight, bias=None), bsr_matmul_parts(x, crow, col, values, out_features, bias=None),
@@ -19,7 +23,8 @@ explains each kernel, each table and the current figures.
     common/      checks, bound calls, device facts, tiles, split-K, PDL, L2 prefetch, int8 quantize, int4 unpack
 
 ``bind_<op>(x, ...)`` for each matmul op above (``bind_w8a8_matmul``, ``bind_w8a8_matmul_quantized``,
-``bind_w4a16_matmul``, ``bind_w8a16_matmul``, ``bind_bsr_matmul_parts``, ``bind_bsr_w8a8_matmul_parts``,
+``bind_w4a16_matmul``, ``bind_w8a16_matmul``, ``bind_w8a8_block_matmul``, ``bind_w8a8_block_matmul_int8``,
+``bind_w8a8_block_matmul_quantized``, ``bind_bsr_matmul_parts``, ``bind_bsr_w8a8_matmul_parts``,
 ``bind_bsr_w8a8_matmul_quantized``) takes the op's arguments, validates them in full once and returns
 a call bound to the weight side: ``call(x)`` checks only x (dtype, device, K) and, in eager mode,
 launches without the custom op's dispatch (:mod:`compress_kernels.common.bound`). The inference
@@ -33,14 +38,21 @@ from compress_kernels.reference import (
     bsr_matmul_ref,
     bsr_w8a8_matmul_quantized_ref,
     bsr_w8a8_matmul_ref,
+    dequantize_act_blocks,
+    dequantize_weight_blocks,
+    gelu_int8_blocks_ref,
     gelu_quantize_ref,
     layer_norm_quantize_ref,
+    quantize_act_blocks_ref,
     quantize_per_token,
+    quantize_weight_blocks_ref,
     rms_norm_quantize_ref,
     rms_norm_ref,
     unpack_int4,
     w4a16_matmul_ref,
     w8a8_matmul_quantized_ref,
+    w8a8_block_matmul_quantized_ref,
+    w8a8_block_matmul_ref,
     w8a8_matmul_ref,
     w8a16_matmul_ref,
 )
@@ -60,6 +72,9 @@ if TRITON_AVAILABLE:
     from compress_kernels.w4a16 import bind_w4a16_matmul, w4a16_matmul
     from compress_kernels.w8a8 import bind_w8a8_matmul, bind_w8a8_matmul_quantized, w8a8_matmul, w8a8_matmul_quantized
     from compress_kernels.w8a16 import bind_w8a16_matmul, w8a16_matmul
+    from compress_kernels.w8a8_block import (bind_w8a8_block_matmul, bind_w8a8_block_matmul_int8,
+                                             bind_w8a8_block_matmul_quantized, gelu_int8_blocks, quantize_act_blocks,
+                                             quantize_weight_blocks, w8a8_block_matmul)
 else:  # pragma: no cover
 
     def _missing(*_args, **_kwargs):
@@ -70,6 +85,8 @@ else:  # pragma: no cover
     rms_norm_quantize = bind_w8a8_matmul = bind_w8a8_matmul_quantized = bind_w4a16_matmul = _missing
     bind_bsr_matmul_parts = bind_bsr_w8a8_matmul_parts = bind_bsr_w8a8_matmul_quantized = _missing
     w8a16_matmul = bind_w8a16_matmul = _missing
+    w8a8_block_matmul = bind_w8a8_block_matmul = bind_w8a8_block_matmul_int8 = _missing
+    bind_w8a8_block_matmul_quantized = quantize_act_blocks = quantize_weight_blocks = gelu_int8_blocks = _missing
     NORM_QUANT_MAX_ROW = 0
 
 __all__ = [
@@ -79,6 +96,9 @@ __all__ = [
     "bind_bsr_w8a8_matmul_parts",
     "bind_bsr_w8a8_matmul_quantized",
     "bind_w4a16_matmul",
+    "bind_w8a8_block_matmul",
+    "bind_w8a8_block_matmul_int8",
+    "bind_w8a8_block_matmul_quantized",
     "bind_w8a8_matmul",
     "bind_w8a8_matmul_quantized",
     "bind_w8a16_matmul",
@@ -89,18 +109,29 @@ __all__ = [
     "bsr_w8a8_matmul_quantized",
     "bsr_w8a8_matmul_quantized_ref",
     "bsr_w8a8_matmul_ref",
+    "dequantize_act_blocks",
+    "dequantize_weight_blocks",
+    "gelu_int8_blocks",
+    "gelu_int8_blocks_ref",
     "gelu_quantize",
     "gelu_quantize_ref",
     "interpreting",
     "layer_norm_quantize",
     "layer_norm_quantize_ref",
+    "quantize_act_blocks",
+    "quantize_act_blocks_ref",
     "quantize_per_token",
+    "quantize_weight_blocks",
+    "quantize_weight_blocks_ref",
     "rms_norm_quantize",
     "rms_norm_quantize_ref",
     "rms_norm_ref",
     "unpack_int4",
     "w4a16_matmul",
     "w4a16_matmul_ref",
+    "w8a8_block_matmul",
+    "w8a8_block_matmul_quantized_ref",
+    "w8a8_block_matmul_ref",
     "w8a8_matmul",
     "w8a8_matmul_quantized",
     "w8a8_matmul_quantized_ref",

@@ -28,12 +28,22 @@ division so the quantized values are 0 and nothing is NaN or Inf.
 * DDS: ``W`` as ``torch.sparse_bsr`` with 32x32 blocks; absent blocks are zero.
 * Sparse W8A8: W8A8 with the int8 weight ``W_q`` in BSR parts (int8 ``values``); absent blocks are zero.
 * LayerNorm / RMSNorm / GELU + quantize: the op's output in x's dtype and ``quantize_per_token`` of it.
+* Block-scaled W8A8 (DeepSeek-V3 / Jetfire style), blocks of ``B = 128``: activations per token with one
+  scale per B consecutive channels, ``s_x[m, kb] = max|x[m, B kb : B (kb+1)]| / 127``; weights with one
+  scale per B x B block, ``s_w[nb, kb] = max|W[B nb : B (nb+1), B kb : B (kb+1)]| / 127``; both int8
+  symmetric, clamped to [-127, 127]; a last partial block (K or N not a multiple of B) takes the max over
+  the channels it has. ``y[m, n] = sum_kb float(sum_{k in kb} xq wq  (int32)) * (s_x[m, kb] * s_w[n // B, kb])``
+  summed over kb in order in fp32, then ``+ bias``. Epilogues: the output rounded to the activation dtype
+  (fp16 / bf16), optionally ``gelu`` (exact, fp32 math) of those values rounded again, and optionally the
+  result quantized to int8 with 1 x B scales (:func:`quantize_act_blocks_ref`: the next layer's input format).
+  A block holding a NaN or an Inf gets a NaN scale and zero integers (its output rows are NaN).
 """
 from __future__ import annotations
 
 import torch
 
 INT8_QMAX = 127
+SCALE_BLOCK = 128  # block-scaled W8A8: channels per activation scale, side of a weight scale block
 W8A16_GROUP_SIZE = 128  # input channels per scale of grouped W8A16 weights
 INT4_QMIN, INT4_QMAX = -8, 7
 BSR_BLOCK = 32
@@ -189,3 +199,100 @@ def gelu_quantize_ref(x, x_scale=None):
     per-token int8 quantization of ``y`` (``xq`` (M, K))."""
     y = torch.nn.functional.gelu(x.float()).to(x.dtype)
     return (y, *quantize_per_token(y.reshape(-1, x.shape[-1]), x_scale))
+
+
+
+# ---- block-scaled W8A8 ---------------------------------------------------------------------------
+def scale_blocks(channels: int) -> int:
+    """Scale blocks of :data:`SCALE_BLOCK` covering ``channels`` (the last one may be partial)."""
+    return -(-channels // SCALE_BLOCK)
+
+
+def _quantize_blocked(v: torch.Tensor, dims: tuple[int, ...]):
+    """Symmetric int8 of float32 ``v`` with one scale per block spanning ``dims``: ``(q float32 in
+    [-127, 127], scale float32 with ``dims`` kept as size 1)``; a block holding a NaN or an Inf gets a
+    NaN scale and zero integers. Zero padding never changes a block's absmax."""
+    scale = safe_scale(v.abs().amax(dim=dims, keepdim=True), INT8_QMAX)
+    non_finite = (~torch.isfinite(v)).sum(dim=dims, keepdim=True) > 0
+    scale = torch.where(non_finite, torch.full_like(scale, float("nan")), scale)
+    q = torch.clamp(torch.round(v / scale), -INT8_QMAX, INT8_QMAX)
+    return torch.where(non_finite, torch.zeros_like(q), q), scale
+
+
+def quantize_act_blocks_ref(x: torch.Tensor):
+    """Per-token int8 with one scale per 128 channels: x (M, K) float -> ``(xq int8 (M, K), s_x float32
+    (M, ceil(K / 128)))``, ``s_x[m, kb] = max|x[m, 128 kb : 128 (kb + 1)]| / 127`` (0 -> 1)."""
+    m, k = x.shape
+    kb = scale_blocks(k)
+    padded = torch.nn.functional.pad(x.float(), (0, kb * SCALE_BLOCK - k)).reshape(m, kb, SCALE_BLOCK)
+    q, scale = _quantize_blocked(padded, (2,))
+    return q.reshape(m, kb * SCALE_BLOCK)[:, :k].to(torch.int8), scale.reshape(m, kb)
+
+
+def dequantize_act_blocks(xq: torch.Tensor, s_x: torch.Tensor) -> torch.Tensor:
+    """(M, K) int8 and (M, ceil(K / 128)) scales -> (M, K) float32 ``xq * s_x[m, k // 128]``."""
+    return xq.float() * s_x.float().repeat_interleave(SCALE_BLOCK, dim=1)[:, : xq.shape[1]]
+
+
+def quantize_weight_blocks_ref(w: torch.Tensor):
+    """Weight (N, K) -> ``(w_q int8 (N, K), s_w float32 (ceil(N / 128), ceil(K / 128)))``, one scale per
+    128 x 128 block, ``s_w[nb, kb] = max|W[block]| / 127`` (0 -> 1)."""
+    n, k = w.shape
+    nb, kb = scale_blocks(n), scale_blocks(k)
+    padded = torch.nn.functional.pad(w.float(), (0, kb * SCALE_BLOCK - k, 0, nb * SCALE_BLOCK - n))
+    q, scale = _quantize_blocked(padded.reshape(nb, SCALE_BLOCK, kb, SCALE_BLOCK), (1, 3))
+    w_q = q.reshape(nb * SCALE_BLOCK, kb * SCALE_BLOCK)[:n, :k].to(torch.int8)
+    return w_q, scale.reshape(nb, kb)
+
+
+def dequantize_weight_blocks(w_q: torch.Tensor, w_scale: torch.Tensor) -> torch.Tensor:
+    """(N, K) int8 and (ceil(N / 128), ceil(K / 128)) scales -> W (N, K) float32."""
+    n, k = w_q.shape
+    expanded = w_scale.float().repeat_interleave(SCALE_BLOCK, 0).repeat_interleave(SCALE_BLOCK, 1)
+    return w_q.float() * expanded[:n, :k]
+
+
+def w8a8_block_matmul_quantized_ref(xq, s_x, w_q, w_scale, bias=None, gelu=False, out_dtype=torch.float16,
+                                    act_dtype=None):
+    """Block-scaled W8A8 from ``xq`` (M, K) int8 and ``s_x`` (M, ceil(K/128)): (M, N) in ``out_dtype``
+    (fp16 / bf16), or, with ``out_dtype=torch.int8``, ``quantize_act_blocks_ref`` of the output in ``act_dtype``
+    (fp16 / bf16): ``(yq int8 (M, N), s_y (M, ceil(N/128)))``. ``gelu``: the exact GELU of the output
+    rounded to its float dtype, in fp32, rounded again."""
+    k = xq.shape[1]
+    s_w = w_scale.float().repeat_interleave(SCALE_BLOCK, dim=0)[: w_q.shape[0]]  # (N, Kb): row n's scales
+    y = torch.zeros(xq.shape[0], w_q.shape[0], dtype=torch.float32, device=xq.device)
+    for kb in range(scale_blocks(k)):
+        cols = slice(kb * SCALE_BLOCK, min(k, (kb + 1) * SCALE_BLOCK))
+        # int32 sums, exactly (float64 holds them: |sum| <= 128 * 127^2); then one rescale per block
+        part = (xq[:, cols].to(torch.float64) @ w_q[:, cols].to(torch.float64).T).to(torch.int32).float()
+        y = y + part * (s_x[:, kb, None].float() * s_w[None, :, kb])
+    return _block_epilogue(y, bias, gelu, out_dtype, act_dtype)
+
+
+def _block_epilogue(y, bias, gelu, out_dtype, act_dtype):
+    """Bias, the float rounding, GELU and the optional int8 output of :func:`w8a8_block_matmul_quantized_ref`."""
+    if bias is not None:
+        y = y + bias.float()
+    float_dtype = act_dtype if out_dtype == torch.int8 else out_dtype
+    out = y.to(float_dtype)
+    if gelu:
+        out = torch.nn.functional.gelu(out.float()).to(float_dtype)
+    return quantize_act_blocks_ref(out) if out_dtype == torch.int8 else out
+
+
+def w8a8_block_matmul_ref(x, w_q, w_scale, bias=None, gelu=False, out_dtype=None):
+    """Block-scaled W8A8 of float ``x`` (..., K): ``quantize_act_blocks_ref(x)`` then
+    :func:`w8a8_block_matmul_quantized_ref`; (..., N) in ``out_dtype`` (None: x's dtype), or with
+    ``out_dtype=torch.int8`` the int8 output ``(yq (M, N), s_y (M, ceil(N/128)))`` rounded through x's dtype."""
+    lead, k = x.shape[:-1], x.shape[-1]
+    xq, s_x = quantize_act_blocks_ref(x.reshape(-1, k))
+    out_dtype = x.dtype if out_dtype is None else out_dtype
+    y = w8a8_block_matmul_quantized_ref(xq, s_x, w_q, w_scale, bias, gelu, out_dtype, act_dtype=x.dtype)
+    return y if out_dtype == torch.int8 else y.reshape(*lead, w_q.shape[0])
+
+
+def gelu_int8_blocks_ref(xq, s_x, act_dtype=torch.float16):
+    """int8 GELU in the 1 x 128 activation format: ``quantize_act_blocks_ref(gelu(dequantize_act_blocks(xq, s_x)))``,
+    the de-quantized values and the GELU's rounded to ``act_dtype`` as a float layer would hold them."""
+    x = dequantize_act_blocks(xq, s_x).to(act_dtype)
+    return quantize_act_blocks_ref(torch.nn.functional.gelu(x.float()).to(act_dtype))

@@ -2,8 +2,8 @@
 
     python -m scripts.export_oneshot --model all-MiniLM-L6-v2 --num-labels 2 --out runs/oneshot
 
-writes one compressed model directory per scheme (``w8a8``, ``w4a16``, ``w8a16``, ``sparse50``,
-``sparse50-w8a8``) plus ``dense`` (the model as loaded) under ``--out``, ready for
+writes one compressed model directory per scheme (``w8a8``, ``w8a8-block``, ``w4a16``, ``w8a16``,
+``sparse50``, ``sparse50-w8a8``) plus ``dense`` (the model as loaded) under ``--out``, ready for
 ``compress evaluate``. No training and no calibration data: weights are pruned by block magnitude
 and quantized as they are (W8A8 with dynamic activation scales), so accuracy is whatever the
 loaded weights give; the directories serve speed comparisons and as a starting point.
@@ -14,11 +14,12 @@ import argparse
 from pathlib import Path
 
 import compress
-from compress import BlockSparseConfig, W4A16Config, W8A8Config, W8A16Config
+from compress import BlockSparseConfig, W4A16Config, W8A8BlockConfig, W8A8Config, W8A16Config
 from compress.lightning.tasks import build_model
 
 SCHEMES = {
     "w8a8": [W8A8Config()],
+    "w8a8-block": [W8A8BlockConfig()],
     "w4a16": [W4A16Config(group_size=128)],
     "w8a16": [W8A16Config()],
     "sparse50": [BlockSparseConfig(sparsity=0.5)],

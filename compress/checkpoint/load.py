@@ -32,7 +32,8 @@ from compress.checkpoint.rebuild import aligned, skip_weight_init, transformers_
 from compress.checkpoint.safe_write import checkpoint_path, recover
 from compress.configs import config_from_dict
 from compress.nn.experts import QuantizedExperts
-from compress.nn.modules import INFERENCE_MODULES, BSRLinear, BSRW8A8Linear, W4A16Linear, W8A8Linear, W8A16Linear
+from compress.nn.modules import (INFERENCE_MODULES, BSRLinear, BSRW8A8Linear, W4A16Linear, W8A8BlockLinear, W8A8Linear,
+                                 W8A16Linear)
 from compress.plan import replace_submodule
 
 logger = logging.getLogger(__name__)
@@ -86,6 +87,8 @@ def _empty_module(entry: dict) -> nn.Module:
         return W4A16Linear(*args, config=config_from_dict(entry["config"]))
     if kind == "W8A16Linear":
         return W8A16Linear(*args, config=config_from_dict(entry["config"]))
+    if kind == "W8A8BlockLinear":
+        return W8A8BlockLinear(*args, config=config_from_dict(entry["config"]))
     if kind == "BSRW8A8Linear":
         return BSRW8A8Linear(*args, config=config_from_dict(entry["config"]), nnz=entry["nnz"], block=entry["block"],
                              smoothing=entry["smoothing"])

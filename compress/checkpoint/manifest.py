@@ -41,7 +41,8 @@ from torch import nn
 
 from compress.configs import config_from_dict
 from compress.nn.experts import QuantizedExperts
-from compress.nn.modules import INFERENCE_MODULES, BSRLinear, BSRW8A8Linear, W4A16Linear, W8A8Linear, W8A16Linear
+from compress.nn.modules import (INFERENCE_MODULES, BSRLinear, BSRW8A8Linear, W4A16Linear, W8A8BlockLinear, W8A8Linear,
+                                 W8A16Linear)
 
 logger = logging.getLogger(__name__)
 
@@ -81,7 +82,7 @@ def layer_entry(module: nn.Module) -> dict:
                 "bias": False, "num_experts": module.num_experts, "intermediate_size": module.intermediate_dim}
     entry = {"module": type(module).__name__, "in_features": module.in_features,
              "out_features": module.out_features, "bias": module.bias is not None}
-    if isinstance(module, (W8A8Linear, W4A16Linear, W8A16Linear, BSRW8A8Linear)):
+    if isinstance(module, (W8A8Linear, W4A16Linear, W8A16Linear, W8A8BlockLinear, BSRW8A8Linear)):
         entry["config"] = module.config.to_dict()
     if isinstance(module, (W8A8Linear, BSRW8A8Linear)):
         entry["smoothing"] = module.input_smoothing is not None
@@ -168,6 +169,7 @@ _LAYER_FIELDS = {  # inference module -> {field: type} its manifest entry needs 
     "W8A8Linear": {"config": dict, "smoothing": bool},
     "W4A16Linear": {"config": dict},
     "W8A16Linear": {"config": dict},
+    "W8A8BlockLinear": {"config": dict},
     "BSRLinear": {"nnz": int, "block": int},
     "BSRW8A8Linear": {"config": dict, "smoothing": bool, "nnz": int, "block": int},
     "QuantizedExperts": {"num_experts": int, "intermediate_size": int},

@@ -79,14 +79,19 @@ def rows_to_full(local: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
                               stride=stride).full_tensor()
 
 
+def max_over_shards_(partial: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``partial`` (computed from this process's rows of ``like``) replaced by its maximum over the
+    processes of ``like``'s mesh (an all-reduce) when ``like`` is sharded; returned."""
+    if is_sharded(like):
+        dist.all_reduce(partial, op=dist.ReduceOp.MAX, group=like.device_mesh.get_group())
+    return partial
+
+
 def column_absmax(w: torch.Tensor) -> torch.Tensor:
     """(K,) float32 ``max_n |w[n, k]|`` over all rows of ``w`` (N, K): over every process's rows (an
     all-reduce with max over the mesh) when ``w`` is sharded."""
     rows = local_tensor(w).detach().float()
-    result = rows.abs().amax(dim=0) if rows.shape[0] else rows.new_zeros(rows.shape[1])
-    if is_sharded(w):
-        dist.all_reduce(result, op=dist.ReduceOp.MAX, group=w.device_mesh.get_group())
-    return result
+    return max_over_shards_(rows.abs().amax(dim=0) if rows.shape[0] else rows.new_zeros(rows.shape[1]), w)
 
 
 def fsdp_modules(model: nn.Module) -> list[FSDPModule]:

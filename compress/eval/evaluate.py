@@ -29,7 +29,9 @@ layers (query/key/value, gate/up) are then fused into one kernel call each
 (:mod:`compress.nn.fusion`; ``fuse_siblings=False`` keeps them apart); dense layers are never fused,
 so the dense baseline runs as ``transformers`` wrote it. W8A8 layers that read a norm's (LayerNorm,
 Llama-family RMSNorm) or a GELU's output then take it already quantized from that op (:mod:`compress.nn.input_quant`,
-``link_quantized_inputs=False`` keeps them quantizing it themselves); found with one forward pass.
+``link_quantized_inputs=False`` keeps them quantizing it themselves); found with one forward pass. Under
+the same option, block-scaled MLPs (``W8A8BlockLinear`` -> GELU -> ``W8A8BlockLinear``) are linked so the
+up-projection hands the GELU's output to the down-projection in int8 (:mod:`compress.nn.block_chain`).
 On CPU the model runs in float32, and the inference modules use the reference implementation.
 """
 from __future__ import annotations
@@ -45,9 +47,10 @@ from compress.eval.metrics import metrics_for
 from compress.eval.report import LatencyPoint, ModelResult
 from compress.eval.timing import capture_graph, median_ms, replay_ms, synchronize
 from compress.nn.conv1d import is_linear_or_conv1d
+from compress.nn.block_chain import link_block_chains, linked_chains
 from compress.nn.fusion import SiblingGroup, fuse_siblings
 from compress.nn.input_quant import link_quantized_inputs, linked_layers, takes_handed_input
-from compress.nn.modules import is_inference_module
+from compress.nn.modules import W8A8BlockLinear, is_inference_module
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +66,8 @@ class EvalOptions:
     to ``"eager"``. ``fuse_siblings``: fuse the compressed query/key/value (and gate/up) layers of
     each model into one kernel call (:mod:`compress.nn.fusion`) before it is evaluated; dense layers
     stay as they are. ``link_quantized_inputs``: let a norm / GELU hand its output to the W8A8
-    layer after it already quantized (:mod:`compress.nn.input_quant`).
+    layer after it already quantized (:mod:`compress.nn.input_quant`), and a block-scaled up-projection hand
+    ``gelu`` of its output to the down-projection in int8 (:mod:`compress.nn.block_chain`).
     """
 
     batch_sizes: tuple[int, ...] = (1, 8, 32)
@@ -256,8 +260,10 @@ def describe_compression(model: nn.Module) -> str:
     summary = ", ".join(f"{k} x{v}" for k, v in sorted(counts.items(), key=lambda kv: kv[0] == "dense"))
     groups = sum(isinstance(m, SiblingGroup) for m in model.modules())
     linked = linked_layers(model)
+    chains = linked_chains(model)
     notes = ([f"{groups} fused sibling group{'s' if groups > 1 else ''}"] if groups else []) + (
-        [f"{linked} fed int8 by the norm / GELU before"] if linked else [])
+        [f"{linked} fed int8 by the norm / GELU before"] if linked else []) + (
+        [f"{chains} MLP chain{'s' if chains > 1 else ''} in int8"] if chains else [])
     return f"{summary} ({', '.join(notes)})" if notes else summary
 
 
@@ -269,6 +275,8 @@ def evaluate_model(name: str, model: nn.Module, dataloader, options: EvalOptions
         fuse_siblings(model)
     if options.link_quantized_inputs and any(takes_handed_input(m) for m in model.modules()):
         link_quantized_inputs(model, latency_inputs(model, 1, options.seq_len, device))
+    if options.link_quantized_inputs and any(isinstance(m, W8A8BlockLinear) for m in model.modules()):
+        link_block_chains(model, latency_inputs(model, 1, options.seq_len, device))
     linear_bytes, total_bytes = weight_memory(model)  # as it runs: after the cast
     metrics_module = metrics_for(model)
     log.info("evaluating %s on %s (%s), latency mode %s", name, device, dtype, options.resolved_latency_mode())

@@ -52,7 +52,7 @@ from torch import nn
 
 from compress.calibration import calibrate, forward_batch
 from compress.checkpoint import save_compressed
-from compress.configs import W4A16Config, W8A8Config, W8A16Config
+from compress.configs import W4A16Config, W8A8BlockConfig, W8A8Config, W8A16Config
 from compress.core.sharding import fsdp_modules
 from compress.lightning.strategy import check_strategy, is_fsdp
 from compress.nn.experts import CompressedExperts, ExpertLinear
@@ -157,12 +157,14 @@ class QuantizationAware(pl.Callback):
     (``self.schedule``).
 
     ``config``: the scheme for every eligible linear when ``plan`` is None; ``plan``:
-    ``{pattern: W8A8Config, W4A16Config or W8A16Config}``. ``exclude`` as in :class:`BlockPruning`.
-    In YAML a W8A16Config needs its ``class_path``: a plain ``{group_size: 128}`` is a W4A16Config.
+    ``{pattern: W8A8Config, W4A16Config, W8A16Config or W8A8BlockConfig}``. ``exclude`` as in
+    :class:`BlockPruning`. In YAML a W8A16Config needs its ``class_path``: a plain ``{group_size: 128}`` is a
+    W4A16Config (and a W8A8BlockConfig too: ``class_path: compress.configs.W8A8BlockConfig``).
     """
 
-    def __init__(self, config: Optional[Union[W8A8Config, W4A16Config, W8A16Config]] = None, start_step: int = 0,
-                 plan: Optional[dict[str, Union[W8A8Config, W4A16Config, W8A16Config]]] = None,
+    def __init__(self, config: Optional[Union[W8A8Config, W4A16Config, W8A16Config, W8A8BlockConfig]] = None,
+                 start_step: int = 0,
+                 plan: Optional[dict[str, Union[W8A8Config, W4A16Config, W8A16Config, W8A8BlockConfig]]] = None,
                  exclude: Optional[list[str]] = None):
         super().__init__()
         if (config is None) == (plan is None):

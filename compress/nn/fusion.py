@@ -9,11 +9,12 @@ N = N_q + N_k + N_v costs much less than three. :func:`fuse_siblings` rewrites a
   ``("q_proj", "k_proj", "v_proj")``), all of one kind with the same ``in_features``: all
   ``W8A8Linear`` (same config, same static activation scale and smoothing factors, as siblings
   calibrated on one input have), all ``W4A16Linear`` (same group size), all ``W8A16Linear`` (same
-  config), all ``BSRLinear`` (same block), all ``BSRW8A8Linear`` (both rules), or, only with
+  config), all ``W8A8BlockLinear`` (same config, every member's N a multiple of 128, so the weight
+  scale blocks stack), all ``BSRLinear`` (same block), all ``BSRW8A8Linear`` (both rules), or, only with
   ``dense=True``, all ``nn.Linear``. Other groups are left as they are.
 * **The fused module** is one module of that kind whose output rows are the members' rows, stacked
   in the group's order, so output ``n`` of member ``i`` is row ``N_1 + ... + N_{i-1} + n``:
-  W8A8 and W8A16 ``w_q`` / ``w_scale`` / ``bias`` are concatenated along N (dim 0); W4A16 ``qweight``
+  W8A8, W8A16 and W8A8Block ``w_q`` / ``w_scale`` / ``bias`` are concatenated along N (dim 0); W4A16 ``qweight``
   (K/8, N) and ``scales`` (K/G, N) along dim 1; BSR block rows are appended (``crow_indices`` of
   member ``i`` shifted by the blocks of the members before it). Each output element is the same
   dot product as before; only the tile shape the wider N gets (and so the order of a split
@@ -42,7 +43,7 @@ import logging
 import torch
 from torch import nn
 
-from compress.nn.modules import BSRLinear, BSRW8A8Linear, W4A16Linear, W8A8Linear, W8A16Linear
+from compress.nn.modules import BSRLinear, BSRW8A8Linear, W4A16Linear, W8A8BlockLinear, W8A8Linear, W8A16Linear
 
 logger = logging.getLogger(__name__)
 
@@ -174,6 +175,21 @@ def _concat_w8a16(members) -> W8A16Linear | str:
     return fused
 
 
+def _concat_w8a8_block(members) -> W8A8BlockLinear | str:
+    first = members[0]
+    if any(m.config != first.config for m in members):
+        return "different W8A8Block configs"
+    if any(m.out_features % first.config.block for m in members):
+        return f"out_features not all multiples of {first.config.block} (the weight scale blocks would not stack)"
+    bias = _stacked_bias(members)
+    fused = W8A8BlockLinear(first.in_features, sum(m.out_features for m in members), bias is not None,
+                            first.config).to(first.w_q.device)
+    fused.w_q = torch.cat([m.w_q for m in members])
+    fused.w_scale = torch.cat([m.w_scale for m in members])
+    fused.bias = bias
+    return fused
+
+
 def _stacked_block_rows(members) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """BSR parts (crow, col, values) of the members' block rows appended in order."""
     crows, offset = [members[0].crow_indices[:1]], 0
@@ -226,7 +242,7 @@ def _concat_linear(members) -> nn.Linear:
 
 
 _CONCAT = {W8A8Linear: _concat_w8a8, W4A16Linear: _concat_w4a16, W8A16Linear: _concat_w8a16, BSRLinear: _concat_bsr,
-           BSRW8A8Linear: _concat_bsr_w8a8}
+           BSRW8A8Linear: _concat_bsr_w8a8, W8A8BlockLinear: _concat_w8a8_block}
 
 
 def fuse_members(members: list[nn.Module], dense: bool = False) -> nn.Module | str:
@@ -294,6 +310,11 @@ def _row_slice(fused: nn.Module, start: int, stop: int) -> nn.Module:
     elif isinstance(fused, W8A16Linear):
         part = W8A16Linear(fused.in_features, stop - start, bias is not None, fused.config).to(fused.w_q.device)
         part.w_q, part.w_scale = fused.w_q[start:stop].clone(), fused.w_scale[start:stop].clone()
+    elif isinstance(fused, W8A8BlockLinear):  # start is a multiple of the block (members were)
+        block = fused.config.block
+        part = W8A8BlockLinear(fused.in_features, stop - start, bias is not None, fused.config).to(fused.w_q.device)
+        part.w_q = fused.w_q[start:stop].clone()
+        part.w_scale = fused.w_scale[start // block: -(-stop // block)].clone()
     elif isinstance(fused, (BSRLinear, BSRW8A8Linear)):
         crow, col, values = _block_rows(fused, start, stop)
         if isinstance(fused, BSRLinear):

@@ -12,12 +12,20 @@ W4A16Linear    ``qweight`` (Kp/8, N) int32, ``scales`` (Kp/G, N)    ``kernels.w4
 W8A16Linear    ``w_q`` (N, Kp) int8, ``w_scale`` (N,) float32 per   ``kernels.w8a16_matmul``: int8 x
                channel or (N, Kp/128) per group; Kp = K padded to   fp16/bf16, fp32 accumulation
                a multiple of 8 (of 128 with groups)
+W8A8BlockLinear ``w_q`` (N, K) int8, ``w_scale`` (ceil(N/128),     ``kernels.w8a8_block_matmul``:
+               ceil(K/128)) float32: one scale per 128 x 128       x int8 per token and 128
+               block                                                channels, one rescale per K block
 BSRLinear      ``crow_indices`` (N/32+1,) int32, ``col_indices``    ``kernels.bsr_matmul_parts``:
                (nnz,) int32, ``values`` (nnz, 32, 32) model dtype   absent blocks skipped
 BSRW8A8Linear  the BSR indices, ``values`` (nnz, 32, 32) int8, and   ``kernels.bsr_w8a8_matmul_parts``:
                W8A8Linear's ``w_scale`` / ``act_scale`` /           W8A8 with absent blocks
                ``input_smoothing``                                  skipped
 =============  ===================================================  ================================
+
+``W8A8BlockLinear`` needs no padding (the kernels mask a last partial block). Linked into an MLP chain by
+:func:`compress.nn.block_chain.link_block_chains`, an up-projection writes ``gelu`` of its output as int8
++ 1 x 128 scales (``chain_head``) and the down-projection reads them (``chain_tail``) without a float
+round trip.
 
 ``BSRW8A8Linear`` serves a layer both pruned into blocks and quantized to W8A8: it holds exactly the
 int8 weight and scales ``W8A8Linear`` would, minus the absent blocks, and computes the same output.
@@ -61,7 +69,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from compress import _kernels
-from compress.configs import BlockSparseConfig, W4A16Config, W8A8Config, W8A16Config
+from compress.configs import BlockSparseConfig, W4A16Config, W8A8BlockConfig, W8A8Config, W8A16Config
+from compress.core.block_quant import dequantize_weight_blocks, quantize_weight_blocks
 from compress.core.float32 import Float32Buffers
 from compress.core.quant import (
     INT8_QMAX,
@@ -393,6 +402,77 @@ class W8A16Linear(_InferenceLinear):
                 f"int8 weights {scales}{pad}")
 
 
+class W8A8BlockLinear(_InferenceLinear):
+    """Block-scaled int8 weights (one scale per 128 x 128 block), int8 activations (one dynamic scale per
+    token and 128 channels)."""
+
+    _float32_buffers = ("w_scale",)
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, config: W8A8BlockConfig | None = None):
+        super().__init__(in_features, out_features, bias)
+        self.config = config or W8A8BlockConfig()
+        if not isinstance(self.config, W8A8BlockConfig):
+            raise TypeError(f"config: expected W8A8BlockConfig, got {type(self.config).__name__}")
+        block = self.config.block
+        self.register_buffer("w_q", torch.zeros(out_features, in_features, dtype=torch.int8))
+        self.register_buffer("w_scale", torch.ones(-(-out_features // block), -(-in_features // block)))
+
+    @classmethod
+    def from_float(cls, linear: nn.Linear, config: W8A8BlockConfig | None = None, *,
+                   weight: torch.Tensor | None = None, weight_scale: torch.Tensor | None = None) -> "W8A8BlockLinear":
+        """Quantize ``linear`` (or ``weight``, e.g. masked) in 128 x 128 blocks; ``weight_scale`` e.g. learned by LSQ."""
+        module = cls(linear.in_features, linear.out_features, linear.bias is not None, config)
+        source = (linear.weight if weight is None else weight).detach().float()
+        w_q, scale = quantize_weight_blocks(source, weight_scale)
+        module.w_q.copy_(w_q)
+        module.w_scale.copy_(scale)
+        cls._copy_float_state(module, linear)
+        return module.to(source.device)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not torch.compiler.is_compiling():  # an MLP chain hands int8 over (compress.nn.block_chain)
+            tail = self.__dict__.get("chain_tail")
+            handed = tail.quantized(x) if tail is not None else None
+            if handed is not None:
+                return self.matmul_quantized(x, *handed)
+            head = self.__dict__.get("chain_head")
+            if head is not None:
+                return head.start(self, x)
+        if self._use_kernel(x):
+            return self._kernel("w8a8_block_matmul", x, self.w_q, self.w_scale, self._bias_for(x))
+        return _kernels.reference.w8a8_block_matmul_ref(x, self.w_q, self.w_scale, self.bias)
+
+    def gelu_int8_output(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(yq (M, N) int8, s_y (M, ceil(N/128)))``: the exact GELU of this layer's output (rounded to x's
+        dtype), quantized in 1 x 128 blocks (the next block-scaled layer's input), never written in float."""
+        if self._use_kernel(x):
+            args = (self.w_q, self.w_scale, self._bias_for(x))
+            bind = lambda: _kernels.launcher("bind_w8a8_block_matmul_int8")(x, *args, gelu=True)  # noqa: E731
+            return self._bound("w8a8_block_matmul_int8", (x.dtype, x.device), args, bind)(x)
+        return _kernels.reference.w8a8_block_matmul_ref(x, self.w_q, self.w_scale, self.bias, gelu=True,
+                                                         out_dtype=torch.int8)
+
+    def matmul_quantized(self, x: torch.Tensor, xq: torch.Tensor, s_x: torch.Tensor) -> torch.Tensor:
+        """This layer on ``xq`` (M, K) int8 and ``s_x`` (M, ceil(K/128)) handed over for ``x``: (..., N) in x's dtype."""
+        if self._use_kernel(x):
+            y = self._quantized_kernel("w8a8_block_matmul_quantized", x, xq, s_x, self.w_q, self.w_scale,
+                                       self._bias_for(x), x.dtype)
+        else:
+            y = _kernels.reference.w8a8_block_matmul_quantized_ref(xq, s_x, self.w_q, self.w_scale, self.bias,
+                                                                   out_dtype=x.dtype)
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+    def dequantized_weight(self) -> torch.Tensor:
+        """(N, K) float32 ``w_q * w_scale`` of each block."""
+        return dequantize_weight_blocks(self.w_q, self.w_scale)
+
+    def extra_repr(self) -> str:
+        chain = "".join(f", {role}" for role in ("chain_head", "chain_tail") if self.__dict__.get(role) is not None)
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+                f"int8 {self.config.block}x{self.config.block} weight blocks, 1x{self.config.block} activation "
+                f"blocks{chain}")
+
+
 class _BlockSparseIndices:
     """The BSR index check shared by the block-sparse modules: their forwards pass
     ``check_indices=False`` to the launchers, so indices are checked once, where they come in."""
@@ -533,7 +613,8 @@ class BSRW8A8Linear(_BlockSparseIndices, _TakesHandedInput, _InferenceLinear):
                 f"block={self.block}, nnz_blocks={self.nnz}/{total}, {_activation_repr(self)}")
 
 
-INFERENCE_MODULES = {cls.__name__: cls for cls in (W8A8Linear, W4A16Linear, W8A16Linear, BSRLinear, BSRW8A8Linear)}
+INFERENCE_MODULES = {cls.__name__: cls for cls in (W8A8Linear, W4A16Linear, W8A16Linear, W8A8BlockLinear, BSRLinear,
+                                                   BSRW8A8Linear)}
 
 
 def to_float(module: _InferenceLinear) -> nn.Linear:

@@ -25,7 +25,8 @@ Under FSDP2 (``fully_shard`` after the swap) ``weight`` and an LSQ ``weight_scal
 (:mod:`compress.core.sharding`) outside the forward, whole inside it; ``mask`` and the other buffers
 stay whole on every process. What runs outside the forward works on this process's rows:
 :meth:`apply_mask_` zeroes them, :meth:`local_masked_weight` hands them to scoring and GPTQ, an
-LSQ scale is initialised row by row (a row's scale depends on that row only), and
+LSQ scale is initialised row by row (a row's scale depends on that row only; a block-scaled W8A8
+layer's 128 x 128 block scales from block maxima taken over every process's rows), and
 :meth:`set_quantized_weight` takes GPTQ's rows. The gradient hook registered on the weight does not
 survive sharding; the forward's ``weight * mask`` already gives pruned weights a zero gradient.
 
@@ -36,6 +37,7 @@ Forward (the numerical contract: the exported module computes the same function)
     W8A8:  y = fq_token(x) @ fq_channel(w).T + b       (fq = quantize-dequantize in float32)
     W4A16: y = x @ fq_group(w).T + b                   (int4, groups of G)
     W8A16: y = x @ fq_channel(w).T + b                 (int8; fq_group with groups of 128)
+    W8A8Block: y = fq_1x128(x) @ fq_128x128(w).T + b   (int8 in [-127, 127], compress.core.block_quant)
     y in x's dtype
 """
 from __future__ import annotations
@@ -46,7 +48,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from compress.configs import BlockSparseConfig, QuantConfig, W8A8Config, W8A16Config, is_config
+from compress.configs import BlockSparseConfig, QuantConfig, W8A8BlockConfig, W8A8Config, W8A16Config, is_config
+from compress.core import block_quant
+from compress.core.block_quant import fake_quantize_act_blocks, fake_quantize_weight_blocks
 from compress.core.float32 import Float32Buffers
 from compress.core.observers import Observer, make_observer
 from compress.core.quant import (
@@ -57,8 +61,9 @@ from compress.core.quant import (
     fake_quantize_per_token,
     group_scale,
     per_channel_scale,
+    safe_scale,
 )
-from compress.core.sharding import is_sharded, local_rows, local_tensor, rows_to_full
+from compress.core.sharding import is_sharded, local_rows, local_tensor, max_over_shards_, rows_to_full
 from compress.core.sparsity import block_grid, expand_mask
 from compress.nn.conv1d import conv1d_from_linear, is_conv1d, linear_from_conv1d
 from compress.nn.modules import padded_in_features
@@ -72,7 +77,8 @@ def split_configs(configs) -> tuple[QuantConfig | None, BlockSparseConfig | None
     quant, sparse = None, None
     for item in items:
         if not is_config(item):
-            raise TypeError(f"configs: expected W8A8Config, W4A16Config, W8A16Config or BlockSparseConfig items, "
+            raise TypeError(f"configs: expected W8A8Config, W4A16Config, W8A16Config, W8A8BlockConfig or "
+                            f"BlockSparseConfig items, "
                             f"got {type(item).__name__}")
         if isinstance(item, BlockSparseConfig):
             if sparse is not None and sparse != item:
@@ -208,12 +214,23 @@ class CompressedLinear(Float32Buffers, nn.Linear):
         return INT8_QMAX if isinstance(self.quant_config, W8A16Config) else INT4_QMAX
 
     def _absmax_weight_scale(self) -> torch.Tensor:
-        """The absmax scales of this process's rows (all rows without FSDP): (R,) or (R, Kp/G)."""
-        w, _ = self.local_masked_weight()
+        """The absmax scales of this process's rows of ``weight_scale`` (all rows without FSDP): (R,) per
+        channel, (R, Kp/G) per group; block-scaled W8A8: its rows of the (N/128, K/128) block scales."""
+        w, rows = self.local_masked_weight()
+        if isinstance(self.quant_config, W8A8BlockConfig):
+            return self._block_weight_scale(w, rows)
         if self._per_channel_int8():
             return per_channel_scale(w)
         padded, group_size = padded_in_features(self.in_features, self.quant_config.group_size)
         return group_scale(F.pad(w, (0, padded - self.in_features)), group_size, self._group_qmax())
+
+    def _block_weight_scale(self, w: torch.Tensor, rows: slice) -> torch.Tensor:
+        """Block-scaled W8A8's (N/128, K/128) absmax scales from this process's rows ``w`` of the masked
+        weight: their block maxima, the maximum over every process's (a 128-row block may span shards),
+        then this process's rows of the scales (all of them without FSDP)."""
+        absmax = max_over_shards_(block_quant.weight_block_absmax(w, rows.start, self.out_features), self.weight)
+        scale = safe_scale(absmax, block_quant.QMAX)
+        return scale if self.weight_scale is None else scale[local_rows(self.weight_scale)]
 
     def _fake_quantize_groups(self, w: torch.Tensor) -> torch.Tensor:
         """Group-wise fake quantization (int4, or int8 for W8A16), K zero-padded to the group size as the
@@ -330,6 +347,10 @@ class CompressedLinear(Float32Buffers, nn.Linear):
         w = self.masked_weight()
         if not self.fake_quant_enabled:
             return F.linear(x, w, self.bias)
+        bias = None if self.bias is None else self.bias.float()
+        if isinstance(self.quant_config, W8A8BlockConfig):
+            w_fq = fake_quantize_weight_blocks(w, self.weight_scale)
+            return F.linear(fake_quantize_act_blocks(x), w_fq, bias).to(x.dtype)
         if isinstance(self.quant_config, W8A8Config):
             static = self.static_act_scale()
             if self.quant_config.static and static is None:
@@ -341,7 +362,6 @@ class CompressedLinear(Float32Buffers, nn.Linear):
             w_fq = fake_quantize_per_channel(w, self.weight_scale)
         else:
             w_fq = self._fake_quantize_groups(w)
-        bias = None if self.bias is None else self.bias.float()
         return F.linear(x_fq, w_fq, bias).to(x.dtype)
 
     def to_float(self) -> nn.Module:

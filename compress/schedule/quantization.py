@@ -8,7 +8,8 @@ calls :meth:`QuantizationSchedule.start_if_due` for the restored step again.
 
 Under FSDP2 the forward sees whole weights and scales (FSDP gathers them); an LSQ scale is a row
 shard like its weight, and each rank initialises the scales of its own rows (a row's scale depends
-on that row only), so the gathered scale is the one a single process would start from.
+on that row only; block-scaled W8A8's 128 x 128 block scales come from block maxima taken over every
+rank's rows), so the gathered scale is the one a single process would start from.
 """
 from __future__ import annotations
 
@@ -31,7 +32,8 @@ logger = logging.getLogger(__name__)
 class QuantizationSchedule:
     """Fake-quantize ``plan``'s layers from ``start_step`` on (QAT).
 
-    ``plan``: a :class:`W8A8Config`, :class:`W4A16Config` or :class:`W8A16Config` (every eligible linear) or
+    ``plan``: a :class:`W8A8Config`, :class:`W4A16Config`, :class:`W8A16Config` or :class:`W8A8BlockConfig`
+    (every eligible linear) or
     ``{pattern: config}`` (fnmatch patterns on module names). ``exclude``: patterns left dense (None:
     embeddings, classifier heads, ``lm_head``).
     """
@@ -42,11 +44,12 @@ class QuantizationSchedule:
         elif isinstance(plan, Mapping):
             rules = dict(plan)
         else:
-            raise TypeError(f"QuantizationSchedule.plan: expected a W8A8Config, W4A16Config or W8A16Config, or a mapping "
-                            f"{{pattern: config}}, got {type(plan).__name__}")
+            raise TypeError(f"QuantizationSchedule.plan: expected a W8A8Config, W4A16Config, W8A16Config or "
+                            f"W8A8BlockConfig, or a mapping {{pattern: config}}, got {type(plan).__name__}")
         for pattern, value in rules.items():
             if not isinstance(value, QUANT_CONFIGS):
-                raise TypeError(f"QuantizationSchedule: expected W8A8Config, W4A16Config or W8A16Config for {pattern!r}, "
+                raise TypeError(f"QuantizationSchedule: expected W8A8Config, W4A16Config, W8A16Config or W8A8BlockConfig "
+                                f"for {pattern!r}, "
                                 f"got {type(value).__name__}")
         check_step("start_step", start_step)
         self.plan = Plan(rules, exclude=DEFAULT_EXCLUDE if exclude is None else tuple(exclude))

@@ -55,8 +55,8 @@ def _as_quantization(quantization) -> Optional[QuantizationSchedule]:
         return quantization
     if isinstance(quantization, (*QUANT_CONFIGS, Mapping)):
         return QuantizationSchedule(quantization)
-    raise TypeError(f"quantization: expected a QuantizationSchedule, a W8A8Config, W4A16Config or W8A16Config, or a mapping "
-                    f"{{pattern: config}}, got {type(quantization).__name__}")
+    raise TypeError(f"quantization: expected a QuantizationSchedule, a W8A8Config, W4A16Config, W8A16Config or "
+                    f"W8A8BlockConfig, or a mapping {{pattern: config}}, got {type(quantization).__name__}")
 
 
 class CompressionSchedule:

@@ -19,9 +19,9 @@ call bound to the weight-side arguments, for later inputs of x's dtype, device a
    graph its shapes), on tensor subclasses (``FakeTensor``, functorch wrappers) and while autograd
    records (the op has no backward, and says so).
 
-:class:`BoundQuantizedMatmul` (``w8a8_matmul_quantized``, ``bsr_w8a8_matmul_quantized``: plain
-launchers, no custom op) checks ``xq`` (M, K) int8 and ``s_x`` (M,) float32 on the bound device and
-launches.
+:class:`BoundQuantizedMatmul` (``w8a8_matmul_quantized``, ``bsr_w8a8_matmul_quantized``,
+``w8a8_block_matmul_quantized``) checks ``xq`` (M, K) int8 and ``s_x`` float32 ((M,) per token, or
+(M, ceil(K / 128)) block-scaled) on the bound device and launches.
 
 A bound call holds the weight-side tensors themselves, so in-place changes of their values (e.g.
 ``load_state_dict``) reach it; tensors *replaced* (a cast, a move, an assignment) do not: bind again
@@ -75,11 +75,13 @@ class BoundMatmul:
 class BoundQuantizedMatmul:
     """``launch(xq, s_x, *weights)`` for per-token int8 inputs with the bound device and K (module docstring)."""
 
-    __slots__ = ("op_name", "launch", "weights", "device", "in_features")
+    __slots__ = ("op_name", "launch", "weights", "device", "in_features", "scale_columns")
 
-    def __init__(self, op_name: str, launch: Callable, weights: tuple, xq: torch.Tensor):
+    def __init__(self, op_name: str, launch: Callable, weights: tuple, xq: torch.Tensor,
+                 scale_columns: int | None = None):
         self.op_name, self.launch, self.weights = op_name, launch, weights
         self.device, self.in_features = xq.device, xq.shape[1]
+        self.scale_columns = scale_columns  # None: s_x (M,) per token; else (M, scale_columns) (block-scaled)
 
     def check(self, xq, s_x) -> None:
         """TypeError / ValueError unless ``xq`` is (M, K) int8 and ``s_x`` (M,) float32, both on the bound device."""
@@ -93,8 +95,11 @@ class BoundQuantizedMatmul:
                                  f"got {t.device}")
         if xq.dim() != 2 or xq.shape[1] != self.in_features:
             raise ValueError(f"xq: expected shape (M, {self.in_features}), got {tuple(xq.shape)}")
-        if tuple(s_x.shape) != (xq.shape[0],):
+        if self.scale_columns is None and tuple(s_x.shape) != (xq.shape[0],):
             raise ValueError(f"s_x: expected shape ({xq.shape[0]},) (one scale per row of xq), got {tuple(s_x.shape)}")
+        if self.scale_columns is not None and tuple(s_x.shape) != (xq.shape[0], self.scale_columns):
+            raise ValueError(f"s_x: expected shape ({xq.shape[0]}, {self.scale_columns}) (one scale per row and "
+                             f"128-channel block of xq), got {tuple(s_x.shape)}")
 
     def __call__(self, xq: torch.Tensor, s_x: torch.Tensor) -> torch.Tensor:
         self.check(xq, s_x)

@@ -17,7 +17,8 @@ Paths (``TileConfig.path``):
 * ``gemv``: :mod:`compress_kernels.w8a16.gemv`, one token row per program on CUDA cores, the int8
   weight converted in registers, split-K where the layer gives too few programs;
 * ``tiled``: :mod:`compress_kernels.w8a16.tiled`, the weight tile converted to x's dtype in the loop
-  and multiplied on tensor cores as the left operand of ``tl.dot`` (``y^T = W x^T``), split-K.
+  and multiplied on tensor cores as the left operand of ``tl.dot`` (``y^T = W x^T``), split-K;
+* ``dequant``: :mod:`compress_kernels.w8a16.dequant`, the weight dequantized once, then cuBLAS.
 """
 from __future__ import annotations
 
@@ -35,9 +36,10 @@ GEMV_WIDE_N = 264 * 64  # wider layers walk K in 512-deep steps in the one-row k
 GEMV_MIN_PROGRAMS_PER_SM = 2  # the one-row kernel splits K until the grid has this many programs per SM ...
 GEMV_MAX_SPLIT = 16  # ... at most this many splits, each of at least one K tile
 GEMV_MIN_SPLIT_K_TILE = 128  # shortest K tile the one-row kernel shrinks to so that K can be split
-SMALL_M = 16  # up to here: 16-token tiles of 64 channels
+SMALL_M = 16  # up to here: 16-token tiles of 32 channels, split-K to 2 programs per SM
 MID_M = 64  # up to here: 64-token tiles of 128 channels
 LARGE_M = 256  # up to here: 128 x 128 tiles, split-K to a program per SM; above, the same tiles unsplit
+DEQUANT_MIN_M = 1024  # from here on, dequantize once and let cuBLAS run the fp16 GEMM
 PICK_CACHE_SIZE = 4096  # argument tuples remembered by cached_pick (a model has a few shapes per M)
 
 
@@ -47,7 +49,7 @@ class TileConfig(NamedTuple):
     ``block_m`` tokens by ``block_n`` output channels by ``block_k`` input channels per program and K
     step; ``group_m``: token tiles that share a weight tile in the grouped tile order (tiled only);
     ``scale_after_dot`` (tiled, grouped scales only): multiply each K tile's product by its scale row
-    instead of dequantizing the weight tile before the dot."""
+    instead of dequantizing the weight tile before the dot. The ``dequant`` path takes no parameters."""
 
     block_m: int
     block_n: int
@@ -68,20 +70,33 @@ def pick(m: int, n: int, k: int, grouped: bool, device) -> TileConfig:
     # ahead of 16-row tiles there: 4096x4096 M = 1 11.7 -> 10.0 us; 1024x1024 M = 4 5.5 -> 4.5)
     if m == 1 or (m <= GEMV_MAX_SMALL_M and n * k <= SMALL_LAYER):
         return gemv_tile(m, n, k, grouped, sms)
-    # 2-16 rows: 16 tokens x 64 channels (one warp group's wgmma rows), 128-deep K tiles, split-K to a
-    # program per SM; grouped scales multiply each tile's fp32 product (16 x 64 multiplies per tile,
-    # against 128 x 64 for dequantizing the weight tile first)
+    # From 1024 rows: the weight dequantized once (3 bytes moved per weight), then cuBLAS's fp16 GEMM
+    # (H100, M = 2048: 0.77-0.84x cuBLAS against 0.53-0.57x for the tiles; at M = 512 the tiles were
+    # ahead on 3 of 4 shapes, 4096x4096 42.2 vs 44.4 us)
+    if m >= DEQUANT_MIN_M:
+        return TileConfig(0, 0, 0, path="dequant")
+    # 2-16 rows: 16 tokens x 32 channels, 128-deep K tiles, split-K to 2 programs per SM (H100, M = 16,
+    # against 64 channels split to one per SM: 4096x11008 27.1 -> 22.6 us, 8192x28672 112.5 -> 99.4,
+    # faster on all 4 shapes, either scale grouping); grouped scales multiply each tile's fp32 product
+    # (16 x 32 multiplies per tile, against 128 x 32 for dequantizing the weight tile first)
     if m <= SMALL_M:
-        cfg = TileConfig(16, 64, 128, num_warps=4, num_stages=4, scale_after_dot=grouped)
-    # 17-64 rows: 64 tokens x 128 channels (two warp groups), 64-deep K tiles
+        cfg = TileConfig(16, 32, 128, num_warps=4, num_stages=4, scale_after_dot=grouped)
+        return cfg._replace(split_k=split_k_for(m, n, k, cfg, 2 * sms))
+    # 17-64 rows: 64 tokens x 128 channels (two warp groups), 64-deep K tiles, 3 stages (H100, M = 64,
+    # against 4: faster on the 4 Llama-2 shapes, 8192x28672 164.4 -> 142.1 us, 4096x11008 45.8 -> 38.2; even on
+    # the small ones)
     elif m <= MID_M:
-        cfg = TileConfig(64, 128, 64, num_warps=8, num_stages=4, scale_after_dot=grouped)
-    # More rows: 128 x 128 tiles, 8 warps; grouped scales dequantize the weight tile before the dot, so
-    # every K tile accumulates into one wgmma accumulator
+        cfg = TileConfig(64, 128, 64, num_warps=8, num_stages=3, scale_after_dot=grouped)
+    # 65-256 rows: 128 x 128 tiles, 4 warps, split-K; grouped scales dequantize the weight tile before
+    # the dot, so every K tile accumulates into one wgmma accumulator. Not 8 warps: with a K split (and
+    # in 256-row tiles even unsplit) the tiles gave wrong sums that changed from run to run on an H100
+    # (Triton 3.6; rel. error 0.2-0.5 at 4096x4096 M = 256), right again with the inline-PTX int8
+    # conversion replaced by a plain cast; 4 warps are right and as fast (31.9 vs 31.2 us)
+    elif m <= LARGE_M:
+        cfg = TileConfig(128, 128, 64, num_warps=4, num_stages=4)
+    # 257-1023 rows: the same tiles with 8 warps, unsplit
     else:
-        cfg = TileConfig(128, 128, 64, num_warps=8, num_stages=4)
-    if m > LARGE_M:  # enough tiles to fill the GPU, or a split's reduce costs more than it buys
-        return cfg
+        return TileConfig(128, 128, 64, num_warps=8, num_stages=4)
     return cfg._replace(split_k=split_k_for(m, n, k, cfg, sms))
 
 
@@ -92,18 +107,25 @@ def cached_pick(m: int, n: int, k: int, grouped: bool, device) -> TileConfig:
 
 
 def gemv_tile(m: int, n: int, k: int, grouped: bool, sms: int) -> TileConfig:
-    """The one-row kernel's tile: 8 outputs per program, K in 1024-deep steps (512 on layers wider than
-    ``GEMV_WIDE_N``; 128 with grouped scales, one group per step; K rounded up to a power of two when
-    shorter), then :func:`gemv_split_k`."""
-    deepest = GROUP_SIZE if grouped else (512 if n > GEMV_WIDE_N else 1024)
-    cfg = TileConfig(1, 8, min(deepest, max(32, triton.next_power_of_2(k))), num_warps=4, num_stages=1, path="gemv")
+    """The one-row kernel's tile: 8 outputs per program and 2 warps, K in 1024-deep steps (512 on layers
+    wider than ``GEMV_WIDE_N``); with grouped scales 32 outputs, one group per step; K rounded up to a power
+    of two when shorter; then :func:`gemv_split_k`."""
+    if grouped:  # 32 channels x one group per step (H100, against 8 channels: 4096x4096 18.8 -> 12.3 us,
+        # 11008x4096 48.0 -> 26.9; both split to 2 programs per SM)
+        cfg = TileConfig(1, 32, min(GROUP_SIZE, max(32, triton.next_power_of_2(k))), num_warps=4, num_stages=1,
+                         path="gemv")
+        return gemv_split_k(m, n, k, cfg, sms)
+    # 2 warps per program (H100, against 4: 4096x4096 11.4 -> 9.9 us, 11008x4096 25.1 -> 21.5; as fast
+    # or faster on all 4 shapes measured)
+    deepest = 512 if n > GEMV_WIDE_N else 1024
+    cfg = TileConfig(1, 8, min(deepest, max(32, triton.next_power_of_2(k))), num_warps=2, num_stages=1, path="gemv")
     return gemv_split_k(m, n, k, cfg, sms)
 
 
 def gemv_split_k(m: int, n: int, k: int, cfg: TileConfig, sms: int) -> TileConfig:
-    """``cfg`` with its K split: the smallest power of two giving ``GEMV_MIN_PROGRAMS_PER_SM`` programs per
-    SM (at most ``GEMV_MAX_SPLIT``, never more splits than K tiles). On layers too small for that the K
-    tile is halved first, down to ``GEMV_MIN_SPLIT_K_TILE``, so that there are K tiles to split."""
+    """``cfg`` with its K split: the smallest power of two giving ``GEMV_MIN_PROGRAMS_PER_SM`` programs per SM (at most
+    ``GEMV_MAX_SPLIT``, never more splits than K tiles). On layers too small for that the K tile is halved
+    first, down to ``GEMV_MIN_SPLIT_K_TILE``, so that there are K tiles to split."""
     programs = m * triton.cdiv(n, cfg.block_n)
     wanted = GEMV_MIN_PROGRAMS_PER_SM * sms
     block_k = cfg.block_k

@@ -9,8 +9,9 @@ Math (the contract of ``compress_kernels.reference.w8a16_matmul_ref``), with ``x
 
 K must be a multiple of 8 (of 128 with group scales); any M (M = 0 gives an empty output) and any N.
 Which kernel runs is decided by :func:`compress_kernels.w8a16.dispatch.pick` from the shapes alone
-(remembered per shape: ``cached_pick``): the one-row CUDA-core kernel (:mod:`~compress_kernels.w8a16.gemv`)
-or the tensor-core tiles (:mod:`~compress_kernels.w8a16.tiled`). ``w8a16_matmul`` validates and calls
+(remembered per shape: ``cached_pick``): the one-row CUDA-core kernel (:mod:`~compress_kernels.w8a16.gemv`),
+the tensor-core tiles (:mod:`~compress_kernels.w8a16.tiled`), or at large M the weight dequantized once for
+cuBLAS (:mod:`~compress_kernels.w8a16.dequant`). ``w8a16_matmul`` validates and calls
 the custom op ``torch.ops.compress_kernels.w8a16_matmul`` (with a fake implementation, so callers
 compile under ``torch.compile`` and capture in CUDA graphs). ``bind_w8a16_matmul`` validates once and
 returns a call bound to the weights, which in eager mode launches without the custom op
@@ -22,11 +23,13 @@ import torch
 
 from compress_kernels.common.bound import BoundMatmul
 from compress_kernels.common.checks import check_activation, check_bias, check_same_device, check_shape, check_tensor
+from compress_kernels.w8a16.dequant import launch_dequant
 from compress_kernels.w8a16.dispatch import GROUP_SIZE, TileConfig, cached_pick
 from compress_kernels.w8a16.gemv import launch_gemv
 from compress_kernels.w8a16.tiled import launch_tiled
 
-LAUNCHERS = {"gemv": launch_gemv, "tiled": launch_tiled}  # path -> launcher(x2, w_q, w_scale, bias, y, cfg, G)
+# path -> launcher(x2, w_q, w_scale, bias, y, cfg, G)
+LAUNCHERS = {"gemv": launch_gemv, "tiled": launch_tiled, "dequant": launch_dequant}
 K_MULTIPLE = 8  # K a multiple of this: whole 16-byte x vectors and 8-byte weight rows (read as int32 words)
 
 
@@ -65,7 +68,7 @@ def launch(x2, w_q, w_scale, bias=None, config: TileConfig | None = None) -> tor
     if w_q.storage_offset() % 4:  # checked here, not in _validate: torch.compile cannot trace storage_offset
         raise ValueError(f"w_q: expected its data to start at a multiple of 4 bytes (rows are read as int32 "
                          f"words), got storage offset {w_q.storage_offset()}")
-    if grouped and GROUP_SIZE % cfg.block_k:
+    if grouped and (cfg.path != "dequant" or cfg.block_k) and (cfg.block_k <= 0 or GROUP_SIZE % cfg.block_k):
         raise ValueError(f"config.block_k: with group scales a K tile stays inside one group of {GROUP_SIZE} "
                          f"(a power of two dividing it), got block_k={cfg.block_k}")
     bias = bias.contiguous() if bias is not None else None

@@ -14,6 +14,12 @@ computes the same product another way (said per anchor below).
   absmax only matters for an all-zero row (its xq is 0, so its y is 0, as in our kernels' contract);
   it is the floor the committed kernel-benchmark figures (benchmarks/results/kernels-*.json) were
   measured with. CPU: ``torch._int_mm``'s CPU kernel, the same code.
+* **Block-scaled W8A8 with ``torch._int_mm``** (the same pipeline in PyTorch ops, block by block): x is
+  quantized per token and 128 channels, ``s_x[m, kb] = max(max_{k in kb} |x[m, k]|, 1e-8) / 127`` and
+  ``xq = clamp(round(x / s_x), -127, 127)``; then for each 128-deep K block one ``torch._int_mm`` (int32,
+  rows padded to 32 when M <= 16 as above) and ``y += acc * (s_x[:, kb] * w_scale[n // 128, kb])`` in
+  fp32; ``y`` in x's dtype. PyTorch has no int8 GEMM with per-block rescaling, so this is K / 128 int8
+  GEMMs and rescales (it needs K a multiple of 128). CPU: the same ops.
 * **tinygemm int4** (``aten._weight_int4pack_mm``, the kernel torchao's int4 weight-only path uses):
   group-wise int4 weights ``q`` (N, K) in [-8, 7] with scales (N, K/G). tinygemm stores
   ``u = q + 8`` in [0, 15] and dequantizes ``W[n, k] = (u - 8) * scale[g, n] + zero[g, n]`` for
@@ -73,6 +79,36 @@ def int_mm_w8a8(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor) -> to
         xq = F.pad(xq, (0, 0, 0, INT_MM_PADDED_ROWS - m))
     acc = torch._int_mm(xq, w_q.t())[:m]  # (M, N) int32
     return (acc.float() * s_x * w_scale[None, :]).to(x.dtype)
+
+
+# ---- block-scaled W8A8 with torch._int_mm ------------------------------------------------------------
+BLOCK = 128  # channels per activation scale, side of a weight scale block
+
+
+def quantize_blocks_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(M, K) with K a multiple of 128 -> (xq int8 (M, K), s_x float32 (M, K/128)), ``s_x`` floored as above."""
+    m, k = x.shape
+    x32 = x.float().reshape(m, k // BLOCK, BLOCK)
+    s_x = x32.abs().amax(dim=-1).clamp(min=ABSMAX_FLOOR) / 127
+    xq = torch.clamp(torch.round(x32 / s_x[..., None]), -127, 127).to(torch.int8)
+    return xq.reshape(m, k), s_x
+
+
+def int_mm_w8a8_block(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor) -> torch.Tensor:
+    """Block-scaled W8A8 in PyTorch ops: x (M, K) fp16, w_q (N, K) int8, w_scale (ceil(N/128), K/128) float32
+    -> (M, N) in x's dtype, one ``torch._int_mm`` per 128-deep K block (module docstring)."""
+    m, k = x.shape
+    n = w_q.shape[0]
+    xq, s_x = quantize_blocks_int8(x)
+    if m < INT_MM_MIN_ROWS:
+        xq = F.pad(xq, (0, 0, 0, INT_MM_PADDED_ROWS - m))
+    s_w = w_scale.repeat_interleave(BLOCK, dim=0)[:n]  # (N, K/128): each output channel's block scales
+    y = torch.zeros(m, n, dtype=torch.float32, device=x.device)
+    for kb in range(k // BLOCK):
+        cols = slice(kb * BLOCK, (kb + 1) * BLOCK)
+        acc = torch._int_mm(xq[:, cols], w_q[:, cols].t())[:m]  # (M, N) int32
+        y += acc.float() * (s_x[:, kb, None] * s_w[None, :, kb])
+    return y.to(x.dtype)
 
 
 # ---- tinygemm int4 ---------------------------------------------------------------------------------

@@ -13,7 +13,8 @@ in the model's dtype:
 * ``fp16``: cuBLAS fp16 linears; ``fp16-eager`` the same model run without compile or graph.
 * ``w4a16`` / ``w8a8`` / ``w8a16`` (ours): ``compress.convert`` with ``W4A16Config(group_size=128)`` /
   ``W8A8Config()`` (dynamic per-token activations) / ``W8A16Config()`` (int8 weights, one scale per
-  output channel, fp16 activations).
+  output channel, fp16 activations); ``w8a8-block``: ``W8A8BlockConfig()`` (1 x 128 activation and
+  128 x 128 weight scales; Llama's gated MLP has no GELU chain to link).
 * ``dds90`` / ``dds50`` (ours): ``compress.prepare`` with ``BlockSparseConfig(p)``, random 32x32
   block masks pruning exactly ``floor(p * blocks)`` blocks of every matrix (speed only, the masks
   are random), then ``compress.convert`` to ``BSRLinear``; ``dds50-w8a8`` the same 50% masks plus
@@ -209,6 +210,10 @@ def apply_w8a16(model: nn.Module, seed: int) -> None:
     compress.convert(model, compress.W8A16Config())
 
 
+def apply_w8a8_block(model: nn.Module, seed: int) -> None:
+    compress.convert(model, compress.W8A8BlockConfig())
+
+
 @dataclass(frozen=True)
 class Variant:
     dtype: torch.dtype
@@ -222,6 +227,7 @@ VARIANTS = {
     "int4-aten": Variant(torch.bfloat16, True, lambda m, s: swap_decoder_linears(m, TinygemmInt4Linear.from_float)),
     "w8a8": Variant(torch.float16, True, apply_w8a8),
     "w8a16": Variant(torch.float16, True, apply_w8a16),
+    "w8a8-block": Variant(torch.float16, True, apply_w8a8_block),
     "dds90": Variant(torch.float16, True, lambda m, s: apply_random_block_sparsity(m, 0.9, s)),
     "dds50": Variant(torch.float16, True, lambda m, s: apply_random_block_sparsity(m, 0.5, s)),
     "dds50-w8a8": Variant(torch.float16, True, lambda m, s: apply_random_block_sparsity(m, 0.5, s, w8a8=True)),

@@ -6,8 +6,8 @@ launch work, while its kernel runs for a few microseconds. Here each module's fo
 after the last call only, so the figure (wall time / calls) is the host time per call wherever that
 exceeds the kernel's time (every SmolLM2 shape). Shapes default to SmolLM2-135M's (K x N: q/o
 576x576, k/v 576x192, gate/up 576x1536, down 1536x576), random weights; modules are built as
-``compress.convert`` builds them (W4A16 groups of 128, W8A16 per channel, block-sparse at 50% with random
-32x32 blocks).
+``compress.convert`` builds them (W4A16 groups of 128, W8A16 per channel, block-scaled W8A8, block-sparse at
+50% with random 32x32 blocks).
 
 Per module kind two figures: ``forward_us``, the module as models call it (bound kernel calls in
 eager mode, :mod:`compress.nn.modules`), and ``public_launcher_us``, the public
@@ -22,10 +22,10 @@ from typing import Callable
 import torch
 from torch import nn
 
-from compress.configs import W4A16Config, W8A8Config, W8A16Config
+from compress.configs import W4A16Config, W8A8BlockConfig, W8A8Config, W8A16Config
 from compress.core.sparsity import block_mask
 from compress.eval.timing import host_ms, synchronize
-from compress.nn.modules import BSRLinear, BSRW8A8Linear, W4A16Linear, W8A8Linear, W8A16Linear
+from compress.nn.modules import BSRLinear, BSRW8A8Linear, W4A16Linear, W8A8BlockLinear, W8A8Linear, W8A16Linear
 
 SMOLLM2_SHAPES = ((576, 576), (576, 192), (576, 1536), (1536, 576))  # (K, N) of q/o, k/v, gate/up, down
 STATIC_SCALE = 0.02
@@ -42,6 +42,7 @@ MODULES: dict[str, Callable[[nn.Linear], nn.Module]] = {
     "w8a8-static": lambda l: W8A8Linear.from_float(l, W8A8Config("static"), act_scale=torch.tensor(STATIC_SCALE)),
     "w4a16": lambda l: W4A16Linear.from_float(l, W4A16Config(128)),
     "w8a16": lambda l: W8A16Linear.from_float(l, W8A16Config()),
+    "w8a8-block": lambda l: W8A8BlockLinear.from_float(l, W8A8BlockConfig()),
     "dds50": lambda l: BSRLinear.from_float(l, mask=random_mask(l)),
     "dds50-w8a8": lambda l: BSRW8A8Linear.from_float(l, mask=random_mask(l)),
 }
@@ -60,6 +61,8 @@ def public_call(module: nn.Module, x: torch.Tensor) -> Callable[[], torch.Tensor
     if isinstance(module, W8A16Linear):
         xp = nn.functional.pad(x, (0, module.padded_in_features - module.in_features))
         return lambda: kernels.w8a16_matmul(xp, module.w_q, module.w_scale, bias)
+    if isinstance(module, W8A8BlockLinear):
+        return lambda: kernels.w8a8_block_matmul(x, module.w_q, module.w_scale, bias)
     parts = (module.crow_indices, module.col_indices, module.values)
     if isinstance(module, BSRW8A8Linear):
         return lambda: kernels.bsr_w8a8_matmul_parts(x, *parts, module.w_scale, module.out_features, bias,

@@ -3,16 +3,18 @@
 Every op computes ``y = x @ W.T`` for x (M, K) and a weight of N x K, in its own format:
 
 * anchors (:mod:`scripts.bench.anchors`): ``cublas_fp16``; ``torch_int_mm_w8a8`` (torchao's
-  dynamic W8A8); ``tinygemm_int4_g128`` (group 128, bf16 activations); ``torch_weight_int8pack_w8a16``
+  dynamic W8A8); ``torch_int_mm_w8a8_block`` (block-scaled W8A8 in PyTorch ops, one ``torch._int_mm``
+  per 128-deep K block); ``tinygemm_int4_g128`` (group 128, bf16 activations); ``torch_weight_int8pack_w8a16``
   (``torch._weight_int8pack_mm``, int8 weights per channel, timed up to M = 256); ``torch_bsr_{50,75,90}``
   (PyTorch's Triton BSR kernel at 50/75/90% block sparsity).
-* ours (``compress_kernels``): ``ours_w8a8`` (dynamic per-token scales), ``ours_w4a16_g128``,
+* ours (``compress_kernels``): ``ours_w8a8`` (dynamic per-token scales), ``ours_w8a8_block`` (1 x 128
+  activation and 128 x 128 weight scales; compare with ``ours_w8a8``), ``ours_w4a16_g128``,
   ``ours_w8a16`` (int8 weights, one scale per output channel), ``ours_w8a16_g128`` (one per 128 inputs),
   ``ours_dds_{50,75,90}`` (block-sparse fp16) and ``ours_dds_w8a8_{50,90}`` (int8 blocks, per-token
   int8 x: a layer both pruned and W8A8-quantized; compare with ``ours_w8a8``).
 
 Weights are random in each op's format (values do not change the time): fp16 ``N(0, 0.02)``;
-int8 uniform with per-channel (or per-group) scales; packed int4 from uniform words; 32x32 block masks drawn
+int8 uniform with per-channel (or per-group, or per-128 x 128-block) scales; packed int4 from uniform words; 32x32 block masks drawn
 uniformly with exactly ``round(p * blocks)`` blocks absent, the same way for ``torch_bsr_p`` and
 ``ours_dds_p``. One generator per shape, seeded from K and N, makes every op's sets in turn.
 
@@ -56,7 +58,8 @@ BSR_BLOCK = 32
 MAX_SETS = 128
 CHECK_ROWS = 64  # rows of x checked against the fp32 reference (keeps the reference cheap)
 CPU_ROTATE_MB = 0.1
-WEIGHT_KINDS = ("fp16", "int8", "int8_g128", "int8_fp16_scales", "int4", "int4_tinygemm", "bsr", "bsr_int8")
+WEIGHT_KINDS = ("fp16", "int8", "int8_g128", "int8_fp16_scales", "int8_block", "int4", "int4_tinygemm", "bsr",
+                "bsr_int8")
 
 
 # ---- weights -------------------------------------------------------------------------------------
@@ -88,6 +91,10 @@ def make_weight_set(kind, k, n, gen, device, sparsity_pct=None) -> dict:
         groups = (k // GROUP_SIZE,) if kind == "int8_g128" else ()
         w_scale = torch.rand(n, *groups, generator=gen, device=device) * 1e-3 + 1e-4
         return {"w_q": w_q, "w_scale": w_scale.half() if kind == "int8_fp16_scales" else w_scale}
+    if kind == "int8_block":  # (N, K) int8 in [-127, 127], one fp32 scale per 128 x 128 block
+        w_q = torch.randint(-127, 128, (n, k), generator=gen, dtype=torch.int8, device=device)
+        blocks = (-(-n // GROUP_SIZE), -(-k // GROUP_SIZE))
+        return {"w_q": w_q, "w_scale": torch.rand(*blocks, generator=gen, device=device) * 1e-3 + 1e-4}
     if kind == "int4":  # our layout: (K/8, N) int32 words of 8 nibbles, (K/G, N) scales
         qweight = torch.randint(-2**31, 2**31 - 1, (k // 8, n), generator=gen, dtype=torch.int32, device=device)
         scales = (torch.rand(k // GROUP_SIZE, n, generator=gen, device=device) * 1e-2 + 1e-3).to(torch.float16)
@@ -157,6 +164,18 @@ def _w8a8_ref(x, ws):
     return reference.w8a8_matmul_ref(x, ws["w_q"], ws["w_scale"])
 
 
+def _int_mm_block(x, ws):
+    return anchors.int_mm_w8a8_block(x, ws["w_q"], ws["w_scale"])
+
+
+def _ours_w8a8_block(x, ws):
+    return compress_kernels.w8a8_block_matmul(x, ws["w_q"], ws["w_scale"])
+
+
+def _w8a8_block_ref(x, ws):
+    return reference.w8a8_block_matmul_ref(x, ws["w_q"], ws["w_scale"])
+
+
 def _ours_w4a16(x, ws):
     return compress_kernels.w4a16_matmul(x, ws["qweight"], ws["scales"], GROUP_SIZE)
 
@@ -195,6 +214,7 @@ def kernel_specs() -> list[KernelSpec]:
     specs = [
         KernelSpec("cublas_fp16", "fp16", _cublas, _cublas),
         KernelSpec("torch_int_mm_w8a8", "int8", _int_mm, _int_mm),
+        KernelSpec("torch_int_mm_w8a8_block", "int8_block", _int_mm_block, _int_mm_block),
         KernelSpec("tinygemm_int4_g128", "int4_tinygemm", _tinygemm, _tinygemm, x_dtype=torch.bfloat16),
         KernelSpec("torch_weight_int8pack_w8a16", "int8_fp16_scales", _int8pack, _int8pack,
                    max_m=anchors.INT8PACK_MAX_M),
@@ -202,6 +222,7 @@ def kernel_specs() -> list[KernelSpec]:
     specs += [KernelSpec(f"torch_bsr_{p}", "bsr", _torch_bsr, _torch_bsr, sparsity=p) for p in SPARSITIES]
     specs += [
         KernelSpec("ours_w8a8", "int8", _ours_w8a8, _w8a8_ref),
+        KernelSpec("ours_w8a8_block", "int8_block", _ours_w8a8_block, _w8a8_block_ref),
         KernelSpec("ours_w4a16_g128", "int4", _ours_w4a16, _w4a16_ref),
         KernelSpec("ours_w8a16", "int8", _ours_w8a16, _w8a16_ref),
         KernelSpec("ours_w8a16_g128", "int8_g128", _ours_w8a16, _w8a16_ref),

@@ -10,10 +10,17 @@ the report.
 Ratios (``ratio_vs_cublas``) are cuBLAS fp16 ms / op ms on the same shape and M in the same run (>1
 means faster than cuBLAS); ``ours_dds_*`` also get ``ratio_vs_torch_bsr`` (the torch BSR anchor at
 the same sparsity) and ``ours_w8a8`` / ``ours_w4a16_g128`` / ``ours_w8a16`` ``ratio_vs_anchor``
-(``torch._int_mm`` W8A8 / tinygemm int4 / ``torch._weight_int8pack_mm``, measured up to M = 256).
+(``torch._int_mm`` W8A8 / tinygemm int4 / ``torch._weight_int8pack_mm``, measured up to M = 256), and
+``ours_w8a8_block`` ``ratio_vs_anchor`` (its ``torch._int_mm`` pipeline, one GEMM per K block) and
+``ratio_vs_w8a8`` (our per-channel W8A8, ``ours_w8a8``: the cost of the finer scales).
 Targets: the minimal ratios below, per M range and shapes; a target is met when every measured cell
 meets it, and the report keeps the worst cell. W8A16 reads half of fp16's weight bytes, so at small M
 it can be at most 2x faster than cuBLAS fp16; at large M both are tensor-core bound.
+
+Block-scaled W8A8 alone (cuBLAS fp16, our per-channel W8A8, the ``torch._int_mm`` pipeline and ours)::
+
+    python -m scripts.bench.kernels --kernels 'ours_w8a8,ours_w8a8_block,torch_int_mm_w8a8*' \
+        --out benchmarks/results/kernels-w8a8-block-h100.json
 
 The W8A16 comparison alone (cuBLAS fp16, PyTorch's int8 weight-only op and ours, per channel and
 per group of 128), in one run::
@@ -60,10 +67,14 @@ QUANT_TARGETS = [
     ("ours_w8a16", "W8A16", (1, 1), ((4096, 4096),) + BIG_LLM_SHAPES, 1.8),  # issue #27's targets
     ("ours_w8a16", "W8A16", (16, 16), ((4096, 4096),) + BIG_LLM_SHAPES, 1.6),
     ("ours_w8a16", "W8A16", (2048, None), None, 0.95),
+    ("ours_w8a8_block", "W8A8 block-scaled", (1, 16), ((4096, 4096),) + BIG_LLM_SHAPES, 1.5),  # issue #25's targets
+    ("ours_w8a8_block", "W8A8 block-scaled", (2048, None), None, 1.5),
 ]
+# ours vs another of ours at the same shape and M: (kernel, peer, label, M range, minimal ratio peer ms / kernel ms)
+PEER_TARGETS = [("ours_w8a8_block", "ours_w8a8", "W8A8 block-scaled vs our per-channel W8A8", (2048, None), 0.9)]
 # ours vs the matching PyTorch anchor at every shape and M
 ANCHOR_OF = {"ours_w4a16_g128": "tinygemm_int4_g128", "ours_w8a8": "torch_int_mm_w8a8",
-             "ours_w8a16": "torch_weight_int8pack_w8a16"}
+             "ours_w8a16": "torch_weight_int8pack_w8a16", "ours_w8a8_block": "torch_int_mm_w8a8_block"}
 
 
 def add_ratios(results) -> None:
@@ -83,6 +94,9 @@ def add_ratios(results) -> None:
             anchor = by_key.get((ANCHOR_OF[r["kernel"]], r["K"], r["N"], r["M"]))
             if anchor is not None:
                 r["ratio_vs_anchor"] = anchor["ms"] / r["ms"]
+        for kernel, peer, *_ in PEER_TARGETS:
+            if r["kernel"] == kernel and (other := by_key.get((peer, r["K"], r["N"], r["M"]))) is not None:
+                r[f"ratio_vs_{peer.removeprefix('ours_')}"] = other["ms"] / r["ms"]
 
 
 # ---- targets and reports -----------------------------------------------------------------------
@@ -99,6 +113,10 @@ def evaluate_targets(results) -> list[dict]:
         where = "every shape" if shapes is None else ", ".join(f"{k}x{n}" for k, n in shapes)
         out.append(_target_row(f"{label} vs cuBLAS fp16, {_m_label(lo, hi)} ({where})", f">= {need}x", cells,
                                "ratio_vs_cublas", need))
+    for kernel, peer, label, (lo, hi), need in PEER_TARGETS:
+        key = f"ratio_vs_{peer.removeprefix('ours_')}"
+        cells = [r for r in results if r["kernel"] == kernel and key in r and r["M"] >= lo and (hi is None or r["M"] <= hi)]
+        out.append(_target_row(f"{label}, {_m_label(lo, hi)} (every shape)", f">= {need}x", cells, key, need))
     for kernel, anchor in ANCHOR_OF.items():
         cells = [r for r in results if r["kernel"] == kernel and "ratio_vs_anchor" in r]
         out.append(_target_row(f"{kernel} vs {anchor}, every shape and M", "> 1x", cells, "ratio_vs_anchor",

@@ -164,7 +164,8 @@ KERNELS_INTRO = ("y = x @ W.T for x (M, K) and a weight of N x K, every kernel o
                  "per GPU; `triton.testing.do_bench` medians with L2 flushed, weights rotated so none stays cached. "
                  "Kernels: `ours_w8a8` (dynamic per-token activations, quantization included), `ours_w4a16_g128` "
                  "(group 128), `ours_w8a16` / `ours_w8a16_g128` (int8 weights per channel / per 128 inputs, fp16 "
-                 "activations; in the runs that time them), `ours_dds_p` (p% of the 32x32 blocks absent, uniformly "
+                 "activations; in the runs that time them), `ours_w8a8_block` (int8 with 1 x 128 activation and "
+                 "128 x 128 weight scales, quantization included; in the runs that time them), `ours_dds_p` (p% of the 32x32 blocks absent, uniformly "
                  "random masks), `ours_dds_w8a8_p` (int8 blocks x int8 tokens).")
 
 
@@ -361,6 +362,7 @@ SUMMARY_KERNELS = (("ours_w8a8", "W8A8 (dynamic per-token activations, quantizat
                    ("ours_w4a16_g128", "W4A16 (G = 128)"),
                    ("ours_w8a16", "W8A16 (one scale per output channel)"),
                    ("ours_w8a16_g128", "W8A16 (G = 128)"),
+                   ("ours_w8a8_block", "W8A8 block-scaled (1 x 128 activations, 128 x 128 weights)"),
                    ("ours_dds_50", "DDS, 50% of the blocks absent"), ("ours_dds_90", "DDS, 90% of the blocks absent"),
                    ("ours_dds_w8a8_50", "DDS + W8A8, 50% absent"), ("ours_dds_w8a8_90", "DDS + W8A8, 90% absent"))
 

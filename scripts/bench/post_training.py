@@ -2,7 +2,8 @@
 
 Each variant is ``compress.convert(copy of the model, config, calibration_data=batches)`` on every
 linear layer the default plan targets (``lm_head`` and embeddings stay dense), with
-``algorithm="rtn"`` and ``algorithm="gptq"``: W8A8 (dynamic per-token activations) and W4A16 at each
+``algorithm="rtn"`` and ``algorithm="gptq"``: W8A8 (dynamic per-token activations), W8A16 (one scale per
+output channel) and W4A16 at each
 ``--group-sizes`` (GPTQ with activation order, its default, and also without it at the largest). Calibration: the first
 ``--calibration-batches`` training batches of the data module (for the default WikiText-2, the first
 90% of ``valid.txt``); perplexity: its validation blocks (the held-back 10%), the numbers
@@ -28,7 +29,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import compress
-from compress.configs import W4A16Config, W8A8Config
+from compress.configs import W4A16Config, W8A8Config, W8A16Config
 from compress.eval.evaluate import cast_for_inference, environment, evaluate_metrics
 from compress.lightning.data import LanguageModelingData
 from compress.lightning.tasks import build_model
@@ -36,7 +37,8 @@ from compress.lightning.tasks import build_model
 
 def variants(group_sizes: list[int]) -> dict[str, object]:
     """{name: config} of every compressed variant, round-to-nearest and GPTQ side by side."""
-    found = {"w8a8-rtn": W8A8Config(), "w8a8-gptq": W8A8Config(algorithm="gptq")}
+    found = {"w8a8-rtn": W8A8Config(), "w8a8-gptq": W8A8Config(algorithm="gptq"),
+             "w8a16-rtn": W8A16Config(), "w8a16-gptq": W8A16Config(algorithm="gptq")}
     for size in group_sizes:
         found[f"w4a16-g{size}-rtn"] = W4A16Config(group_size=size)
         found[f"w4a16-g{size}-gptq"] = W4A16Config(group_size=size, algorithm="gptq")
@@ -77,7 +79,9 @@ def run(args) -> dict:
     base = build_model(AutoModelForCausalLM, args.model, None, "float32").eval()
     dense = perplexity(copy.deepcopy(base), data, device, dtype)
     results = {}
-    for name, config in variants(args.group_sizes).items():
+    chosen = {name: config for name, config in variants(args.group_sizes).items()
+              if not args.only or name.startswith(tuple(args.only))}
+    for name, config in chosen.items():
         start = time.perf_counter()
         model = compress.convert(copy.deepcopy(base).to(device), config, calibration_data=batches)
         convert_s = time.perf_counter() - start
@@ -101,6 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--block-size", type=int, default=1024)
     parser.add_argument("--max-eval-blocks", type=int, default=None)
+    parser.add_argument("--only", type=lambda s: [v for v in s.split(",") if v], default=None,
+                        help="run only the variants whose names start with one of these (e.g. w8a16,w8a8-gptq)")
     parser.add_argument("--out", type=Path, default=None, help="write the JSON results here")
     args = parser.parse_args(argv)
     result = run(args)

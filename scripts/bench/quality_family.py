@@ -18,6 +18,10 @@ better) and in points for an accuracy.
 own (``compress run``: its report holds the run's float weights and the compressed model). That
 run counts for the metric (its note: ``--rerun-note``); the joint report's run of the variant then
 counts only for speed (note: ``--speed-note``), since the same layers run the same kernels.
+
+``--add variant=REPORT``: a variant the joint report does not hold (a recipe added after it), run on
+its own (``compress run``: the report's baseline is that run's float model); it counts for the metric
+only, as a rerun does (its latencies, against that report's baseline, are kept; note: ``--add-note``).
 """
 from __future__ import annotations
 
@@ -56,9 +60,6 @@ def family(report_path: Path, recipe_prefix: str, commit: str, targets: dict[str
     if base.name != "dense":
         raise ValueError(f"{report_path}: expected the dense model first (named 'dense'), got {base.name!r}")
     metric = base.primary_metric
-    unknown = sorted(set(targets) - {m.name for m in report.models})
-    if unknown:
-        raise ValueError(f"--targets: {unknown} are not models of {report_path} ({[m.name for m in report.models]})")
     dense_ms = {str(p.batch_size): round(p.latency_ms, 4) for p in base.latency}
     runs = []
     for model in report.models:
@@ -78,6 +79,44 @@ def family(report_path: Path, recipe_prefix: str, commit: str, targets: dict[str
             "target_unit": "points" if base.higher_is_better else "percent", "runs": runs}
 
 
+def check_targets(data: dict) -> None:
+    """Every target names a variant with a run."""
+    variants = {r["variant"] for r in data["runs"]}
+    unknown = sorted(set(data["targets"]) - variants)
+    if unknown:
+        raise ValueError(f"--targets: {unknown} have no run (variants: {sorted(variants)})")
+
+
+def own_run(variant: str, path: Path, metric: str, facts: dict) -> dict:
+    """The run of ``variant``'s compressed model in the report ``path`` (one besides its baseline), with
+    ``facts`` (recipe, seed, steps, counts_for, source, note) and the report's own baseline latencies."""
+    report = read_json(path)
+    compressed = [m for m in report.models if m is not report.baseline]
+    if len(compressed) != 1:
+        raise ValueError(f"{variant}: expected {path} to hold one compressed model besides the baseline, got "
+                         f"{[m.name for m in compressed]}")
+    model = compressed[0]
+    return {"variant": variant, **{k: facts[k] for k in ("recipe", "seed", "steps")}, metric: model.metrics[metric],
+            "latency_ms": {str(p.batch_size): round(p.latency_ms, 4) for p in model.latency},
+            "dense_latency_ms": {str(p.batch_size): round(p.latency_ms, 4) for p in report.baseline.latency},
+            "linear_weight_bytes": model.linear_weight_bytes, "counts_for": facts["counts_for"],
+            "source": {**facts["source"], "report": str(path), "model": model.source or model.name},
+            "note": facts["note"]}
+
+
+def apply_adds(data: dict, adds: dict[str, Path], recipe_prefix: str, commit: str, note: str) -> None:
+    """Append each added variant's run (module docstring), in place."""
+    known = {r["variant"] for r in data["runs"]}
+    for variant, path in adds.items():
+        if variant in known:
+            raise ValueError(f"--add {variant}: the joint report already holds it (use --rerun)")
+        recipe = Path(f"{recipe_prefix}{variant}.yaml")
+        seed, steps = recipe_facts(recipe)
+        data["runs"].append(own_run(variant, path, data["metric"], {
+            "recipe": str(recipe), "seed": seed, "steps": steps, "counts_for": ["metric"],
+            "source": {"commit": commit}, "note": note}))
+
+
 def apply_reruns(data: dict, reruns: dict[str, Path], commit: str, rerun_note: str, speed_note: str) -> None:
     """Add each rerun's compressed model as the variant's metric run (module docstring), in place."""
     metric = data["metric"]
@@ -85,21 +124,23 @@ def apply_reruns(data: dict, reruns: dict[str, Path], commit: str, rerun_note: s
         joint = [r for r in data["runs"] if r["variant"] == variant]
         if len(joint) != 1:
             raise ValueError(f"--rerun {variant}: expected one run of it in the joint report, found {len(joint)}")
-        report = read_json(path)
-        compressed = [m for m in report.models if m is not report.baseline]
-        if len(compressed) != 1:
-            raise ValueError(f"--rerun {variant}: expected {path} to hold one compressed model besides the "
-                             f"baseline, got {[m.name for m in compressed]}")
-        model, first = compressed[0], joint[0]
+        first = joint[0]
+        run = own_run(variant, path, metric, {**{k: first[k] for k in ("recipe", "seed", "steps")},
+                                              "counts_for": ["metric"], "source": {"commit": commit},
+                                              "note": rerun_note})
         first["counts_for"], first["note"] = ["speed"], speed_note
-        data["runs"].append({
-            **{k: first[k] for k in ("variant", "recipe", "seed", "steps")}, metric: model.metrics[metric],
-            "latency_ms": {str(p.batch_size): round(p.latency_ms, 4) for p in model.latency},
-            "dense_latency_ms": {str(p.batch_size): round(p.latency_ms, 4) for p in report.baseline.latency},
-            "linear_weight_bytes": model.linear_weight_bytes, "counts_for": ["metric"],
-            "source": {"commit": commit, "report": str(path), "model": model.source or model.name},
-            "note": rerun_note,
-        })
+        data["runs"].append(run)
+
+
+def parse_reports(option: str, items: list[str]) -> dict[str, Path]:
+    """``["variant=report.json", ...]`` -> {variant: Path}."""
+    found = {}
+    for item in items:
+        variant, sep, path = item.partition("=")
+        if not sep or not variant or not path:
+            raise ValueError(f"{option}: expected variant=report.json, got {item!r}")
+        found[variant] = Path(path)
+    return found
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -114,19 +155,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rerun-commit", default=None, help="the commit the reruns measured")
     parser.add_argument("--rerun-note", default="", help="the note on each rerun")
     parser.add_argument("--speed-note", default="", help="the note on a rerun variant's joint-report run")
+    parser.add_argument("--add", nargs="*", default=[], help="variant=report.json of a variant the joint report lacks")
+    parser.add_argument("--add-commit", default=None, help="the commit the added runs measured")
+    parser.add_argument("--add-note", default="", help="the note on each added run")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     data = family(args.report, args.recipe_prefix, args.commit, parse_targets(args.targets), args.family,
                   args.description)
-    reruns = {}
-    for item in args.rerun:
-        variant, sep, path = item.partition("=")
-        if not sep or not variant or not path:
-            raise ValueError(f"--rerun: expected variant=report.json, got {item!r}")
-        reruns[variant] = Path(path)
+    reruns, adds = parse_reports("--rerun", args.rerun), parse_reports("--add", args.add)
     if reruns and not (args.rerun_commit and args.rerun_note and args.speed_note):
         raise ValueError("--rerun needs --rerun-commit, --rerun-note and --speed-note")
+    if adds and not (args.add_commit and args.add_note):
+        raise ValueError("--add needs --add-commit and --add-note")
     apply_reruns(data, reruns, args.rerun_commit, args.rerun_note, args.speed_note)
+    apply_adds(data, adds, args.recipe_prefix, args.add_commit, args.add_note)
+    check_targets(data)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(data, indent=2) + "\n")
     print(f"wrote {args.out}: {len(data['runs'])} runs")

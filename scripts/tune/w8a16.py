@@ -16,20 +16,39 @@ import argparse
 import torch
 
 from compress_kernels.reference import W8A16_GROUP_SIZE, w8a16_matmul_ref
-from compress_kernels.w8a16.dispatch import pick
+from compress_kernels.common.device import sm_count
+from compress_kernels.w8a16.dispatch import LARGE_M, TileConfig, gemv_split_k, pick
 from compress_kernels.w8a16.op import launch
 from scripts.tune import sweep
 
 TOL = {torch.float16: 2e-3, torch.bfloat16: 1e-2}  # grouped tiles round the dequantized weight to x's dtype
 
 
-def candidates(cfg) -> list:
-    """The pick and its neighbours on the same path (with groups, a K tile stays inside one group)."""
+def candidates(cfg, m: int, n: int, k: int, grouped: bool, device) -> list:
+    """The pick and its neighbours on the same path (with groups, a K tile stays inside one group), plus
+    the neighbouring paths: for the one-row kernel, wider tiles with the K split the table would give
+    them (at most the per-channel pick's 8 KiB of weights per step); from ``LARGE_M`` rows, the tiles and
+    the dequantize + cuBLAS path against each other."""
+    if cfg.path == "dequant":  # the dequantize pass's tile (0: its defaults) and warps, and the tiles
+        tiles = [cfg._replace(block_n=64, block_k=128), cfg._replace(block_n=64, block_k=128, num_warps=8)]
+        if not grouped:
+            tiles.append(cfg._replace(block_n=16, block_k=512))
+        return [cfg, *tiles, TileConfig(128, 128, 64, num_warps=8, num_stages=4)]
     steps = {"block_n": sweep.halve_double(4 if cfg.path == "gemv" else 16, 256), "split_k": sweep.halve_double(1, 32),
              "num_warps": sweep.halve_double(1, 8)}
     if cfg.path == "tiled":
         steps.update(num_stages=sweep.stages, block_m=sweep.halve_double(16, 256))
-    return [cfg, *sweep.neighbours(cfg, steps)]
+    out = [cfg, *sweep.neighbours(cfg, steps)]
+    if cfg.path == "gemv":
+        sms = sm_count(device)
+        for block_n in (16, 32, 64):  # at most 8 KiB of weights per step, as the per-channel pick
+            block_k = min(cfg.block_k, 8192 // block_n)
+            wider = gemv_split_k(m, n, k, cfg._replace(block_n=block_n, block_k=block_k, split_k=1), sms)
+            if wider not in out:
+                out.append(wider)
+    if cfg.path == "tiled" and m >= LARGE_M:
+        out.append(TileConfig(0, 0, 0, path="dequant"))
+    return out
 
 
 def weight_sets(k: int, n: int, m: int, grouped: bool, dtype, device, args) -> tuple[list, list]:
@@ -56,7 +75,7 @@ def sweep_case(k: int, n: int, m: int, args, device) -> list[dict]:
     sets, fp16 = weight_sets(k, n, m, grouped, dtype, device, args)
     picked = pick(m, n, k, grouped, device)
     case = {"op": "w8a16", "K": k, "N": n, "M": m, "dtype": args.dtype, "group": args.group or "channel"}
-    return sweep.time_case(case, candidates(picked), picked, sets, lambda cfg, s: launch(*s, config=cfg),
+    return sweep.time_case(case, candidates(picked, m, n, k, grouped, device), picked, sets, lambda cfg, s: launch(*s, config=cfg),
                            lambda s: w8a16_matmul_ref(*s), TOL[dtype], fp16, args)
 
 

@@ -1,7 +1,7 @@
 """Every scheme on tiny random models of many ``transformers`` architectures, through the five stages.
 
-For each architecture x scheme (W8A8, W4A16 with groups of 32, W8A16 per channel, 50% of 32x32 blocks,
-50% blocks + W8A8):
+For each architecture x scheme (W8A8, W4A16 with groups of 32, W8A16 per channel, block-scaled W8A8 (not on
+MoE experts, which refuse it), 50% of 32x32 blocks, 50% blocks + W8A8):
 
 1. ``compress.prepare`` with the scheme on every eligible layer (default exclusions: embeddings, heads,
    ``lm_head``, weights tied to an embedding); the prepared model computes what the original did;
@@ -28,10 +28,10 @@ import torch
 from torch import nn
 
 import compress
-from compress import BlockSparseConfig, W4A16Config, W8A8Config, W8A16Config
+from compress import BlockSparseConfig, W4A16Config, W8A8BlockConfig, W8A8Config, W8A16Config
 from compress.nn.conv1d import is_conv1d, is_linear_or_conv1d
 from compress.nn.experts import CompressedExperts, QuantizedExperts
-from compress.nn.modules import BSRLinear, BSRW8A8Linear, W4A16Linear, W8A8Linear, W8A16Linear
+from compress.nn.modules import BSRLinear, BSRW8A8Linear, W4A16Linear, W8A8BlockLinear, W8A8Linear, W8A16Linear
 from compress.nn.qat import compressed_layers
 from compress.plan import prune_one_shot, tied_to_embeddings
 
@@ -125,6 +125,7 @@ SCHEMES = {
     "w8a8": (W8A8Config(), (W8A8Linear,)),
     "w4a16-g32": (W4A16Config(32), (W4A16Linear,)),
     "w8a16": (W8A16Config(), (W8A16Linear,)),
+    "w8a8-block": (W8A8BlockConfig(), (W8A8BlockLinear,)),
     "blocks50": (BlockSparseConfig(0.5), (BSRLinear,)),
     "blocks50-w8a8": ([BlockSparseConfig(0.5), W8A8Config()], (BSRW8A8Linear,)),
 }
@@ -161,6 +162,8 @@ def _generate(model: nn.Module, inputs: dict, key: str) -> torch.Tensor:
 @pytest.mark.parametrize("name", ARCHITECTURES)
 def test_prepare_train_convert_save_load_generate(name, scheme, tmp_path):
     arch, (plan, inference_types) = ARCHITECTURES[name], SCHEMES[scheme]
+    if arch.moe and scheme == "w8a8-block":
+        pytest.skip("experts blocks refuse block-scaled W8A8 (left dense, tests/compress/nn/test_experts.py)")
     torch.manual_seed(0)
     model = arch.build().eval()
     inputs = arch.inputs()

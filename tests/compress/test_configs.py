@@ -3,7 +3,7 @@ import dataclasses
 
 import pytest
 
-from compress.configs import BlockSparseConfig, W4A16Config, W8A8Config, W8A16Config, config_from_dict
+from compress.configs import BlockSparseConfig, W4A16Config, W8A8BlockConfig, W8A8Config, W8A16Config, config_from_dict
 
 
 @pytest.mark.parametrize("config", [W8A8Config(), W8A8Config(activation="static", observer="percentile"),
@@ -14,7 +14,8 @@ from compress.configs import BlockSparseConfig, W4A16Config, W8A8Config, W8A16Co
                                     W4A16Config(None, algorithm="gptq", gptq_act_order=True, gptq_block=64),
                                     W8A8Config(algorithm="gptq", gptq_damping=0.1, smoothquant_alpha=0.5),
                                     W8A16Config(), W8A16Config(128, learnable_scale=True),
-                                    W8A16Config(algorithm="gptq", gptq_act_order=False)])
+                                    W8A16Config(algorithm="gptq", gptq_act_order=False),
+                                    W8A8BlockConfig(), W8A8BlockConfig(learnable_scale=True)])
 def test_dict_round_trip(config):
     assert config_from_dict(config.to_dict()) == config
 
@@ -49,6 +50,8 @@ def test_configs_are_frozen():
     (lambda: W4A16Config(algorithm="gptq", gptq_block=0), "positive int"),
     (lambda: W4A16Config(gptq_act_order=True), "only used with algorithm='gptq'"),
     (lambda: W8A8Config(gptq_damping=0.1), "only used with algorithm='gptq'"),
+    (lambda: W8A8BlockConfig(block=64), "(128,)"),
+    (lambda: W8A8BlockConfig(algorithm="gptq"), "('rtn',)"),
 ])
 def test_bad_values_list_what_is_allowed(make, fragment):
     with pytest.raises(ValueError) as error:
@@ -60,7 +63,8 @@ def test_bad_values_list_what_is_allowed(make, fragment):
                                   lambda: W8A8Config(learnable_scale=1), lambda: BlockSparseConfig(block=True),
                                   lambda: W4A16Config(algorithm="gptq", gptq_act_order="yes"),
                                   lambda: W8A8Config(algorithm="gptq", gptq_block=128.0),
-                                  lambda: W8A16Config(group_size=128.0), lambda: W8A16Config(learnable_scale="no")])
+                                  lambda: W8A16Config(group_size=128.0), lambda: W8A16Config(learnable_scale="no"),
+                                  lambda: W8A8BlockConfig(block=128.0), lambda: W8A8BlockConfig(learnable_scale=0)])
 def test_bad_types_raise_type_error(make):
     with pytest.raises(TypeError):
         make()
@@ -74,3 +78,10 @@ def test_config_from_dict_rejects_unknown_type():
 def test_group_size_for_per_channel():
     assert W4A16Config(group_size=None).group_size_for(96) == 96
     assert W4A16Config(group_size=32).group_size_for(96) == 32
+
+
+def test_block_config_is_a_quantization_config_without_gptq():
+    from compress.configs import QUANT_CONFIGS, is_config
+
+    assert W8A8BlockConfig in QUANT_CONFIGS and is_config(W8A8BlockConfig())
+    assert W8A8BlockConfig().gptq is False and W8A8BlockConfig().block == 128

@@ -7,8 +7,8 @@ import torch
 from torch import nn
 
 import compress
-from compress import BlockSparseConfig, Plan, W4A16Config, W8A8Config, W8A16Config
-from compress.nn.modules import BSRLinear, BSRW8A8Linear, W4A16Linear, W8A8Linear, W8A16Linear
+from compress import BlockSparseConfig, Plan, W4A16Config, W8A8BlockConfig, W8A8Config, W8A16Config
+from compress.nn.modules import BSRLinear, BSRW8A8Linear, W4A16Linear, W8A8BlockLinear, W8A8Linear, W8A16Linear
 from compress.nn.qat import CompressedLinear
 import compress.calibration as calibration_module
 import compress.plan as plan_module
@@ -166,6 +166,9 @@ def _prepared_and_trained(plan, static=False):
     (W8A16Config(learnable_scale=True), W8A16Linear),
     (W8A16Config(128, learnable_scale=True), W8A16Linear),
     ([BlockSparseConfig(0.5), W8A16Config()], W8A16Linear),
+    (W8A8BlockConfig(), W8A8BlockLinear),  # K = 64 and 96: one partial 128-channel block
+    (W8A8BlockConfig(learnable_scale=True), W8A8BlockLinear),
+    ([BlockSparseConfig(0.5), W8A8BlockConfig()], W8A8BlockLinear),
 ])
 def test_prepare_convert_agreement(plan, module_type):
     model = _prepared_and_trained(plan)
@@ -258,7 +261,7 @@ def test_bsr_shape_not_multiple_of_32_is_left_dense_with_a_logged_reason(caplog)
 
 
 @pytest.mark.parametrize("plan", [W8A8Config(), W4A16Config(32), [BlockSparseConfig(0.5), W8A8Config()],
-                                  BlockSparseConfig(0.5), W8A16Config(), W8A16Config(128)])
+                                  BlockSparseConfig(0.5), W8A16Config(), W8A16Config(128), W8A8BlockConfig()])
 def test_prepare_convert_agreement_in_fp16(plan):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 96), nn.ReLU(), nn.Linear(96, 64))

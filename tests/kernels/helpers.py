@@ -17,6 +17,11 @@ W4A16_TOL = {torch.float16: 2e-3, torch.bfloat16: 1e-2}
 # ... and of W8A8, whose paths compute the reference's integers exactly: only the fp32 rounding order of
 # the epilogue and the output cast differ (the interpreter truncates to bf16: one bf16 ulp = 2^-8)
 W8A8_TOL = {torch.float16: 1e-3, torch.bfloat16: 1e-2}
+# ... and of block-scaled W8A8: the reference's integers and, unsplit, its fp32 sums in its order (bit for bit in
+# the interpreter on fp16); split-K sums in another order, the GPU contracts multiply-adds, and the interpreter
+# truncates fp32 -> bf16 (one bf16 ulp = 2^-8)
+W8A8_BLOCK_TOL = {torch.float16: 1e-3, torch.bfloat16: 1e-2}
+BLOCK_EXACT = DEVICE == "cpu"  # the interpreter adds the rescaled K blocks as the reference does (no FMA contraction)
 # ... and of W8A16: exact integer operands and fp32 accumulation, except where grouped scales dequantize the
 # weight tile to x's dtype before the tensor-core product (as W4A16's paths do), and the output cast
 W8A16_TOL = {torch.float16: 2e-3, torch.bfloat16: 1e-2}
@@ -51,6 +56,14 @@ def random_int8_weight(n: int, k: int, device="cpu"):
     w_q = torch.randint(-127, 128, (n, k), dtype=torch.int8, device=device)
     w_scale = torch.rand(n, device=device) * 0.01 + 0.001
     return w_q, w_scale
+
+
+def random_block_weight(n: int, k: int, device="cpu", seed: int = 0):
+    """Random block-scaled int8 weight: (w_q (N, K) int8 in [-127, 127], w_scale (ceil(N/128), ceil(K/128)) fp32)."""
+    gen = torch.Generator().manual_seed(seed)
+    w_q = torch.randint(-127, 128, (n, k), generator=gen, dtype=torch.int8)
+    w_scale = torch.rand(-(-n // 128), -(-k // 128), generator=gen) * 1e-2 + 1e-3
+    return w_q.to(device), w_scale.to(device)
 
 
 def random_w8a16_weight(n: int, k: int, grouped: bool, scale_dtype=torch.float32, device="cpu"):

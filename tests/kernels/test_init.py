@@ -7,7 +7,9 @@ import compress_kernels
 REFERENCE_NAMES = ("bsr_matmul_ref", "bsr_to_dense_ref", "bsr_w8a8_matmul_quantized_ref", "bsr_w8a8_matmul_ref",
                    "quantize_per_token", "rms_norm_ref", "safe_scale", "unpack_int4", "w4a16_matmul_ref",
                    "w8a8_matmul_quantized_ref", "w8a8_matmul_ref", "dequantize_int8", "w8a16_matmul_ref",
-                   "W8A16_GROUP_SIZE", "BSR_BLOCK")
+                   "W8A16_GROUP_SIZE", "BSR_BLOCK", "SCALE_BLOCK", "quantize_act_blocks_ref", "dequantize_act_blocks",
+                   "quantize_weight_blocks_ref", "dequantize_weight_blocks", "w8a8_block_matmul_ref",
+                   "w8a8_block_matmul_quantized_ref", "gelu_int8_blocks_ref")
 
 
 def test_public_names():
@@ -15,7 +17,9 @@ def test_public_names():
         assert getattr(compress_kernels, name) is not None, name
     for name in ("w8a8_matmul", "w8a8_matmul_quantized", "w4a16_matmul", "w8a16_matmul", "bind_w8a16_matmul",
                  "bsr_matmul", "bsr_matmul_parts", "bsr_w8a8_matmul_parts", "bsr_w8a8_matmul_quantized",
-                 "layer_norm_quantize", "rms_norm_quantize", "gelu_quantize", "interpreting"):
+                 "layer_norm_quantize", "rms_norm_quantize", "gelu_quantize", "interpreting", "w8a8_block_matmul",
+                 "bind_w8a8_block_matmul", "bind_w8a8_block_matmul_int8", "bind_w8a8_block_matmul_quantized",
+                 "quantize_act_blocks", "quantize_weight_blocks", "gelu_int8_blocks"):
         assert callable(getattr(compress_kernels, name)), name
     assert compress_kernels.TRITON_AVAILABLE and compress_kernels.NORM_QUANT_MAX_ROW == 16384
     for name in REFERENCE_NAMES:

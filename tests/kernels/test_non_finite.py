@@ -1,7 +1,8 @@
 """NaN and Inf in the activations: every op gives the reference's answer, a NaN output row.
 
 The contract (compress_kernels/reference.py): a row of ``x`` holding a NaN or an Inf gets a NaN
-per-token scale, so W8A8 (dense and block-sparse, dynamic or static scale) writes a NaN output row,
+per-token scale (block-scaled W8A8: a NaN scale for that row's block), so W8A8 (dense and block-sparse,
+dynamic or static scale, block-scaled) writes a NaN output row,
 and the norm / GELU quantize ops store a NaN scale for it. The float ops (W4A16, W8A16, DDS) propagate
 NaN by their arithmetic. Every other row is untouched. Triton's ``max`` skips NaN, so without the kernels'
 explicit check a NaN would come out as finite numbers.
@@ -23,8 +24,11 @@ from compress_kernels.w8a8.dispatch import TileConfig
 from compress_kernels.w8a8.op import launch, w8a8_matmul
 from compress_kernels.w8a16.dispatch import TileConfig as W8A16Config
 from compress_kernels.w8a16.op import launch as w8a16_launch
-from tests.kernels.helpers import (DEVICE, block_sparse_dense, random_int4_weight, random_int8_weight,
-                                   random_w8a16_weight)
+from compress_kernels.w8a8_block.dispatch import TileConfig as BlockConfig
+from compress_kernels.w8a8_block.op import launch as block_launch
+from compress_kernels.w8a8_block.op_blocks import gelu_int8_blocks
+from tests.kernels.helpers import (DEVICE, block_sparse_dense, random_block_weight, random_int4_weight,
+                                   random_int8_weight, random_w8a16_weight)
 
 pytestmark = [pytest.mark.filterwarnings("ignore::RuntimeWarning")]  # the interpreter's numpy on NaN
 if torch.cuda.is_available():
@@ -138,3 +142,23 @@ def test_float_ops_propagate(value):
     for y in (w4a16_matmul(x, qweight, scales, 32), bsr_matmul_parts(x, *parts, n), *w8a16):
         assert not torch.isfinite(y[BAD_ROW]).any() or torch.isnan(y[BAD_ROW]).any()
         assert torch.isfinite(y[[r for r in range(m) if r != BAD_ROW]]).all()
+
+
+@pytest.mark.parametrize("value", VALUES)
+@pytest.mark.parametrize("config", [BlockConfig(16, 64, quantize_x=True), BlockConfig(16, 64, split_k=2),
+                                    BlockConfig(16, 128, path="tma")])
+@pytest.mark.parametrize("int8_out", [False, True])
+def test_w8a8_block_bad_row_is_nan(value, config, int8_out):
+    """Block-scaled W8A8: the bad block's NaN scale makes its output row NaN (a NaN output scale with int8
+    output), and the int8 GELU passes the NaN scale on."""
+    m, k, n = 4, 256, 128
+    x = _with_bad_value(m, k, value)
+    w_q, w_scale = random_block_weight(n, k, DEVICE)
+    ref = reference.w8a8_block_matmul_ref(x, w_q, w_scale)
+    if not int8_out:
+        _check_rows(block_launch(x, None, w_q, w_scale, config=config), ref)
+        return
+    yq, s_y = block_launch(x, None, w_q, w_scale, None, True, torch.int8, torch.float16,
+                           config=config._replace(block_n=128))
+    assert torch.isnan(s_y[BAD_ROW]).all() and torch.isfinite(s_y[[0, 2, 3]]).all()
+    assert torch.isnan(gelu_int8_blocks(yq, s_y)[1][BAD_ROW]).all()

@@ -76,3 +76,50 @@ def test_w8a16_ref_applies_channel_and_group_scales():
     assert torch.equal(w[:, :128], w_q[:, :128].float()) and torch.equal(w[:, 128:], w_q[:, 128:].float() * 0.5)
     expected = (torch.nn.functional.linear(x.float(), w) + bias).half()
     assert torch.equal(reference.w8a16_matmul_ref(x, w_q, groups, bias), expected)
+
+
+def test_block_scales_per_token_and_128_channels():
+    x = torch.zeros(2, 300)
+    x[0, 0], x[0, 130], x[0, 299] = 254.0, -1.27, 0.5  # blocks of channels 0-127, 128-255, 256-299 (partial)
+    xq, s_x = reference.quantize_act_blocks_ref(x)
+    expected = torch.stack([torch.tensor([254.0, 1.27, 0.5]) / torch.full((3,), 127.0), torch.ones(3)])
+    assert torch.equal(s_x, expected)  # IEEE float32 division; a zero block: scale 1
+    assert xq[0, 0] == 127 and xq[0, 130] == -127 and xq[0, 299] == 127 and (xq[1] == 0).all()
+    assert torch.equal(reference.dequantize_act_blocks(xq, s_x)[0, [0, 299]], torch.tensor([254.0, 0.5]))
+
+
+def test_block_quantization_clamps_symmetrically_and_rounds_half_to_even():
+    x = torch.tensor([[127.0, -127.0, 2.5, -3.5, 0.5]])  # scale 1
+    xq, s_x = reference.quantize_act_blocks_ref(x)
+    assert s_x.item() == 1.0 and xq.tolist() == [[127, -127, 2, -4, 0]]
+
+
+def test_weight_blocks_one_scale_per_128_by_128():
+    w = torch.zeros(130, 129)
+    w[0, 0], w[129, 0], w[5, 128] = 12.7, -25.4, 1.27  # blocks (0, 0), (1, 0), (0, 1)
+    w_q, s_w = reference.quantize_weight_blocks_ref(w)
+    assert s_w.shape == (2, 2) and torch.allclose(s_w, torch.tensor([[0.1, 0.01], [0.2, 1.0]]))
+    assert w_q[0, 0] == 127 and w_q[129, 0] == -127 and w_q[5, 128] == 127
+    assert torch.allclose(reference.dequantize_weight_blocks(w_q, s_w), w)
+
+
+def test_block_matmul_rescales_each_k_block():
+    """Two K blocks with different scales: y = sum_kb int_sum_kb * s_x[kb] * s_w[kb]."""
+    xq = torch.ones(1, 256, dtype=torch.int8)
+    s_x = torch.tensor([[0.5, 2.0]])
+    w_q = torch.ones(2, 256, dtype=torch.int8)
+    w_q[1, 128:] = -1
+    s_w = torch.tensor([[1.0, 0.25]])
+    y = reference.w8a8_block_matmul_quantized_ref(xq, s_x, w_q, s_w, out_dtype=torch.float32)
+    assert y.tolist() == [[128 * 0.5 + 128 * 0.5, 128 * 0.5 - 128 * 0.5]]
+    yq, s_y = reference.w8a8_block_matmul_quantized_ref(xq, s_x, w_q, s_w, bias=torch.tensor([0.0, 1.0]),
+                                                        out_dtype=torch.int8, act_dtype=torch.float16)
+    assert s_y.shape == (1, 1) and torch.allclose(s_y, torch.tensor([[128 / 127]]))
+    assert yq.tolist() == [[127, 1]]
+
+
+def test_block_non_finite_block_has_a_nan_scale_and_zero_integers():
+    x = torch.randn(1, 256)
+    x[0, 3] = float("inf")
+    xq, s_x = reference.quantize_act_blocks_ref(x)
+    assert torch.isnan(s_x[0, 0]) and torch.isfinite(s_x[0, 1]) and (xq[0, :128] == 0).all()

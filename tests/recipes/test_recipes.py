@@ -20,7 +20,8 @@ OURS = ["quickstart.yaml", *sorted(p.name for p in RECIPES.glob("minilm-sst2-*.y
 
 
 def test_the_minilm_variants_are_all_there():
-    expected = {"dense", "w8a8-qat", "w4a16-qat", "w8a16-qat", "sparse50", "sparse50-w8a8", "sparse50-w8a8-fsdp"}
+    expected = {"dense", "w8a8-qat", "w8a8block-qat", "w4a16-qat", "w8a16-qat", "sparse50", "sparse50-w8a8",
+                "sparse50-w8a8-fsdp"}
     assert {name.removeprefix("minilm-sst2-").removesuffix(".yaml") for name in OURS[1:]} == expected
 
 
@@ -57,6 +58,20 @@ def test_the_w8a16_recipe_asks_for_w8a16_by_class_path(capsys):
     (qat,) = [cb for cb in printed["trainer"]["callbacks"] if cb["class_path"].endswith("QuantizationAware")]
     assert qat["init_args"]["config"]["class_path"] == "compress.configs.W8A16Config"
     assert qat["init_args"]["config"]["init_args"]["group_size"] is None  # one scale per output channel
+
+
+def test_the_block_scaled_recipe_asks_for_w8a8_block_and_trains_like_the_w8a8_one(capsys):
+    with pytest.raises(SystemExit):
+        run_command(["fit", "--config", str(RECIPES / "minilm-sst2-w8a8block-qat.yaml"), "--print_config"])
+    printed = yaml.safe_load(capsys.readouterr().out)
+    (qat,) = [cb for cb in printed["trainer"]["callbacks"] if cb["class_path"].endswith("QuantizationAware")]
+    assert qat["init_args"]["config"]["class_path"] == "compress.configs.W8A8BlockConfig"
+    assert qat["init_args"]["config"]["init_args"]["block"] == 128
+    block, per_channel = _recipe("minilm-sst2-w8a8block-qat.yaml"), _recipe("minilm-sst2-w8a8-qat.yaml")
+    assert block["model"] == per_channel["model"] and block["data"] == per_channel["data"]
+    qat_steps = [cb["init_args"]["start_step"] for recipe in (block, per_channel) for cb in recipe["trainer"]["callbacks"]
+                 if cb["class_path"].endswith("QuantizationAware")]
+    assert qat_steps == [500, 500]
 
 
 FLAT_PATHS = {"compress.lightning.tasks.": "compress.tasks.", "compress.lightning.data.": "compress.data.",

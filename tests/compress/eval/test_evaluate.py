@@ -230,3 +230,19 @@ def test_evaluate_model_links_quantized_inputs_unless_asked_not_to():
     assert unlinked.compression == "W8A8Linear x6, dense x2"
     assert linked.compression.endswith("(5 fed int8 by the norm / GELU before)")
     assert linked.metrics == unlinked.metrics  # the same integers: no prediction changes on the CPU
+
+
+def test_evaluate_model_links_block_scaled_mlp_chains_unless_asked_not_to():
+    data = DigitsData(batch_size=32)
+    data.setup()
+    options = EvalOptions(batch_sizes=(1,), seq_len=DigitsData.SEQ_LEN, warmup=0, repeats=1, max_eval_batches=2,
+                          device="cpu", fuse_siblings=False, link_quantized_inputs=False)
+    model = tiny_bert()
+    compress.prepare(model, compress.W8A8BlockConfig())
+    compress.convert(model)
+    linked = evaluate_model("linked", copy.deepcopy(model), data.val_dataloader(),
+                            dataclasses.replace(options, link_quantized_inputs=True))
+    unlinked = evaluate_model("unlinked", model, data.val_dataloader(), options)
+    assert unlinked.compression == "W8A8BlockLinear x6, dense x2"
+    assert linked.compression == "W8A8BlockLinear x6, dense x2 (1 MLP chain in int8)"
+    assert linked.metrics == unlinked.metrics  # the same integers on the CPU

@@ -85,7 +85,7 @@ def test_init_validation_lists_valid_options(make, fragment):
 
 
 def test_quantization_aware_rejects_a_sparse_config():
-    with pytest.raises(TypeError, match="W8A8Config, W4A16Config or W8A16Config"):
+    with pytest.raises(TypeError, match="W8A8Config, W4A16Config, W8A16Config or W8A8BlockConfig"):
         QuantizationAware(plan={"*": compress.BlockSparseConfig(0.5)})
 
 

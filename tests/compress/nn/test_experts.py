@@ -84,6 +84,12 @@ def test_experts_in_another_layout_or_with_static_scales_stay_dense_with_a_warni
         compress.prepare(model, W8A8Config(activation="static"))
     assert "static W8A8 activation scales are not supported for experts" in caplog.text
     assert not any(isinstance(m, CompressedExperts) for m in model.modules())
+    caplog.clear()
+    model = _mixtral()
+    with caplog.at_level(logging.WARNING, logger="compress.plan"):
+        compress.prepare(model, compress.W8A8BlockConfig())
+    assert "W8A8BlockConfig) is not supported for experts yet" in caplog.text
+    assert not any(isinstance(m, CompressedExperts) for m in model.modules())
 
 
 def test_a_pattern_on_a_module_it_cannot_compress_warns(caplog):

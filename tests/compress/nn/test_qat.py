@@ -3,7 +3,7 @@ import pytest
 import torch
 from torch import nn
 
-from compress.configs import BlockSparseConfig, W4A16Config, W8A8Config, W8A16Config
+from compress.configs import BlockSparseConfig, W4A16Config, W8A8BlockConfig, W8A8Config, W8A16Config
 from compress.core.sparsity import block_mask, expand_mask
 from compress.nn.qat import CompressedLinear
 
@@ -24,7 +24,8 @@ def test_from_float_shares_parameters_and_starts_as_the_float_layer():
 
 @pytest.mark.parametrize("configs", [[BlockSparseConfig(0.5)], [BlockSparseConfig(0.5), W8A8Config()],
                                      [BlockSparseConfig(0.5), W4A16Config(32)],
-                                     [BlockSparseConfig(0.5), W8A16Config()]])
+                                     [BlockSparseConfig(0.5), W8A16Config()],
+                                     [BlockSparseConfig(0.5), W8A8BlockConfig()]])
 def test_masked_blocks_stay_exactly_zero_under_adamw(configs):
     linear, layer = _layer(configs)
     if layer.quant_config is not None:
@@ -47,7 +48,8 @@ def test_masked_blocks_stay_exactly_zero_under_adamw(configs):
 
 @pytest.mark.parametrize("config", [W8A8Config(), W4A16Config(32), W8A8Config(learnable_scale=True),
                                     W4A16Config(32, learnable_scale=True), W8A16Config(learnable_scale=True),
-                                    W8A16Config(128, learnable_scale=True)])
+                                    W8A16Config(128, learnable_scale=True), W8A8BlockConfig(),
+                                    W8A8BlockConfig(learnable_scale=True)])
 def test_gradients_flow_through_the_ste(config):
     linear, layer = _layer([config])
     layer.enable_fake_quant(True)

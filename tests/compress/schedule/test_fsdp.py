@@ -2,9 +2,10 @@
 ``CompressionSchedule`` on a model sharded by ``fully_shard_model`` over 2 CPU processes (gloo), each
 on its own half of every batch, against the same loop in one process on the whole batches.
 
-The runs: block pruning by each score (magnitude, l2, movement, Fisher), and a composed run (movement
-pruning, W8A8 QAT with static scales and LSQ scales, SmoothQuant calibration, GPTQ at the end). The
-up layer has 96 rows, split 48/48, so a shard boundary cuts one of its 32-row blocks.
+The runs: block pruning by each score (magnitude, l2, movement, Fisher), a composed run (movement
+pruning, W8A8 QAT with static scales and LSQ scales, SmoothQuant calibration, GPTQ at the end), and
+block-scaled W8A8 QAT with LSQ block scales. The up layer has 96 rows, split 48/48, so a shard boundary
+cuts one of its 32-row blocks and its one 128 x 128 scale block (whose scale row rank 0 alone holds).
 
 Asserted: masks bit-equal on both ranks and equal to the single process's; each rank's rows of the
 pruned blocks exactly zero after every optimizer step; gradient sums, static activation scales and
@@ -27,14 +28,15 @@ from torch import nn
 
 import compress
 from compress import CalibrationSchedule, CompressionSchedule, PruningSchedule, QuantizationSchedule, W8A8Config
+from compress.configs import W8A8BlockConfig
 from compress.core.sharding import local_rows, local_tensor
 from compress.core.sparsity import expand_mask
 from compress.nn.qat import compressed_layers
 from compress.schedule.fsdp import fully_shard_model, gather_full_model, transformer_blocks
 from tests.compress.models import PreNormMLP
 
-RUNS = {"magnitude": ("magnitude", False), "l2": ("l2", False), "movement": ("movement", False),
-        "fisher": ("fisher", False), "composed": ("movement", True)}
+RUNS = {"magnitude": ("magnitude", None), "l2": ("l2", None), "movement": ("movement", None),
+        "fisher": ("fisher", None), "composed": ("movement", "w8a8"), "block-scaled": ("movement", "w8a8-block")}
 STEPS = 6
 TOLERANCE = 1e-4  # FSDP against one process: the same sums in another order, over a few AdamW steps
 EXPORT_TOLERANCE = 1e-3  # the export after static fake quantization and GPTQ, whose roundings amplify that
@@ -57,13 +59,17 @@ def model_and_schedule(run):
     """The run's model and schedule: pruning by the score from step 1 to 3; the composed run adds W8A8
     QAT from step 3 (static and LSQ scales, GPTQ at finish) and SmoothQuant calibration (smoothing after
     step 1, static scales frozen after step 3): masks final before static fake quantization starts,
-    whose roundings turn float32 reassociation into different values (in DDP as in FSDP)."""
-    score, composed = RUNS[run]
+    whose roundings turn float32 reassociation into different values (in DDP as in FSDP). The
+    block-scaled run adds block-scaled W8A8 QAT with LSQ block scales from step 3."""
+    score, quantization = RUNS[run]
     torch.manual_seed(0)
     model = PreNormMLP(ffn=96)
     pruning = PruningSchedule(0.5, start_step=1, end_step=3, frequency=1, score=score)
-    if not composed:
+    if quantization is None:
         return model, CompressionSchedule(model, pruning=pruning)
+    if quantization == "w8a8-block":
+        block_scaled = QuantizationSchedule(W8A8BlockConfig(learnable_scale=True), start_step=3)
+        return model, CompressionSchedule(model, pruning=pruning, quantization=block_scaled)
     config = W8A8Config(activation="static", learnable_scale=True, algorithm="gptq")
     return model, CompressionSchedule(model, pruning=pruning, quantization=QuantizationSchedule(config, start_step=3),
                                       calibration=CalibrationSchedule(num_batches=2, smoothquant_alpha=0.5))
@@ -204,11 +210,12 @@ def test_fsdp_ranks_end_with_the_single_process_masks_and_scales(ranks, run):
 
 
 @pytest.mark.slow
-def test_the_model_gathered_on_rank_zero_exports_what_one_process_exports(ranks):
-    assert ranks[1]["composed"]["export"] is None  # gathered on rank 0 only
-    exported = ranks[0]["composed"]["export"]
-    _, single = single_run("composed")
-    assert type(single.up).__name__ == "BSRW8A8Linear"
+@pytest.mark.parametrize("run, module", [("composed", "BSRW8A8Linear"), ("block-scaled", "W8A8BlockLinear")])
+def test_the_model_gathered_on_rank_zero_exports_what_one_process_exports(ranks, run, module):
+    assert ranks[1][run]["export"] is None  # gathered on rank 0 only
+    exported = ranks[0][run]["export"]
+    _, single = single_run(run)
+    assert type(single.up).__name__ == module
     assert_exports_close(exported, single.state_dict(), EXPORT_TOLERANCE)
     gathered = copy.deepcopy(single)  # the same modules, since the same blocks are kept
     gathered.load_state_dict(exported)

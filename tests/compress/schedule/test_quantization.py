@@ -8,7 +8,7 @@ from compress.schedule import QuantizationSchedule
 
 
 @pytest.mark.parametrize("plan, fragment", [
-    ("int8", "W8A8Config, W4A16Config or W8A16Config, or a mapping"),
+    ("int8", "W8A8Config, W4A16Config, W8A16Config or W8A8BlockConfig, or a mapping"),
     ({"*": BlockSparseConfig(0.5)}, "for '\\*', got BlockSparseConfig"),
 ])
 def test_a_plan_of_anything_but_quantization_configs_is_refused(plan, fragment):

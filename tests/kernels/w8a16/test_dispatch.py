@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from compress_kernels.w8a16.dispatch import GROUP_SIZE, cached_pick, gemv_tile, pick
+from compress_kernels.w8a16.dispatch import DEQUANT_MIN_M, GROUP_SIZE, cached_pick, gemv_tile, pick
 
 CPU = torch.device("cpu")
 
@@ -16,6 +16,7 @@ def test_one_row_takes_the_one_row_kernel():
                           (22016, 4096, 512)):  # wider than GEMV_WIDE_N: 512-deep steps
         cfg = pick(1, n, k, False, CPU)
         assert cfg.path == "gemv" and cfg.block_n == 8 and cfg.block_k == block_k and cfg.split_k == 1
+        assert cfg.num_warps == 2
     assert all(pick(m, 1024, 1024, False, CPU).path == "gemv" for m in (2, 4))  # small layers up to 4 rows
     assert pick(5, 1024, 1024, False, CPU).path == "tiled" and pick(2, 4096, 4096, False, CPU).path == "tiled"
 
@@ -30,17 +31,28 @@ def test_small_layers_split_k_with_shorter_tiles():
 def test_grouped_one_row_steps_one_group_at_a_time():
     for n, k in ((4096, 4096), (28672, 8192), (1024, 1024)):
         cfg = pick(1, n, k, True, CPU)
-        assert cfg.path == "gemv" and GROUP_SIZE % cfg.block_k == 0
+        assert cfg.path == "gemv" and GROUP_SIZE % cfg.block_k == 0 and cfg.block_n == 32
+    assert pick(1, 4096, 4096, True, CPU).split_k == 4  # 128 tiles: split to 2 programs per SM
+    assert pick(1, 28672, 8192, True, CPU).split_k == 1  # 896 tiles
 
 
 def test_tensor_core_tiles_by_rows():
-    for m, shape in ((2, (16, 64, 128)), (16, (16, 64, 128)), (17, (64, 128, 64)), (64, (64, 128, 64)),
-                     (65, (128, 128, 64)), (4096, (128, 128, 64))):
+    for m, shape in ((2, (16, 32, 128)), (16, (16, 32, 128)), (17, (64, 128, 64)), (64, (64, 128, 64)),
+                     (65, (128, 128, 64)), (DEQUANT_MIN_M - 1, (128, 128, 64))):
         cfg = pick(m, 4096, 4096, False, CPU)
         assert cfg.path == "tiled" and (cfg.block_m, cfg.block_n, cfg.block_k) == shape and not cfg.scale_after_dot
-    assert pick(16, 4096, 4096, False, CPU).split_k == 4  # 64 tiles: split to a program per SM
-    assert pick(300, 4096, 4096, False, CPU).split_k == 1  # from 257 rows unsplit
-    assert pick(256, 4096, 4096, False, CPU).split_k == 4  # 2 x 32 tiles
+    assert pick(16, 4096, 4096, False, CPU).split_k == 4  # 128 tiles: split to 2 programs per SM
+    assert pick(16, 11008, 4096, False, CPU).split_k == 1  # 344 tiles
+    assert pick(300, 4096, 4096, False, CPU).split_k == 1  # from 257 rows unsplit, 8 warps
+    assert pick(300, 4096, 4096, False, CPU).num_warps == 8
+    cfg = pick(256, 4096, 4096, False, CPU)  # 2 x 32 tiles split to a program per SM, 4 warps
+    assert cfg.split_k == 4 and cfg.num_warps == 4
+
+
+def test_from_dequant_min_m_rows_the_weight_is_dequantized_for_cublas():
+    for grouped in (False, True):
+        assert pick(DEQUANT_MIN_M, 4096, 4096, grouped, CPU).path == "dequant"
+        assert pick(8192, 576, 1536, grouped, CPU).path == "dequant"
 
 
 def test_grouped_scales_after_the_dot_up_to_64_rows():
@@ -52,10 +64,12 @@ def test_grouped_scales_after_the_dot_up_to_64_rows():
 def test_every_pick_is_a_config_its_launcher_takes(m):
     for n, k, grouped in ((4096, 4096, True), (384, 1536, False), (28672, 8192, True), (1000, 4104, False)):
         cfg = pick(m, n, k, grouped, CPU)
-        assert cfg.path in ("gemv", "tiled") and cfg.split_k >= 1
+        assert cfg.path in ("gemv", "tiled", "dequant") and cfg.split_k >= 1
+        if cfg.path == "dequant":
+            continue
         assert not grouped or GROUP_SIZE % cfg.block_k == 0
         if cfg.path == "tiled":
-            assert cfg.block_m >= 16 and cfg.block_n >= 64  # the dot's operands fill a wgmma
+            assert cfg.block_m >= 16 and cfg.block_n >= 32  # the dot's operands fill an mma (a wgmma from 64)
 
 
 def test_gemv_split_stays_within_the_k_tiles():

@@ -131,8 +131,8 @@ def test_bad_inputs_raise(args, error, words):
 def test_configs_the_launcher_cannot_run_are_refused():
     x = torch.randn(2, 256, device=DEVICE).half()
     w_q, w_scale = random_w8a16_weight(32, 256, True, device=DEVICE)
-    with pytest.raises(ValueError, match=r"config.path: expected one of \['gemv', 'tiled'\], got 'dequant'"):
-        launch(x, w_q, w_scale, config=TileConfig(16, 32, 32, path="dequant"))
+    with pytest.raises(ValueError, match=r"config.path: expected one of \['gemv', 'tiled', 'dequant'\], got 'wgmma'"):
+        launch(x, w_q, w_scale, config=TileConfig(16, 32, 32, path="wgmma"))
     with pytest.raises(ValueError, match="config.block_k: with group scales a K tile stays inside one group"):
         launch(x, w_q, w_scale, config=TileConfig(16, 32, 256))
 
@@ -155,6 +155,19 @@ def test_gpu_full_size(dtype, m, grouped):
     bias = torch.randn(n, device="cuda").to(dtype)
     y = w8a16_matmul(x, w_q, w_scale, bias)
     assert rel_error(y, reference.w8a16_matmul_ref(x, w_q, w_scale, bias)) <= GPU_TOL[dtype]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [65, 128, 256, 257, 512, 1024])
+@pytest.mark.parametrize("k,n", [(4096, 4096), (4096, 11008), (11008, 4096)])
+def test_gpu_every_pick_from_65_rows(m, k, n):
+    """The picks of the wide tiles (split and unsplit) and of the dequantize path on Llama-2-7B's shapes."""
+    x = torch.randn(m, k, device="cuda").half()
+    for grouped in (False, True):
+        w_q, w_scale = random_w8a16_weight(n, k, grouped, device="cuda")
+        y = w8a16_matmul(x, w_q, w_scale)
+        assert rel_error(y, reference.w8a16_matmul_ref(x, w_q, w_scale)) <= GPU_TOL[torch.float16], (grouped, pick(
+            m, n, k, grouped, x.device))
 
 
 @pytest.mark.gpu

@@ -22,7 +22,7 @@ def test_the_modules_match_the_float_layer_they_come_from():
     torch.manual_seed(0)
     linear = torch.nn.Linear(64, 96, bias=False)
     x = torch.randn(3, 64)
-    for kind in ("w8a8", "w4a16", "w8a16"):
+    for kind in ("w8a8", "w4a16", "w8a16", "w8a8-block"):
         module = host_overhead.MODULES[kind](linear)
         assert torch.nn.functional.cosine_similarity(module(x).flatten(), linear(x).flatten(), dim=0) > 0.99
     assert host_overhead.random_mask(linear).float().mean() == 0.5

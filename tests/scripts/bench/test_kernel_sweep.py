@@ -21,7 +21,7 @@ def test_block_mask_has_exact_sparsity():
 
 @pytest.mark.parametrize("kind, keys", [
     ("fp16", {"w"}), ("int8", {"w_q", "w_scale"}), ("int8_g128", {"w_q", "w_scale"}),
-    ("int8_fp16_scales", {"w_q", "w_scale"}), ("int4", {"qweight", "scales"}),
+    ("int8_fp16_scales", {"w_q", "w_scale"}), ("int8_block", {"w_q", "w_scale"}), ("int4", {"qweight", "scales"}),
     ("int4_tinygemm", {"packed", "scales_zeros"}), ("bsr", {"crow", "col", "values", "bsr", "n", "k"}),
     ("bsr_int8", {"crow", "col", "values", "w_scale", "n", "k"}),
 ])
@@ -30,7 +30,7 @@ def test_weight_sets_hold_each_format(kind, keys):
     assert set(ws) == keys and sweep.weight_bytes(ws) > 0
     if kind.startswith("int8"):  # the scale layouts of W8A16 (per channel, per group of 128) and its anchor
         expected = {"int8": ((64,), torch.float32), "int8_g128": ((64, 2), torch.float32),
-                    "int8_fp16_scales": ((64,), torch.float16)}[kind]
+                    "int8_fp16_scales": ((64,), torch.float16), "int8_block": ((1, 2), torch.float32)}[kind]
         assert (tuple(ws["w_scale"].shape), ws["w_scale"].dtype) == expected
 
 
@@ -57,7 +57,8 @@ def test_select_matches_globs_and_keeps_order():
     names = [s.name for s in sweep.kernel_specs()]
     assert sweep.select(names, ["ours_dds_*"]) == ["ours_dds_50", "ours_dds_75", "ours_dds_90", "ours_dds_w8a8_50",
                                                    "ours_dds_w8a8_90"]
-    assert sweep.select(names, []) == names and len(names) == len(set(names)) == 16
+    assert sweep.select(names, []) == names and len(names) == len(set(names)) == 18
+    assert sweep.select(names, ["*w8a8_block"]) == ["torch_int_mm_w8a8_block", "ours_w8a8_block"]
     assert sweep.select(names, ["ours_w8a16*"]) == ["ours_w8a16", "ours_w8a16_g128"]
 
 

@@ -16,11 +16,11 @@ def test_cpu_check_writes_json(tmp_path):
     assert report["environment"]["torch"] and settings["cpu_check"] is True
     assert settings["graph_max_m"] == bench.GRAPH_EVERY_M and settings["rotate_mb"] == 0.1
     kernels = {r["kernel"] for r in report["results"]}
-    assert kernels == {"cublas_fp16", "torch_int_mm_w8a8", "tinygemm_int4_g128", "torch_weight_int8pack_w8a16",
-                       "torch_bsr_50", "torch_bsr_75", "torch_bsr_90", "ours_w8a8", "ours_w4a16_g128", "ours_w8a16",
-                       "ours_w8a16_g128", "ours_dds_50", "ours_dds_75", "ours_dds_90", "ours_dds_w8a8_50",
-                       "ours_dds_w8a8_90"}
-    assert len(report["results"]) == 16 * 2
+    assert kernels == {"cublas_fp16", "torch_int_mm_w8a8", "torch_int_mm_w8a8_block", "tinygemm_int4_g128",
+                       "torch_weight_int8pack_w8a16", "torch_bsr_50", "torch_bsr_75", "torch_bsr_90", "ours_w8a8",
+                       "ours_w8a8_block", "ours_w4a16_g128", "ours_w8a16", "ours_w8a16_g128", "ours_dds_50",
+                       "ours_dds_75", "ours_dds_90", "ours_dds_w8a8_50", "ours_dds_w8a8_90"}
+    assert len(report["results"]) == 18 * 2
     for r in report["results"]:
         assert "error" not in r, r
         assert r["ms"] > 0 and r["ratio_vs_cublas"] > 0 and r["K"] == 128 and r["N"] == 64
@@ -29,7 +29,9 @@ def test_cpu_check_writes_json(tmp_path):
     for m in (1, 16):
         assert by_kernel[("ours_dds_90", m)]["rel_err"] < 1e-2 and "ratio_vs_torch_bsr" in by_kernel[("ours_dds_90", m)]
         assert by_kernel[("torch_bsr_90", m)]["rel_err"] < 1e-2  # the anchor's CPU branch, against fp32
-        assert all("ratio_vs_anchor" in by_kernel[(name, m)] for name in ("ours_w8a8", "ours_w4a16_g128", "ours_w8a16"))
+        assert all("ratio_vs_anchor" in by_kernel[(name, m)]
+                   for name in ("ours_w8a8", "ours_w4a16_g128", "ours_w8a16", "ours_w8a8_block"))
+        assert by_kernel[("ours_w8a8_block", m)]["ratio_vs_w8a8"] > 0
     names = {t["target"] for t in report["targets"]}
     assert any("DDS 90%" in n and "M<=16" in n for n in names)
     assert all(t["met"] in (True, False, None) for t in report["targets"])
@@ -47,6 +49,19 @@ def test_targets_from_stored_times():
     assert met["DDS 90% vs cuBLAS fp16, M<=16"]["met"] is True  # 0.02 / 0.004 = 5x >= 4x
     assert met["DDS 90% vs torch bsr_dense_mm, every shape and M"]["met"] is True
     assert met["DDS 50% vs cuBLAS fp16, M<=16"]["met"] is None  # only an error cell
+
+
+def test_block_scaled_targets_against_cublas_and_our_per_channel_w8a8():
+    results = [
+        {"kernel": "cublas_fp16", "K": 4096, "N": 4096, "M": 2048, "ms": 0.1},
+        {"kernel": "ours_w8a8", "K": 4096, "N": 4096, "M": 2048, "ms": 0.05},
+        {"kernel": "ours_w8a8_block", "K": 4096, "N": 4096, "M": 2048, "ms": 0.0625},
+    ]
+    bench.add_ratios(results)
+    assert results[2]["ratio_vs_cublas"] == 1.6 and results[2]["ratio_vs_w8a8"] == 0.8
+    met = {t["target"]: t for t in bench.evaluate_targets(results)}
+    assert met["W8A8 block-scaled vs cuBLAS fp16, M>=2048 (every shape)"]["met"] is True  # 1.6x >= 1.5x
+    assert met["W8A8 block-scaled vs our per-channel W8A8, M>=2048 (every shape)"]["met"] is False  # 0.8 < 0.9
 
 
 def test_the_int8pack_anchor_is_timed_up_to_its_row_limit_only():

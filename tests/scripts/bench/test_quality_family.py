@@ -39,8 +39,9 @@ def test_runs_carry_the_report_figures_and_the_recipes_facts(report_and_recipes)
 
 def test_bad_input_is_refused_by_name(report_and_recipes, tmp_path):
     path, prefix = report_and_recipes
-    with pytest.raises(ValueError, match="not models of"):
-        family(path, prefix, "abc", {"w4a16-qat": 3.0}, "tiny", "d")
+    with pytest.raises(ValueError, match=r"\['w4a16-qat'\] have no run"):
+        main(["--report", str(path), "--recipe-prefix", prefix, "--commit", "a", "--targets", "w4a16-qat=3",
+              "--family", "t", "--description", "d", "--out", str(tmp_path / "o.json")])
     with pytest.raises(FileNotFoundError, match="expected the recipe"):
         family(path, f"{tmp_path}/missing-", "abc", {}, "tiny", "d")
     with pytest.raises(ValueError, match="variant=limit"):
@@ -76,3 +77,23 @@ def test_a_rerun_counts_for_the_metric_and_the_joint_run_for_speed(report_and_re
         main(["--report", str(path), "--recipe-prefix", prefix, "--commit", "a", "--family", "t",
               "--description", "d", "--out", str(out), "--rerun", f"w4a16-qat={rerun_path}",
               "--rerun-commit", "b", "--rerun-note", "n", "--speed-note", "s"])
+
+
+def test_an_added_variant_counts_for_the_metric_with_its_own_baseline(report_and_recipes, tmp_path):
+    path, prefix = report_and_recipes
+    (tmp_path / "r-w8a16-ptq.yaml").write_text("seed_everything: 0\ntrainer:\n  max_steps: 0\n")
+    own = Report([_model("float weights of this run", 16.0, 2.4), _model("compressed (w8a16-ptq)", 16.01, 1.2)],
+                 "NVIDIA H100", "float16", {"torch": "2.11", "gpu": "NVIDIA H100"}, "cuda_graph")
+    own_path = write_json(own, tmp_path / "own.json")
+    out = tmp_path / "tiny-h100.json"
+    argv = ["--report", str(path), "--recipe-prefix", prefix, "--commit", "a", "--targets", "w8a16-ptq=1",
+            "--family", "tiny", "--description", "d", "--out", str(out), "--add", f"w8a16-ptq={own_path}"]
+    with pytest.raises(ValueError, match="--add needs"):
+        main(argv)
+    assert main([*argv, "--add-commit", "c", "--add-note", "run on its own"]) == 0
+    added = json.loads(out.read_text())["runs"][-1]
+    assert (added["variant"], added["counts_for"], added["perplexity"], added["steps"]) == (
+        "w8a16-ptq", ["metric"], 16.01, 0)
+    assert added["dense_latency_ms"] == {"1": 2.4, "8": 9.6} and added["source"]["commit"] == "c"
+    with pytest.raises(ValueError, match="already holds it"):
+        main([*argv, "--add-commit", "c", "--add-note", "n", "--add", f"w8a8-qat={own_path}"])
