@@ -9,8 +9,9 @@ by rank 0, from the model gathered there; against the same callbacks in one proc
 samples (batches of 16 instead of 2 x 8; FsdpTask): the same masks, scales within ``TOLERANCE``, and the export
 and the float snapshot within the tolerances of tests/compress/schedule/test_fsdp.py (``TOLERANCE``,
 ``EXPORT_TOLERANCE``, ``assert_exports_close``); the run resumed from the sharded checkpoint ends
-bit for bit where the uninterrupted one did (masks, scales, sums, the export). Also:
-the strategies that are refused, with the error that says what to use.
+bit for bit where the uninterrupted one did (masks, scales, sums, the export). Also: the strategies
+that are refused, with the error that says what to use, and a ModelParallelStrategy run whose model
+was not sharded.
 """
 import os
 import pathlib
@@ -27,7 +28,7 @@ import compress
 from compress.configs import W8A8Config
 from compress.core.sharding import fsdp_modules, local_rows, local_tensor
 from compress.core.sparsity import expand_mask
-from compress.lightning.callbacks import BlockPruning, Calibration, Export, QuantizationAware
+from compress.lightning.callbacks import BlockPruning, Calibration, Export, QuantizationAware, trained_model
 from compress.lightning.strategy import check_strategy, data_parallel_mesh
 from compress.nn.qat import compressed_layers
 from compress.schedule.fsdp import fully_shard_model
@@ -212,6 +213,14 @@ def test_fsdp1_and_tensor_parallelism_are_refused_with_what_to_use():
     task._device_mesh = _Mesh(tensor_parallel=2)
     with pytest.raises(ValueError, match="tensor_parallel_size=2"):
         task.configure_model()
+
+
+def test_a_model_parallel_run_whose_model_was_not_sharded_is_refused_at_train_start():
+    from lightning.pytorch.strategies import ModelParallelStrategy
+
+    trainer = _Trainer(ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1))
+    with pytest.raises(ValueError, match="the model is not sharded: apply FSDP2 in the LightningModule's configure_model"):
+        trained_model(trainer, FsdpTask(), "BlockPruning")
 
 
 def test_a_task_shards_nothing_outside_model_parallel_strategy():
