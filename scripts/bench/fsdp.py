@@ -4,7 +4,8 @@
         --out $OUT/fsdp-bench [--modes fsdp ddp single] [--edit BlockPruning.start_step=200 ...]
 
 Each mode is one ``compress run`` (a command of its own: Lightning starts the second rank by running
-it again), one after the other, for ``--steps`` optimizer steps, without validation during training:
+it again), one after the other, for ``--steps`` optimizer steps, without validation or checkpoints during
+training:
 
 * ``fsdp``: the recipe's trainer as written (``ModelParallelStrategy`` on 2 GPUs);
 * ``ddp``: ``strategy: ddp`` on 2 GPUs, the same batch per GPU;
@@ -53,7 +54,7 @@ def per_gpu_batch(recipe: dict) -> int:
 def mode_overrides(mode: str, recipe: dict, steps: int, out: Path) -> list[str]:
     """The ``compress run`` overrides of one mode (module docstring)."""
     common = [f"--trainer.max_steps={steps}", "--trainer.limit_val_batches=0", "--trainer.enable_progress_bar=false",
-              f"--compress.output_dir={out}"]
+              "--trainer.enable_checkpointing=false", f"--compress.output_dir={out}"]
     if mode == "fsdp":
         return common
     if mode == "ddp":

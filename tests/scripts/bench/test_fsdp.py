@@ -25,7 +25,7 @@ def fsdp_recipe(out):
 def test_each_mode_takes_the_same_samples_per_step(tmp_path):
     recipe = fsdp_recipe(tmp_path)
     common = ["--trainer.max_steps=5", "--trainer.limit_val_batches=0", "--trainer.enable_progress_bar=false",
-              f"--compress.output_dir={tmp_path}"]
+              "--trainer.enable_checkpointing=false", f"--compress.output_dir={tmp_path}"]
     assert mode_overrides("fsdp", recipe, 5, tmp_path) == common
     assert mode_overrides("ddp", recipe, 5, tmp_path) == [*common, "--trainer.strategy=ddp", "--trainer.devices=2"]
     assert mode_overrides("single", recipe, 5, tmp_path)[-3:] == ["--trainer.strategy=auto", "--trainer.devices=1",
