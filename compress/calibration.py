@@ -18,6 +18,11 @@ exact zeros: they quantize to 0 and their error is spread over the kept ones; on
 the weights of GPTQ layers in place (masked in the forward), so GPTQ also compensates for what
 pruning removed (SparseGPT's update, with the magnitude mask fixed). GPTQ picks its own scales: a
 learnable (LSQ) scale is overwritten with them.
+
+GPTQ treats the rows of a weight independently (each row's sweep reads only that row and the shared
+Hessian), so under FSDP2 each process rounds its own rows of each weight (:mod:`compress.core.sharding`)
+from the Hessian summed over all processes: together they hold what one process rounding the whole
+weight would.
 """
 from __future__ import annotations
 
@@ -31,6 +36,7 @@ from torch import nn
 from compress.configs import W8A8Config, W8A16Config
 from compress.core.gptq import add_to_hessian, gptq_quantize, hessian
 from compress.core.quant import INT4_QMAX, INT8_QMAX, dequantize_groupwise, dequantize_per_channel, per_channel_scale
+from compress.core.sharding import local_tensor, reshard_
 from compress.core.smoothquant import apply_smoothquant
 from compress.core.sparsity import expand_mask
 from compress.nn.modules import padded_in_features
@@ -144,14 +150,18 @@ def collect_hessians(model: nn.Module, layers: dict[str, CompressedLinear], run_
 def gptq_layer(layer: CompressedLinear, xtx: torch.Tensor, tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
     """GPTQ of one layer from its inputs' ``X^T X``; the layer then holds the result. Returns (q, scale):
     W8A8 and per-channel W8A16 (N, K) int8 and (N,), the row scales fixed up front; W4A16 and grouped W8A16
-    (N, Kp) int8 and (N, Kp/G), each group's scale searched by the sweep, K zero-padded as the export pads it."""
+    (N, Kp) int8 and (N, Kp/G), each group's scale searched by the sweep, K zero-padded as the export pads it.
+    Under FSDP2, N is the rows this process holds (module docstring)."""
     config, k = layer.quant_config, layer.in_features
-    h, w = hessian(xtx, tokens), layer.weight.detach().float()  # pruned weights too, if still there
-    keep = None if layer.mask is None else expand_mask(layer.mask, tuple(w.shape), layer.sparse_config.block)
+    masked, rows = layer.local_masked_weight()
+    h, w = hessian(xtx, tokens), local_tensor(layer.weight).detach().float()  # pruned weights too, if still there
+    keep = None
+    if layer.mask is not None:
+        keep = expand_mask(layer.mask, (layer.out_features, k), layer.sparse_config.block)[rows]
     act_order = config.gptq_act_order if config.gptq_act_order is not None else keep is None
     knobs = dict(keep=keep, damping=config.gptq_damping, act_order=act_order, block=config.gptq_block)
     if isinstance(config, W8A8Config) or (isinstance(config, W8A16Config) and config.group_size is None):
-        row_scale = per_channel_scale(layer.masked_weight().detach().float())  # the export's rule
+        row_scale = per_channel_scale(masked.float())  # the export's rule
         q, scale = gptq_quantize(w, h, INT8_QMAX, k, scale=row_scale[:, None], **knobs)
         scale = scale[:, 0]
         layer.set_quantized_weight(dequantize_per_channel(q, scale), scale)
@@ -178,6 +188,7 @@ def run_gptq(model: nn.Module, calibration_data, sync: Callable | None = None) -
         return {}
     run_all, _ = calibration_runner(calibration_data)
     stats = collect_hessians(model, layers, run_all)
+    reshard_(model)  # FSDP2: round the shards, not the copy the forward gathered
     if sync is not None:
         sync(stats)
     unreached = [name for name, (_, tokens) in stats.items() if tokens == 0]

@@ -5,12 +5,13 @@ Subcommands::
     compress run      --config RECIPE [--ckpt_path CKPT] [overrides]
                                                     fine-tune with the recipe's compression callbacks
                                                     (resumed from a Lightning checkpoint with
-                                                    --ckpt_path), export, evaluate, report
+                                                    --ckpt_path: a file, or the directory of a
+                                                    sharded FSDP2 checkpoint), export, evaluate, report
     compress fit      --config RECIPE [overrides]   plain LightningCLI fit (same recipe checks)
     compress validate --config RECIPE [overrides]   plain LightningCLI validate
     compress export   --config RECIPE --ckpt_path CKPT [--export_dir DIR] [--overwrite]
                       [--format compress|compressed-tensors]
-                                                    Lightning checkpoint -> compressed model dir
+                                                    Lightning checkpoint file -> compressed model dir
                                                     (--overwrite replaces an earlier export there;
                                                     compressed-tensors: a model dir for vLLM and
                                                     transformers, with the recipe's tokenizer)
@@ -28,6 +29,10 @@ training step, :func:`check_recipe` asks the compression plan of every callback 
 (the Export callback's ``dirpath``), ``float/`` (the run's fine-tuned float weights, when asked or
 when the recipe exports nothing) and ``report.{md,json,png}`` comparing the run's float weights with
 the exported compressed model.
+
+Multi-device runs (``trainer.devices`` > 1 with DDP, or FSDP2 through ``ModelParallelStrategy``): Lightning
+starts the other ranks by running the same command line again; after the fit every rank leaves the
+process group and rank 0 alone goes on (float model, report).
 
 Errors: a bad input (a path, a recipe value, a damaged checkpoint: ``ValueError``, ``TypeError``,
 ``OSError``, ``ImportError``, ``KeyError``) prints one line, ``compress COMMAND: error: TYPE: message``,
@@ -252,14 +257,30 @@ def build_report(named_models: list[tuple[str, Any, str]], datamodule, options: 
     return report, paths
 
 
-def checkpoint_option(args: list[str], command: str) -> tuple[str | None, list[str]]:
+SHARDED_CHECKPOINT_META = "meta.pt"  # what marks a sharded (FSDP2, ModelParallelStrategy) Lightning checkpoint directory
+
+
+def is_sharded_checkpoint(path) -> bool:
+    """Whether ``path`` is a sharded Lightning checkpoint: a directory of per-rank tensor files and ``meta.pt``."""
+    return Path(path).is_dir() and (Path(path) / SHARDED_CHECKPOINT_META).is_file()
+
+
+def checkpoint_option(args: list[str], command: str, sharded: bool = False) -> tuple[str | None, list[str]]:
     """``--ckpt_path CKPT`` taken out of ``args``: (the checkpoint or None, the other args). A missing
-    file or more than one path fails here, before the recipe is built or any step is trained."""
+    file or more than one path fails here, before the recipe is built or any step is trained.
+    ``sharded``: a sharded checkpoint directory (FSDP2) is accepted too."""
     ckpt, rest = _split_option(args, "ckpt_path")
     if len(ckpt) > 1:
         raise ValueError(f"compress {command}: expected at most one --ckpt_path CHECKPOINT, got {ckpt}")
-    if ckpt and not Path(ckpt[0]).is_file():
-        raise ValueError(f"compress {command}: --ckpt_path: expected an existing Lightning checkpoint file, "
+    if ckpt and is_sharded_checkpoint(ckpt[0]) and not sharded:
+        raise ValueError(f"compress {command}: --ckpt_path: {ckpt[0]!r} is a sharded (FSDP2) checkpoint directory, "
+                         "whose metadata torch.distributed.checkpoint reads with pickle, which can run code; "
+                         "export needs a checkpoint file it reads as plain data: if you trust the directory, "
+                         "convert it with torch.distributed.checkpoint.format_utils.dcp_to_torch_save(DIR, FILE) "
+                         "and pass FILE")
+    if ckpt and not (Path(ckpt[0]).is_file() or (sharded and is_sharded_checkpoint(ckpt[0]))):
+        kind = "file or sharded checkpoint directory" if sharded else "file"
+        raise ValueError(f"compress {command}: --ckpt_path: expected an existing Lightning checkpoint {kind}, "
                          f"got {ckpt[0]!r}")
     return (ckpt[0] if ckpt else None), rest
 
@@ -267,15 +288,18 @@ def checkpoint_option(args: list[str], command: str) -> tuple[str | None, list[s
 def run(args: list[str]) -> int:
     """``compress run``: fit with the recipe's callbacks (resuming from ``--ckpt_path`` when given: the
     trainer's step, optimizer and the callbacks' schedules and masks come from the checkpoint, and so
-    does the time ``trainer.max_time`` has counted), export, evaluate, report."""
-    ckpt_path, args = checkpoint_option(args, "run")
+    does the time ``trainer.max_time`` has counted; a sharded checkpoint directory of an FSDP2 run
+    too, read by Lightning), export, evaluate, report."""
+    ckpt_path, args = checkpoint_option(args, "run", sharded=True)
     cli = CompressCLI(args=args, run=False)
     options = options_from(cli.config_init)
     torch.set_float32_matmul_precision(options.float32_matmul_precision)
     check_recipe(cli.model, cli.trainer.callbacks)
     snapshot = FloatWeightsSnapshot()
     cli.trainer.callbacks.insert(0, snapshot)
-    cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=ckpt_path)
+    with _started_command_line():
+        cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=ckpt_path)
+    _leave_process_group()
     if not cli.trainer.is_global_zero:
         return 0
     exporter = export_callback(cli.trainer.callbacks)
@@ -290,6 +314,13 @@ def run(args: list[str]) -> int:
         _, paths = build_report(models, cli.datamodule, options)
         sys.stdout.write(Path(paths["markdown"]).read_text())
     return 0
+
+
+def _leave_process_group() -> None:
+    """End a multi-process fit's process group: rank 0 goes on alone (loading the export, evaluating), and
+    nothing it runs then may wait for the other ranks (torchmetrics syncs its states when a group exists)."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 def fit(command: str, args: list[str]) -> int:
@@ -456,6 +487,9 @@ def evaluate(args: list[str]) -> int:
 # --- entry point ---------------------------------------------------------------------------------
 
 
+_STARTED_WITH: list[str] = []  # sys.argv as the process started, while _program_name has replaced it
+
+
 @contextlib.contextmanager
 def _program_name(command: str):
     """Let the parsers see ``compress <command>`` as the program and no other command-line args.
@@ -464,11 +498,24 @@ def _program_name(command: str):
     from the ``args`` they are given; the subcommand is dispatched here, so they get a clean argv.
     """
     saved = sys.argv
+    _STARTED_WITH[:] = saved
     sys.argv = [f"compress {command}"]
     try:
         yield
     finally:
         sys.argv = saved
+
+
+@contextlib.contextmanager
+def _started_command_line():
+    """``sys.argv`` as the process started, while Lightning may launch the other ranks of a multi-device
+    run (DDP, FSDP): its launcher starts that command line again in each of them."""
+    current = sys.argv
+    sys.argv = list(_STARTED_WITH) or current
+    try:
+        yield
+    finally:
+        sys.argv = current
 
 
 def main(argv: list[str] | None = None) -> int:

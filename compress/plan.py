@@ -51,6 +51,7 @@ from torch import nn
 
 from compress.calibration import calibrate, gptq_layers, run_gptq
 from compress.configs import BlockSparseConfig, W4A16Config, W8A8BlockConfig, W8A8Config, W8A16Config, is_config
+from compress.core.sharding import is_sharded
 from compress.core.sparsity import block_mask
 from compress.nn.conv1d import is_conv1d, is_linear_or_conv1d
 from compress.nn.experts import (
@@ -315,6 +316,19 @@ def _check_additions(name: str, layer: CompressedLinear | CompressedExperts, con
     split_configs([c for c in (layer.quant_config, quant, layer.sparse_config, sparse) if c is not None])
 
 
+def _check_not_sharded(name: str, module: nn.Module, configs) -> None:
+    """ValueError when preparing ``module`` would swap it or add a config to it while FSDP2 shards it:
+    FSDP manages the Parameters of the modules it wrapped, not those of a new module or a new scale."""
+    if not any(is_sharded(p) for p in module.parameters()):
+        return
+    if isinstance(module, CompressedLinear):
+        quant, sparse = split_configs(list(configs))
+        if (quant is None or module.quant_config is not None) and (sparse is None or module.sparse_config is not None):
+            return  # nothing to add: the prepared layer stays as FSDP wrapped it
+    raise ValueError(f"prepare: layer {name!r} is sharded by FSDP2 (fully_shard); prepare the model (build the "
+                     "CompressionSchedule, or let the Lightning callbacks' setup run) before sharding it")
+
+
 def prepare(model: nn.Module, plan, fake_quant: bool = False) -> nn.Module:
     """Swap the plan's layers for ``CompressedLinear`` (in place; returns ``model``).
 
@@ -328,6 +342,10 @@ def prepare(model: nn.Module, plan, fake_quant: bool = False) -> nn.Module:
     quantization plan compose); conflicting configs raise ``ValueError``. A ``Conv1D`` is taken as
     the ``nn.Linear`` it is, with a transposed copy of its weight (build optimizers afterwards;
     :mod:`compress.nn.conv1d`); the number of such layers is logged.
+
+    Under FSDP2, prepare before ``fully_shard`` (:mod:`compress.schedule.fsdp`): a sharded layer can only
+    be given configs it holds already (``ValueError`` otherwise), since FSDP manages the Parameters of
+    the modules it wrapped, not those of a swapped-in layer.
 
     All or nothing: every target is checked before any is changed, and should building or swapping
     a layer still fail, the model is put back as it was (same module at every name, same configs
@@ -351,6 +369,7 @@ def prepare(model: nn.Module, plan, fake_quant: bool = False) -> nn.Module:
     # 1. check every target before touching any.
     for name, configs in targets.items():
         module = model.get_submodule(name)
+        _check_not_sharded(name, module, configs)
         if isinstance(module, (CompressedLinear, CompressedExperts)):
             _layer_step(name, "prepare", _check_additions, name, module, configs)
     from_conv1d = sum(is_conv1d(model.get_submodule(name)) for name in targets)

@@ -38,10 +38,28 @@ def expand_weight_scale(scale: torch.Tensor, n: int, k: int) -> torch.Tensor:
 # ---- weights ---------------------------------------------------------------------------------------
 def weight_block_scale(w: torch.Tensor) -> torch.Tensor:
     """W (N, K) -> (ceil(N/B), ceil(K/B)) float32 scales ``max|W[block]| / 127`` (0 -> 1)."""
-    n, k = w.shape
+    return safe_scale(weight_block_absmax(w), QMAX)
+
+
+def weight_block_absmax(rows: torch.Tensor, row_offset: int = 0, num_rows: int | None = None) -> torch.Tensor:
+    """Rows ``row_offset : row_offset + R`` of W (N, K), given as ``rows`` (R, K) -> (ceil(N/B), ceil(K/B))
+    float32 ``max|W[block]|`` over those rows (0 for blocks they do not reach); ``num_rows``: N (default R).
+    The maximum of the grids of processes holding the other rows (FSDP2 shards) is the whole weight's."""
+    r, k = rows.shape
+    n = r if num_rows is None else num_rows
+    if row_offset < 0 or row_offset + r > n:
+        raise ValueError(f"weight_block_absmax: rows {row_offset}:{row_offset + r} do not fit a weight of {n} rows")
     nb, kb = blocks(n), blocks(k)
-    padded = F.pad(w.detach().float().abs(), (0, kb * BLOCK - k, 0, nb * BLOCK - n))
-    return safe_scale(padded.reshape(nb, BLOCK, kb, BLOCK).amax(dim=(1, 3)), QMAX)
+    first = row_offset // BLOCK  # the first block row these rows reach, and their offset inside it
+    lead = row_offset - first * BLOCK
+    reached = -(-(lead + r) // BLOCK)
+    padded = F.pad(rows.detach().float().abs(), (0, kb * BLOCK - k, lead, reached * BLOCK - lead - r))
+    partial = padded.reshape(reached, BLOCK, kb, BLOCK).amax(dim=(1, 3))
+    if first == 0 and reached == nb:
+        return partial
+    absmax = torch.zeros(nb, kb, dtype=torch.float32, device=rows.device)
+    absmax[first:first + reached] = partial[: nb - first]
+    return absmax
 
 
 def quantize_weight_blocks(w: torch.Tensor, scale: torch.Tensor | None = None):

@@ -15,6 +15,14 @@ anything else (a post-LN residual, as in BERT) cannot be read off the module tre
 checked by running one batch and comparing the model's outputs with those before smoothing; a fold
 that changes them is undone. Layers with no foldable norm keep ``s`` as their ``input_smoothing``
 buffer and divide their input by it at run time (exact, one elementwise op).
+
+Across processes every process checks each fold on its own batch; under DDP the caller then installs
+rank 0's model on every rank. Under FSDP2, whose shards cannot be broadcast (each process holds other
+rows), the largest change over the processes decides each fold for all of them, the weights' column
+maxima are taken over every process's rows (:func:`compress.core.sharding.column_absmax`), each process scales
+its own rows of the weights and norms, and the model is put back on its shards after every forward
+(:func:`compress.core.sharding.reshard_`), so the changes reach the shards and the next forward
+gathers them.
 """
 from __future__ import annotations
 
@@ -22,7 +30,10 @@ import logging
 from collections.abc import Callable, Mapping
 
 import torch
+import torch.distributed as dist
 from torch import nn
+
+from compress.core.sharding import column_absmax, is_sharded, local_rows, local_tensor, reshard_
 
 logger = logging.getLogger(__name__)
 
@@ -34,7 +45,7 @@ def smoothing_factors(act_absmax: torch.Tensor, weights: list[torch.Tensor], alp
     """(K,) float32 factors ``max|x_k|^alpha / max|W_:,k|^(1-alpha)`` over all ``weights`` (N_i, K)."""
     if not 0.0 <= alpha <= 1.0:
         raise ValueError(f"alpha: expected a value in [0, 1], got {alpha}")
-    w_absmax = torch.stack([w.detach().float().abs().amax(dim=0) for w in weights]).amax(dim=0)  # (K,)
+    w_absmax = torch.stack([column_absmax(w) for w in weights]).amax(dim=0)  # (K,), every process's rows
     act = act_absmax.float()
     factors = act.pow(alpha) / w_absmax.pow(1.0 - alpha)
     valid = (act > 0) & (w_absmax > 0) & torch.isfinite(factors)
@@ -89,33 +100,49 @@ def _output_tensors(output) -> list[torch.Tensor]:
     return []
 
 
-def _relative_change(before: list[torch.Tensor], after: list[torch.Tensor]) -> float:
+def _relative_change(before: list[torch.Tensor], after: list[torch.Tensor], agree: bool) -> float:
+    """The largest relative change of the outputs; with ``agree``, over every process's batch (an all-reduce)."""
     worst = 0.0
     for a, b in zip(before, after):
         scale = a.float().abs().max().clamp_min(1e-12)
         worst = max(worst, ((a.float() - b.float()).abs().max() / scale).item())
+    if agree:
+        agreed = torch.tensor(worst, dtype=torch.float64, device=before[0].device if before else "cpu")
+        dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
+        worst = agreed.item()
     return worst
+
+
+def _on_shards(forward_fn: Callable) -> Callable:
+    """``forward_fn`` followed by :func:`reshard_`: FSDP2 modules back on their shards after each forward."""
+    def run(model):
+        output = forward_fn(model)
+        reshard_(model)
+        return output
+    return run
 
 
 @torch.no_grad()
 def _scale_norm_(norm: nn.Module, factors: torch.Tensor) -> None:
-    norm.weight.div_(factors.to(norm.weight.dtype))
-    if getattr(norm, "bias", None) is not None:
-        norm.bias.div_(factors.to(norm.bias.dtype))
+    for vector in (norm.weight, getattr(norm, "bias", None)):
+        if vector is not None:
+            rows = local_tensor(vector)
+            rows.div_(factors[local_rows(vector)].to(rows.dtype))
 
 
 @torch.no_grad()
 def _scale_weights_(layers: list[nn.Module], factors: torch.Tensor) -> None:
     for layer in layers:
-        layer.weight.mul_(factors.to(layer.weight.dtype)[None, :])
+        rows = local_tensor(layer.weight)
+        rows.mul_(factors.to(rows.dtype)[None, :])
 
 
 @torch.no_grad()
-def _try_fold(model, norm, layers, factors, forward_fn, reference) -> bool:
+def _try_fold(model, norm, layers, factors, forward_fn, reference, agree: bool) -> bool:
     """Fold ``factors`` into ``norm`` and ``layers``; undo and return False if the outputs change."""
     _scale_norm_(norm, factors)
     _scale_weights_(layers, factors)
-    change = _relative_change(reference, _output_tensors(forward_fn(model)))
+    change = _relative_change(reference, _output_tensors(forward_fn(model)), agree)
     if change <= FOLD_TOLERANCE:
         return True
     _scale_norm_(norm, 1.0 / factors)
@@ -146,6 +173,9 @@ def apply_smoothquant(model: nn.Module, layers: Mapping[str, nn.Module], alpha: 
             raise ValueError(f"SmoothQuant: layer {name!r} has no observed activations; calibrate first")
     was_training = model.training
     paused = _pause_compression(model)
+    forward_fn = _on_shards(forward_fn)
+    reshard_(model)
+    agree = any(is_sharded(p) for p in model.parameters())  # FSDP2: every process decides each fold alike
     model.eval()
     try:
         reference = _output_tensors(forward_fn(model))
@@ -159,7 +189,7 @@ def apply_smoothquant(model: nn.Module, layers: Mapping[str, nn.Module], alpha: 
             members = [layers[n] for n in names]
             act = torch.stack([m.observer.channel_absmax for m in members]).amax(dim=0)
             factors = smoothing_factors(act, [m.weight for m in members], alpha)
-            if _try_fold(model, modules[norm_name], members, factors, forward_fn, reference):
+            if _try_fold(model, modules[norm_name], members, factors, forward_fn, reference, agree):
                 placement.update({n: f"norm {norm_name}" for n in names})
         for name, layer in layers.items():
             if name in placement:

@@ -16,6 +16,12 @@ loss increase that zeroing the block costs to second order at a minimum (Optimal
 with one Fisher block per 32x32 block; Kurtic et al., 2022). It weighs a block by how much the loss
 depends on it, so it sees the scale of the block's inputs, which magnitude does not.
 
+Every score is a function of per-block sums (:func:`block_sums`): ``sum |w|`` over the block's
+element count, ``sqrt(sum w^2)``, ``-sum w g``, ``(sum w g)^2``. :func:`block_sums` also takes a
+slice of rows of the weight placed at its row offset, so processes that each hold some rows (FSDP2
+shards, :mod:`compress.core.sharding`) sum their parts into the full grid; the parts added up are
+the whole weight's sums, and the score is taken from those (:func:`scores_from_block_sums`).
+
 A block mask is a bool grid, True = kept; :func:`mask_from_scores` prunes the ``floor(sparsity *
 blocks)`` lowest-scoring blocks (ties broken by position with a stable sort, so every process that
 sees the same weights builds the same mask). :func:`shrink_mask` does the same but never revives a
@@ -62,19 +68,61 @@ def _check_2d(where: str, w: torch.Tensor) -> None:
         raise ValueError(f"{where}: expected a 2-d weight (N, K), got shape {tuple(w.shape)}")
 
 
-def block_scores(w: torch.Tensor, block: int = 32, score: str = "magnitude") -> torch.Tensor:
-    """(N, K) -> (N/b, K/b) float32 block importance (see the module docstring)."""
+def block_sums(values: torch.Tensor, block: int, row_offset: int = 0, num_rows: int | None = None) -> torch.Tensor:
+    """Rows ``row_offset : row_offset + R`` of an (N, K) matrix, given as ``values`` (R, K) -> the
+    matrix's (N/b, K/b) block grid, float32, each entry the sum of the block's values among those rows
+    (0 for blocks they do not reach). ``num_rows``: N (default R, the whole matrix from row 0)."""
+    _check_2d("block_sums", values)
+    rows, k = values.shape
+    total = rows if num_rows is None else num_rows
+    if row_offset < 0 or row_offset + rows > total:
+        raise ValueError(f"block_sums: rows {row_offset}:{row_offset + rows} do not fit a matrix of {total} rows")
+    grid_rows, grid_cols = block_grid((total, k), block)
+    first = row_offset // block  # the first block row these rows reach
+    lead = row_offset - first * block  # their offset inside it
+    reached = -(-(lead + rows) // block)
+    padded = F.pad(values.detach().float(), (0, grid_cols * block - k, lead, reached * block - lead - rows))
+    partial = padded.reshape(reached, block, grid_cols, block).permute(0, 2, 1, 3).sum(dim=(2, 3))
+    if first == 0 and reached == grid_rows:
+        return partial
+    sums = torch.zeros(grid_rows, grid_cols, dtype=torch.float32, device=values.device)
+    sums[first:first + reached] = partial[: grid_rows - first]
+    return sums
+
+
+def block_counts(shape: tuple[int, int], block: int, device=None) -> torch.Tensor:
+    """(N/b, K/b) float32: how many elements of an (N, K) matrix each block holds (fewer at the edges)."""
+    return block_sums(torch.ones(shape, dtype=torch.float32, device=device), block)
+
+
+def score_values(w: torch.Tensor, score: str) -> torch.Tensor:
+    """What a weight-only ``score`` sums per block: ``|w|`` (magnitude) or ``w^2`` (l2), float32."""
+    _check_weight_score(score)
+    w = w.detach().float()
+    return w.pow(2) if score == "l2" else w.abs()
+
+
+def scores_from_block_sums(sums: torch.Tensor, score: str, shape: tuple[int, int], block: int) -> torch.Tensor:
+    """The block scores of a weight of ``shape`` from the block sums of :func:`score_values`."""
+    _check_weight_score(score)
+    if score == "l2":
+        return sums.sqrt()
+    return sums / block_counts(shape, block, sums.device)
+
+
+def _check_weight_score(score: str) -> None:
     if score in ("movement", "fisher"):
         raise ValueError(f"score: {score!r} needs gradients from training (compress.PruningSchedule); "
                          f"weight-only scoring expects one of {SCORES}")
     if score not in SCORES:
         raise ValueError(f"score: expected one of {SCORES}, got {score!r}")
+
+
+def block_scores(w: torch.Tensor, block: int = 32, score: str = "magnitude") -> torch.Tensor:
+    """(N, K) -> (N/b, K/b) float32 block importance (see the module docstring)."""
+    _check_weight_score(score)
     _check_2d("block_scores", w)
-    blocks = _blocks(w.detach().float(), block)
-    if score == "l2":
-        return blocks.pow(2).sum(dim=(2, 3)).sqrt()
-    counts = _blocks(torch.ones_like(w, dtype=torch.float32), block).sum(dim=(2, 3))
-    return blocks.abs().sum(dim=(2, 3)) / counts
+    return scores_from_block_sums(block_sums(score_values(w, score), block), score, tuple(w.shape), block)
 
 
 def _check_sparsity(sparsity: float) -> None:
@@ -97,7 +145,7 @@ def _block_products(name: str, w: torch.Tensor, grad: torch.Tensor, block: int) 
     _check_2d(name, w)
     if grad.shape != w.shape:
         raise ValueError(f"{name}: expected a gradient of shape {tuple(w.shape)}, got {tuple(grad.shape)}")
-    return _blocks(w.detach().float() * grad.detach().float(), block).sum(dim=(2, 3))
+    return block_sums(w.detach().float() * grad.detach().float(), block)
 
 
 def movement_block_scores(w: torch.Tensor, grad: torch.Tensor, block: int = 32) -> torch.Tensor:

@@ -27,6 +27,17 @@ statistics and scales (module buffers) come back with the model's ``state_dict``
 positions are each callback's own ``state_dict``. Under DDP every rank ends with the same masks
 (broadcast from rank 0) and the same scales (observer statistics all-reduced with max)
 (:mod:`compress.schedule.distributed`).
+
+FSDP2 (``ModelParallelStrategy``, :mod:`compress.lightning.strategy`): ``setup()`` runs before the
+LightningModule's ``configure_model`` shards the model, so the swapped layers are what FSDP wraps. The
+schedules then work on each rank's rows of the weights (block sums reduced across ranks, masks and
+scales the same on every rank, pruned rows zeroed after every sharded optimizer step). :class:`Export`
+and :class:`FloatWeightsSnapshot` gather the full model on rank 0's CPU
+(:func:`compress.schedule.fsdp.gather_full_model`); rank 0 converts and writes it, once. A sharded
+Lightning checkpoint (a directory) holds the masks and scales with the model's state and the
+callbacks' state in its ``meta.pt``; ``trainer.fit(ckpt_path=<directory>)`` resumes from it.
+Unsupported strategies (FSDP1's ``FSDPStrategy``, DeepSpeed, tensor parallelism) are refused in
+``setup()`` with a ``ValueError``.
 """
 from __future__ import annotations
 
@@ -42,11 +53,14 @@ from torch import nn
 from compress.calibration import calibrate, forward_batch
 from compress.checkpoint import save_compressed
 from compress.configs import W4A16Config, W8A8BlockConfig, W8A8Config, W8A16Config
+from compress.core.sharding import fsdp_modules
+from compress.lightning.strategy import check_strategy, is_fsdp
 from compress.nn.experts import CompressedExperts, ExpertLinear
 from compress.nn.qat import CompressedLinear, compressed_layers
 from compress.plan import convert
 from compress.schedule import CalibrationSchedule, PruningSchedule, QuantizationSchedule, distributed
 from compress.schedule.calibration import run_gptq_on_all_ranks
+from compress.schedule.fsdp import gather_full_model
 
 
 def target_model(pl_module: pl.LightningModule) -> nn.Module:
@@ -56,6 +70,17 @@ def target_model(pl_module: pl.LightningModule) -> nn.Module:
     The one rule for the callbacks and for ``compress run`` / ``compress export``."""
     model = getattr(pl_module, "model", None)
     return model if isinstance(model, nn.Module) else pl_module
+
+
+def trained_model(trainer: pl.Trainer, pl_module: pl.LightningModule, where: str) -> nn.Module:
+    """:func:`target_model`, checked to be sharded when the strategy is FSDP2 (``ModelParallelStrategy``
+    leaves sharding to the LightningModule's ``configure_model``)."""
+    model = target_model(pl_module)
+    if is_fsdp(trainer) and not fsdp_modules(model):
+        raise ValueError(f"{where}: ModelParallelStrategy, but the model is not sharded: apply FSDP2 in the "
+                         "LightningModule's configure_model, e.g. compress.schedule.fsdp.fully_shard_model(model, "
+                         "self.device_mesh['data_parallel']), as the tasks of compress.lightning.tasks do")
+    return model
 
 
 def no_training_steps(trainer: pl.Trainer) -> bool:
@@ -98,10 +123,11 @@ class BlockPruning(pl.Callback):
         return self.schedule.start_step
 
     def setup(self, trainer, pl_module, stage):
+        check_strategy(getattr(trainer, "strategy", None), type(self).__name__)
         self.schedule.prepare(target_model(pl_module))
 
     def on_train_start(self, trainer, pl_module):
-        self.schedule.bind(target_model(pl_module))
+        self.schedule.bind(trained_model(trainer, pl_module, type(self).__name__))
 
         def reapply_masks(optimizer, args, kwargs):
             self.schedule.apply_masks()
@@ -155,6 +181,7 @@ class QuantizationAware(pl.Callback):
         return self.schedule.start_step
 
     def setup(self, trainer, pl_module, stage):
+        check_strategy(getattr(trainer, "strategy", None), type(self).__name__)
         calibrated = any(isinstance(cb, Calibration) for cb in trainer.callbacks)
         if self.schedule.needs_static_scales and stage == "fit" and not calibrated:
             raise ValueError("QuantizationAware: a static W8A8Config needs a compress.lightning.callbacks.Calibration "
@@ -165,7 +192,7 @@ class QuantizationAware(pl.Callback):
         self.schedule.prepare(target_model(pl_module))
 
     def on_train_start(self, trainer, pl_module):
-        self.schedule.bind(target_model(pl_module))
+        self.schedule.bind(trained_model(trainer, pl_module, type(self).__name__))
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         self.schedule.start_if_due(trainer.global_step)
@@ -199,8 +226,11 @@ class Calibration(pl.Callback):
     def num_batches(self) -> int:
         return self.schedule.num_batches
 
+    def setup(self, trainer, pl_module, stage):
+        check_strategy(getattr(trainer, "strategy", None), type(self).__name__)
+
     def on_train_start(self, trainer, pl_module):
-        self.schedule.bind(target_model(pl_module))
+        self.schedule.bind(trained_model(trainer, pl_module, type(self).__name__))
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         self.schedule.batch_done()
@@ -250,23 +280,34 @@ class Calibration(pl.Callback):
 
 
 class Export(pl.Callback):
-    """At the end of ``fit``: convert to inference modules and (if ``save``) write ``dirpath``."""
+    """At the end of ``fit``: convert to inference modules and (if ``save``) write ``dirpath``.
+
+    ``self.model`` is then the converted model: the trained model itself, converted in place, or under
+    FSDP2 a copy gathered whole on rank 0's CPU and converted there (None on the other ranks; the
+    sharded model is left as it trained). Rank 0 writes ``dirpath``, once."""
 
     def __init__(self, dirpath: str = "compressed", save: bool = True):
         super().__init__()
         if not isinstance(dirpath, str) or not dirpath:
             raise ValueError(f"dirpath: expected a non-empty path string, got {dirpath!r}")
         self.dirpath, self.save = dirpath, bool(save)
+        self.model: Optional[nn.Module] = None
+
+    def setup(self, trainer, pl_module, stage):
+        check_strategy(getattr(trainer, "strategy", None), type(self).__name__)
 
     def on_fit_end(self, trainer, pl_module):
         model = target_model(pl_module)
         if not compressed_layers(model):
             rank_zero_warn("Export: the model has no prepared layers; nothing to convert")
             return
-        convert(model)
+        if fsdp_modules(model):
+            model = gather_full_model(model)  # every rank takes part; rank 0 gets the whole model
+        if model is not None:
+            self.model = convert(model)
         if self.save and trainer.is_global_zero:
             # overwrite: an earlier export of ours in dirpath is replaced; any other files there are not
-            path = save_compressed(model, self.dirpath, overwrite=True)
+            path = save_compressed(self.model, self.dirpath, overwrite=True)
             rank_zero_info(f"Export: compressed model saved to {path}")
         trainer.strategy.barrier("compress-export")
 
@@ -276,7 +317,8 @@ class FloatWeightsSnapshot(pl.Callback):
 
     ``on_train_end`` runs before every ``on_fit_end`` (where the Export callback converts), so the
     copy holds the fine-tuned float weights; training-only wrappers (fake quantization, masks) are
-    replaced by plain ``nn.Linear`` layers holding the same (pruned) float weights.
+    replaced by plain ``nn.Linear`` layers holding the same (pruned) float weights. Rank 0 keeps it
+    (on the CPU); under FSDP2 it is gathered from every rank's shards.
     """
 
     def __init__(self):
@@ -289,8 +331,12 @@ class FloatWeightsSnapshot(pl.Callback):
             self.on_train_end(trainer, pl_module)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if trainer.is_global_zero:
-            self.model = strip_training_modules(copy.deepcopy(target_model(pl_module)).cpu())
+        model = target_model(pl_module)
+        if fsdp_modules(model):
+            gathered = gather_full_model(model)  # every rank takes part; rank 0 gets the whole model
+            self.model = None if gathered is None else strip_training_modules(gathered)
+        elif trainer.is_global_zero:
+            self.model = strip_training_modules(copy.deepcopy(model).cpu())
 
 
 def strip_training_modules(model: nn.Module) -> nn.Module:

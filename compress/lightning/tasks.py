@@ -30,6 +30,12 @@ Optimizer: AdamW (no weight decay on biases and norms) with a linear warm-up ove
 
 The validation metrics are those :mod:`compress.eval.evaluate` computes on saved models, so training
 and evaluation score the same way.
+
+FSDP2: under ``ModelParallelStrategy`` (:mod:`compress.lightning.strategy`) ``configure_model`` shards
+``self.model`` over the data-parallel mesh, each transformer layer and then the model
+(:func:`compress.schedule.fsdp.fully_shard_model`); Lightning calls it after the callbacks' ``setup``,
+so the compression callbacks have swapped their layers by then. Distillation is refused there: the
+teacher is a whole copy of the model on every rank, taken from the sharded student.
 """
 from __future__ import annotations
 
@@ -53,8 +59,11 @@ from compress.lightning.distill import (
     distillation_loss,
     hidden_state_loss,
 )
+from compress.core.sharding import fsdp_modules
 from compress.lightning.paths import resolve_model_source
+from compress.lightning.strategy import data_parallel_mesh
 from compress.nn.modules import is_inference_module
+from compress.schedule.fsdp import fully_shard_model
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -141,6 +150,18 @@ class _TransformersTask(pl.LightningModule):
 
     def forward(self, **batch: Any):
         return self.model(**batch)
+
+    def configure_model(self) -> None:
+        """Under ``ModelParallelStrategy``: shard ``self.model`` with FSDP2 (module docstring), once;
+        under any other strategy nothing."""
+        mesh = data_parallel_mesh(self)
+        if mesh is None or fsdp_modules(self.model):
+            return
+        if self.distillation is not None:
+            raise ValueError("distillation is not supported under FSDP (ModelParallelStrategy): the teacher is a whole "
+                             "copy of the model on every rank, taken from the sharded student; train with 'ddp', or "
+                             "without distillation")
+        fully_shard_model(self.model, mesh)
 
     def output_distillation_loss(self, logits: torch.Tensor, teacher_logits: torch.Tensor,
                                  labels: torch.Tensor) -> torch.Tensor:

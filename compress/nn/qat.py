@@ -21,6 +21,15 @@ Parameters (an optimizer built before the swap keeps working) and holds:
 * ``fake_quant_enabled`` (bool attribute): off until a QAT schedule (or ``prepare(..., fake_quant=True)``,
   or :func:`compress.convert`'s post-training path) switches it on.
 
+Under FSDP2 (``fully_shard`` after the swap) ``weight`` and an LSQ ``weight_scale`` are row shards
+(:mod:`compress.core.sharding`) outside the forward, whole inside it; ``mask`` and the other buffers
+stay whole on every process. What runs outside the forward works on this process's rows:
+:meth:`apply_mask_` zeroes them, :meth:`local_masked_weight` hands them to scoring and GPTQ, an
+LSQ scale is initialised row by row (a row's scale depends on that row only; a block-scaled W8A8
+layer's 128 x 128 block scales from block maxima taken over every process's rows), and
+:meth:`set_quantized_weight` takes GPTQ's rows. The gradient hook registered on the weight does not
+survive sharding; the forward's ``weight * mask`` already gives pruned weights a zero gradient.
+
 Forward (the numerical contract: the exported module computes the same function)::
 
     w = weight * mask                                  (when masked)
@@ -40,7 +49,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from compress.configs import BlockSparseConfig, QuantConfig, W8A8BlockConfig, W8A8Config, W8A16Config, is_config
-from compress.core.block_quant import fake_quantize_act_blocks, fake_quantize_weight_blocks, weight_block_scale
+from compress.core import block_quant
+from compress.core.block_quant import fake_quantize_act_blocks, fake_quantize_weight_blocks
 from compress.core.float32 import Float32Buffers
 from compress.core.observers import Observer, make_observer
 from compress.core.quant import (
@@ -51,7 +61,9 @@ from compress.core.quant import (
     fake_quantize_per_token,
     group_scale,
     per_channel_scale,
+    safe_scale,
 )
+from compress.core.sharding import is_sharded, local_rows, local_tensor, max_over_shards_, rows_to_full
 from compress.core.sparsity import block_grid, expand_mask
 from compress.nn.conv1d import conv1d_from_linear, is_conv1d, linear_from_conv1d
 from compress.nn.modules import padded_in_features
@@ -157,6 +169,13 @@ class CompressedLinear(Float32Buffers, nn.Linear):
     def _element_mask(self) -> torch.Tensor:
         return expand_mask(self.mask, (self.out_features, self.in_features), self.sparse_config.block)
 
+    def _element_mask_rows(self, rows: slice) -> torch.Tensor:
+        """Rows ``rows`` of the element mask, expanded from the block rows they reach only."""
+        block = self.sparse_config.block
+        first, last = rows.start // block, -(-rows.stop // block)
+        blocks = expand_mask(self.mask[first:last], ((last - first) * block, self.in_features), block)
+        return blocks[rows.start - first * block: rows.stop - first * block]
+
     def _mask_gradient(self, grad: torch.Tensor) -> torch.Tensor:
         return grad if self.mask is None else grad * self._element_mask().to(grad.dtype)
 
@@ -176,6 +195,15 @@ class CompressedLinear(Float32Buffers, nn.Linear):
             return self.weight
         return self.weight * self._element_mask().to(self.weight.dtype)
 
+    def local_masked_weight(self) -> tuple[torch.Tensor, slice]:
+        """(the rows of ``weight * mask`` this process holds, detached; which rows they are): all rows
+        unless the weight is an FSDP2 shard (module docstring)."""
+        rows = local_rows(self.weight)
+        weight = local_tensor(self.weight).detach()
+        if self.mask is None:
+            return weight, rows
+        return weight * self._element_mask_rows(rows).to(weight.dtype), rows
+
     def _per_channel_int8(self) -> bool:
         """Whether the weight has one int8 scale per output channel (W8A8, per-channel W8A16)."""
         config = self.quant_config
@@ -186,13 +214,23 @@ class CompressedLinear(Float32Buffers, nn.Linear):
         return INT8_QMAX if isinstance(self.quant_config, W8A16Config) else INT4_QMAX
 
     def _absmax_weight_scale(self) -> torch.Tensor:
-        w = self.masked_weight().detach()
+        """The absmax scales of this process's rows of ``weight_scale`` (all rows without FSDP): (R,) per
+        channel, (R, Kp/G) per group; block-scaled W8A8: its rows of the (N/128, K/128) block scales."""
+        w, rows = self.local_masked_weight()
         if isinstance(self.quant_config, W8A8BlockConfig):
-            return weight_block_scale(w)
+            return self._block_weight_scale(w, rows)
         if self._per_channel_int8():
             return per_channel_scale(w)
         padded, group_size = padded_in_features(self.in_features, self.quant_config.group_size)
         return group_scale(F.pad(w, (0, padded - self.in_features)), group_size, self._group_qmax())
+
+    def _block_weight_scale(self, w: torch.Tensor, rows: slice) -> torch.Tensor:
+        """Block-scaled W8A8's (N/128, K/128) absmax scales from this process's rows ``w`` of the masked
+        weight: their block maxima, the maximum over every process's (a 128-row block may span shards),
+        then this process's rows of the scales (all of them without FSDP)."""
+        absmax = max_over_shards_(block_quant.weight_block_absmax(w, rows.start, self.out_features), self.weight)
+        scale = safe_scale(absmax, block_quant.QMAX)
+        return scale if self.weight_scale is None else scale[local_rows(self.weight_scale)]
 
     def _fake_quantize_groups(self, w: torch.Tensor) -> torch.Tensor:
         """Group-wise fake quantization (int4, or int8 for W8A16), K zero-padded to the group size as the
@@ -216,9 +254,11 @@ class CompressedLinear(Float32Buffers, nn.Linear):
 
     @torch.no_grad()
     def apply_mask_(self) -> None:
-        """Write exact zeros into the pruned weights (call after every optimizer step)."""
+        """Write exact zeros into the pruned weights (call after every optimizer step); under FSDP2 into
+        this process's rows of them."""
         if self.mask is not None:
-            self.weight.mul_(self._element_mask().to(self.weight.dtype))
+            weight = local_tensor(self.weight)
+            weight.mul_(self._element_mask_rows(local_rows(self.weight)).to(weight.dtype))
 
     @torch.no_grad()
     def set_quantized_weight(self, weight: torch.Tensor, scale: torch.Tensor) -> None:
@@ -227,15 +267,24 @@ class CompressedLinear(Float32Buffers, nn.Linear):
         ``scale``: (N,) for W8A8 and per-channel W8A16, (N, Kp/G) for W4A16 and grouped W8A16. A learnable
         scale takes the values (marked
         initialised); otherwise they become the ``weight_scale`` buffer.
+
+        Under FSDP2 both are this process's rows (``local_rows(self.weight)``) and every process calls
+        this for the same layers in the same order: a scale buffer, whole on every process, is
+        gathered from all processes' rows.
         """
         if self.quant_config is None:
             raise ValueError("set_quantized_weight: this layer has no quantization config")
-        self.weight.copy_(weight.to(self.weight.dtype))
-        scale = scale.detach().float().to(self.weight.device)
+        target = local_tensor(self.weight)
+        if weight.shape != target.shape:
+            raise ValueError(f"set_quantized_weight: expected a weight of shape {tuple(target.shape)} (the rows this "
+                             f"process holds), got {tuple(weight.shape)}")
+        target.copy_(weight.to(target.dtype))
+        scale = scale.detach().float().to(target.device)
         if isinstance(self.weight_scale, nn.Parameter):
-            self.weight_scale.copy_(scale)
+            local_tensor(self.weight_scale).copy_(scale)
             self.scale_initialized.fill_(True)
         else:
+            scale = rows_to_full(scale, self.weight) if is_sharded(self.weight) else scale
             if "weight_scale" not in self._buffers:
                 del self.weight_scale
             self.register_buffer("weight_scale", scale)
@@ -249,7 +298,7 @@ class CompressedLinear(Float32Buffers, nn.Linear):
         self.fake_quant_enabled = bool(on)
         if on and self.scale_initialized is not None and not bool(self.scale_initialized):
             with torch.no_grad():
-                self.weight_scale.copy_(self._absmax_weight_scale())
+                local_tensor(self.weight_scale).copy_(self._absmax_weight_scale())
                 self.scale_initialized.fill_(True)
 
     def observe(self, on: bool = True) -> None:

@@ -15,7 +15,9 @@ hook is removed once smoothing is done).
 
 GPTQ (:func:`run_gptq_on_all_ranks`): the layers whose config says ``algorithm="gptq"`` are rounded
 once training is over, from Hessians collected on calibration batches and summed over ranks;
-rank 0's result is broadcast (:func:`compress.calibration.run_gptq`).
+rank 0's result is broadcast (:func:`compress.calibration.run_gptq`). Under FSDP2 each rank rounds
+its own rows of each weight from the same summed Hessian, and nothing is broadcast but a scale
+buffer, which every rank gathers whole (:meth:`compress.nn.qat.CompressedLinear.set_quantized_weight`).
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ from torch import nn
 
 from compress.calibration import gptq_layers, run_gptq
 from compress.configs import OBSERVERS, W8A8Config
+from compress.core.sharding import is_sharded
 from compress.core.smoothquant import apply_smoothquant
 from compress.nn.experts import ExpertLinear
 from compress.nn.qat import CompressedLinear, compressed_layers
@@ -162,6 +165,7 @@ def run_gptq_on_all_ranks(model: nn.Module, calibration_data) -> int:
         results = run_gptq(model, calibration_data, sync=distributed.sum_over_ranks)
     layers = compressed_layers(model)
     for name in results:
-        distributed.broadcast_(layers[name].weight.data)
-        distributed.broadcast_(layers[name].weight_scale.data)
+        if not is_sharded(layers[name].weight):  # FSDP2: each rank rounded its own rows (module docstring)
+            distributed.broadcast_(layers[name].weight.data)
+            distributed.broadcast_(layers[name].weight_scale.data)
     return len(results)

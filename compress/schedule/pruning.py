@@ -27,6 +27,10 @@ every layer is scored by magnitude, so the ranking compares one kind of score.
 neurons share blocks (:func:`compress.core.neuron_order.reorder_mlp_neurons`; the function is unchanged).
 
 Under DDP every rank computes its masks from identical weights and installs rank 0's (broadcast).
+Under FSDP2 (``fully_shard`` applied after :meth:`PruningSchedule.prepare`) each rank holds some rows
+of each weight: the block sums of its rows are summed over the ranks (:mod:`compress.schedule.block_scores`),
+so every rank scores the whole weight, the masks (whole on every rank) come out the same and rank 0's
+are installed; each rank then zeroes its own rows of the pruned blocks after every optimizer step.
 The state (last re-scoring, gradient sums as CPU tensors) is :meth:`PruningSchedule.state_dict`; the
 masks themselves are module buffers, in the model's ``state_dict``.
 """
@@ -41,20 +45,19 @@ from torch import nn
 from compress.configs import BLOCK_SCORES, GRADIENT_SCORES, BlockSparseConfig
 from compress.core.neuron_order import find_mlps, kept_mass, reorder_mlp_neurons
 from compress.nn.experts import is_fused_experts
+from compress.core.sharding import reshard_
 from compress.core.sparsity import (
     allocation_bounds,
-    block_mask,
-    block_scores,
     cubic_sparsity,
-    fisher_block_scores,
     global_block_masks,
+    mask_from_scores,
     mask_sparsity,
-    movement_block_scores,
     shrink_mask,
 )
 from compress.nn.qat import CompressedLinear
 from compress.plan import DEFAULT_EXCLUDE, Plan, prepare
 from compress.schedule import distributed
+from compress.schedule.block_scores import gradient_block_scores, weight_block_scores
 from compress.schedule.validation import check_positive_int, check_step
 
 logger = logging.getLogger(__name__)
@@ -114,6 +117,7 @@ class PruningSchedule:
         self.last_pruned_step: Optional[int] = None
         self.gradient_scores: dict[str, torch.Tensor] = {}  # movement or Fisher sums: name -> (N/32, K/32) float32
         self.layers: dict[str, CompressedLinear] = {}  # the matched layers (bind)
+        self.model: Optional[nn.Module] = None  # the bound model (bind)
         self._reordered = False
 
     # ---- set-up ----------------------------------------------------------------------------------
@@ -134,7 +138,7 @@ class PruningSchedule:
 
     def bind(self, model: nn.Module) -> None:
         """Find the plan's (prepared) layers; gradient sums restored on their devices, else zeros."""
-        self.layers = self.plan.prepared_layers(model)
+        self.model, self.layers = model, self.plan.prepared_layers(model)
         if self.score in GRADIENT_SCORES:
             self.gradient_scores = {name: self._initial_sum(name, layer) for name, layer in self.layers.items()}
 
@@ -172,6 +176,8 @@ class PruningSchedule:
         """Re-score and install the masks for ``step`` if the schedule says so; True if it did."""
         if not self.due(step):
             return False
+        if self.model is not None:
+            reshard_(self.model)  # FSDP2: score and mask the shards, not a copy gathered by a forward
         if self.allocation == "global":
             self._prune_globally(step)
         else:
@@ -193,12 +199,10 @@ class PruningSchedule:
         backward, before the optimizer step; only the layers ``optimizer`` updates, when given)."""
         if not self.reads_gradients:
             return
-        block_step = movement_block_scores if self.score == "movement" else fisher_block_scores
         updated = None if optimizer is None else {id(p) for group in optimizer.param_groups for p in group["params"]}
         layers = {name: layer for name, layer in self.layers.items()
                   if layer.weight_grad() is not None and (updated is None or id(layer.weight_parameter) in updated)}
-        steps = {name: block_step(layer.weight, layer.weight_grad(), layer.sparse_config.block)
-                 for name, layer in layers.items()}
+        steps = gradient_block_scores(layers, self.score)
         if not steps:
             return
         finite = torch.stack([step.isfinite().all() for step in steps.values()]).all()
@@ -211,24 +215,27 @@ class PruningSchedule:
             layer.apply_mask_()
 
     # ---- re-scoring --------------------------------------------------------------------------------------
-    def _summed_or_magnitude(self, name: str, layer: CompressedLinear) -> tuple[torch.Tensor, bool]:
-        """(the layer's gradient sum, False), or (its magnitude scores, True) while the sum is all zero."""
-        scores = self.gradient_scores.get(name)
-        if scores is not None and bool(scores.any()):
-            return scores, False
-        return block_scores(layer.masked_weight(), layer.sparse_config.block, "magnitude"), True
+    def _layer_scores(self) -> tuple[dict[str, torch.Tensor], int]:
+        """({name: block scores} of every layer, how many layers fell back to magnitude): the gradient sum
+        where it has any signal, else (and for weight scores) the masked weight's scores."""
+        summed = {}
+        if self.score in GRADIENT_SCORES:
+            summed = {name: self.gradient_scores[name] for name in self.layers
+                      if name in self.gradient_scores and bool(self.gradient_scores[name].any())}
+        rest = {name: layer for name, layer in self.layers.items() if name not in summed}
+        weighed = weight_block_scores(rest, "magnitude" if self.score in GRADIENT_SCORES else self.score)
+        fallbacks = len(rest) if self.score in GRADIENT_SCORES else 0
+        return {name: summed[name] if name in summed else weighed[name] for name in self.layers}, fallbacks
 
     def _prune_each_layer(self, step: int) -> None:
-        reached, fallbacks = [], 0
+        reached = []
+        scores, fallbacks = self._layer_scores()
         for name, layer in self.layers.items():
-            config = layer.sparse_config
-            target = cubic_sparsity(step, self.start_step, self.end_step, config.sparsity)
-            if config.score in GRADIENT_SCORES:
-                scores, fell_back = self._summed_or_magnitude(name, layer)
-                fallbacks += fell_back
-                mask = shrink_mask(scores, layer.mask, target)
+            target = cubic_sparsity(step, self.start_step, self.end_step, layer.sparse_config.sparsity)
+            if self.score in GRADIENT_SCORES:
+                mask = shrink_mask(scores[name], layer.mask, target)
             else:
-                mask = block_mask(layer.masked_weight(), target, config.block, config.score)
+                mask = mask_from_scores(scores[name], target)
             reached.append(_install_mask(layer, mask))
         self._rescored(step)
         if fallbacks:
@@ -246,9 +253,7 @@ class PruningSchedule:
         scores = {name: self.gradient_scores.get(name) for name in layers} if summed else {}
         fell_back = summed and any(s is None or not bool(s.any()) for s in scores.values())
         if not summed or fell_back:
-            kind = "magnitude" if summed else self.score
-            scores = {name: block_scores(layer.masked_weight(), layer.sparse_config.block, kind)
-                      for name, layer in layers.items()}
+            scores = weight_block_scores(layers, "magnitude" if summed else self.score)
         masks = global_block_masks(scores, {name: layer.mask for name, layer in layers.items()}, target, self.spread)
         shares = [_install_mask(layer, masks[name]) for name, layer in layers.items()]
         self._rescored(step)

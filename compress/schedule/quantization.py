@@ -5,15 +5,22 @@ the grid the export stores (:class:`compress.nn.qat.CompressedLinear`), so train
 the inference module computes. A learnable (LSQ) scale is initialised from the weight when fake
 quantization first switches on. The switch is a module attribute, not a buffer: whoever restores a run
 calls :meth:`QuantizationSchedule.start_if_due` for the restored step again.
+
+Under FSDP2 the forward sees whole weights and scales (FSDP gathers them); an LSQ scale is a row
+shard like its weight, and each rank initialises the scales of its own rows (a row's scale depends
+on that row only; block-scaled W8A8's 128 x 128 block scales come from block maxima taken over every
+rank's rows), so the gathered scale is the one a single process would start from.
 """
 from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from typing import Optional
 
 from torch import nn
 
 from compress.configs import QUANT_CONFIGS, W8A8Config
+from compress.core.sharding import reshard_
 from compress.nn.qat import CompressedLinear
 from compress.plan import DEFAULT_EXCLUDE, Plan, prepare
 from compress.schedule import distributed
@@ -48,6 +55,7 @@ class QuantizationSchedule:
         self.plan = Plan(rules, exclude=DEFAULT_EXCLUDE if exclude is None else tuple(exclude))
         self.start_step = start_step
         self.layers: dict[str, CompressedLinear] = {}
+        self.model: Optional[nn.Module] = None
 
     @property
     def configs(self) -> list:
@@ -68,13 +76,15 @@ class QuantizationSchedule:
 
     def bind(self, model: nn.Module) -> None:
         """Find the plan's (prepared) layers."""
-        self.layers = self.plan.prepared_layers(model)
+        self.model, self.layers = model, self.plan.prepared_layers(model)
 
     def start_if_due(self, step: int) -> None:
         """Switch fake quantization on for every layer still off once ``step >= start_step``."""
         if step < self.start_step:
             return
         switched = [layer for layer in self.layers.values() if not layer.fake_quant_enabled]
+        if switched and self.model is not None:
+            reshard_(self.model)  # FSDP2: LSQ scales start from the shards, not from a gathered copy
         for layer in switched:
             layer.enable_fake_quant(True)
         if switched:

@@ -20,8 +20,24 @@ OURS = ["quickstart.yaml", *sorted(p.name for p in RECIPES.glob("minilm-sst2-*.y
 
 
 def test_the_minilm_variants_are_all_there():
-    expected = {"dense", "w8a8-qat", "w8a8block-qat", "w4a16-qat", "w8a16-qat", "sparse50", "sparse50-w8a8"}
+    expected = {"dense", "w8a8-qat", "w8a8block-qat", "w4a16-qat", "w8a16-qat", "sparse50", "sparse50-w8a8",
+                "sparse50-w8a8-fsdp"}
     assert {name.removeprefix("minilm-sst2-").removesuffix(".yaml") for name in OURS[1:]} == expected
+
+
+def test_the_fsdp_recipe_is_the_sparse_w8a8_one_on_two_gpus_without_distillation():
+    """Same model, plan and schedule as minilm-sst2-sparse50-w8a8.yaml, 2 x 16 = 32 samples per step;
+    distillation left out (the task refuses it under FSDP)."""
+    fsdp, one_gpu = _recipe("minilm-sst2-sparse50-w8a8-fsdp.yaml"), _recipe("minilm-sst2-sparse50-w8a8.yaml")
+    strategy = fsdp["trainer"]["strategy"]
+    assert strategy["class_path"] == "lightning.pytorch.strategies.ModelParallelStrategy"
+    assert strategy["init_args"] == {"data_parallel_size": 2, "tensor_parallel_size": 1} and fsdp["trainer"]["devices"] == 2
+    assert 2 * fsdp["data"]["init_args"]["batch_size"] == one_gpu["data"]["init_args"]["batch_size"]
+    assert fsdp["trainer"]["callbacks"][:2] == one_gpu["trainer"]["callbacks"][:2]
+    assert "distillation" not in fsdp["model"]["init_args"]
+    task = CompressCLI(args=["--config", str(RECIPES / "minilm-sst2-sparse50-w8a8-fsdp.yaml"),
+                             "--trainer.accelerator=cpu"], run=False).model
+    assert task.distillation is None
 
 
 @pytest.mark.parametrize("name", OURS)

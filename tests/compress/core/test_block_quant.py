@@ -1,9 +1,11 @@
 """Tests for compress/core/block_quant.py: block scales, round trips, fake quantization equal to the
-kernels' integers, STE and LSQ gradients, zero and partial blocks."""
+kernels' integers, STE and LSQ gradients, zero and partial blocks, block maxima of row slices (FSDP2 shards)."""
+import pytest
 import torch
 
 from compress._kernels import reference
 from compress.core import block_quant as bq
+from compress.core.quant import safe_scale
 
 
 def test_weight_scales_per_128_by_128_block_with_partial_blocks():
@@ -14,6 +16,18 @@ def test_weight_scales_per_128_by_128_block_with_partial_blocks():
     assert torch.allclose(scale, torch.tensor([[0.1, 0.01], [1.0, 0.02]]))  # a zero block: scale 1
     w_q, s = bq.quantize_weight_blocks(w)
     assert torch.equal(s, scale) and torch.allclose(bq.dequantize_weight_blocks(w_q, s), w)
+
+
+@pytest.mark.parametrize("cuts", [(65,), (100, 128, 129), (0, 260)])
+def test_block_maxima_of_row_slices_combine_to_the_whole_weights(cuts):
+    """Each FSDP2 process takes the block maxima of its rows at their offset; their maximum is the whole's."""
+    w = torch.randn(260, 200)
+    bounds = [0, *cuts, 260]
+    parts = [bq.weight_block_absmax(w[a:b], a, 260) for a, b in zip(bounds, bounds[1:])]
+    assert torch.equal(torch.stack(parts).amax(dim=0), bq.weight_block_absmax(w))
+    assert torch.equal(safe_scale(bq.weight_block_absmax(w), bq.QMAX), bq.weight_block_scale(w))
+    with pytest.raises(ValueError, match="do not fit"):
+        bq.weight_block_absmax(w[:10], 255, 260)
 
 
 def test_weight_round_trip_error_is_half_a_step():

@@ -1,4 +1,4 @@
-"""Tests for compress/core/sparsity.py: scores, masks, the cubic schedule, dense <-> BSR."""
+"""Tests for compress/core/sparsity.py: scores, masks, the cubic schedule, dense <-> BSR, block sums of row slices."""
 import pytest
 import torch
 
@@ -173,3 +173,18 @@ def test_global_masks_never_leave_a_layer_whole_or_accept_bad_arguments():
         sparsity.allocation_bounds(0.5, 1.0)
     with pytest.raises(ValueError, match="masks for the scored layers"):
         sparsity.global_block_masks({"a": torch.rand(2, 2)}, {}, 0.5, 0.5)
+
+
+@pytest.mark.parametrize("cuts", [(48,), (31, 33, 64), (0, 70), (10, 11, 12)])
+def test_block_sums_of_row_slices_add_up_to_the_whole_weights(cuts):
+    """The FSDP2 case: each process sums its rows at their offset; the parts add up to the whole."""
+    w = torch.randn(70, 100)
+    bounds = [0, *cuts, 70]
+    parts = [sparsity.block_sums(w[a:b], 32, row_offset=a, num_rows=70) for a, b in zip(bounds, bounds[1:])]
+    assert all(part.shape == (3, 4) for part in parts)
+    assert torch.allclose(sum(parts), sparsity.block_sums(w, 32), rtol=1e-5, atol=1e-5)
+    abs_sums = sum(sparsity.block_sums(w[a:b].abs(), 32, a, 70) for a, b in zip(bounds, bounds[1:]))
+    magnitude = sparsity.scores_from_block_sums(abs_sums, "magnitude", (70, 100), 32)
+    assert torch.allclose(magnitude, sparsity.block_scores(w, 32, "magnitude"), rtol=1e-5)
+    with pytest.raises(ValueError, match="do not fit"):
+        sparsity.block_sums(w[:10], 32, row_offset=65, num_rows=70)

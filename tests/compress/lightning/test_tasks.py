@@ -129,3 +129,18 @@ def test_causal_lm_task_step():
     assert torch.isfinite(loss)
     task.validation_step({"input_ids": ids, "labels": ids}, 0)
     assert task.val_metrics.compute()["perplexity"] > 1.0
+
+
+class _DataParallelMesh:
+    """Stands for ModelParallelStrategy's (data_parallel, tensor_parallel) mesh, tensor parallel of size 1."""
+
+    def __getitem__(self, name):
+        return type("Mesh", (), {"size": lambda self: 1, "ndim": 1})()
+
+
+def test_configure_model_refuses_distillation_under_fsdp_and_shards_nothing_elsewhere():
+    task = SequenceClassificationTask(config=TINY_BERT, num_labels=10, distillation={"alpha": 0.5})
+    task.configure_model()  # no device mesh: not ModelParallelStrategy, nothing to do
+    task._device_mesh = _DataParallelMesh()
+    with pytest.raises(ValueError, match="distillation is not supported under FSDP"):
+        task.configure_model()
