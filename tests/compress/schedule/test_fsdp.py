@@ -40,6 +40,12 @@ RUNS = {"magnitude": ("magnitude", None), "l2": ("l2", None), "movement": ("move
 STEPS = 6
 TOLERANCE = 1e-4  # FSDP against one process: the same sums in another order, over a few AdamW steps
 EXPORT_TOLERANCE = 1e-3  # the export after static fake quantization and GPTQ, whose roundings amplify that
+# AdamW moves a weight by about its learning rate (1e-2 here) whatever the gradient's size, so a weight
+# whose gradient is near zero once the model is quantized can take a step of another sign when its
+# sum comes in another order: float tensors of the export may also differ by 5% of one such step
+# (torch 2.11 on a GPU machine: norm.bias 2e-4 apart under the composed run, against 4e-5 from the
+# relative bound)
+ADAM_STEP_SLACK = 5e-4
 
 
 def halves(count=STEPS + 2, seed=0):
@@ -164,14 +170,15 @@ def single_run(run):
     return buffers_of(model, schedule), compress.convert(model)
 
 
-def assert_close(actual, expected, tolerance, what):
+def assert_close(actual, expected, tolerance, what, floor=0.0):
+    """The largest difference at most ``tolerance`` of the largest value of ``expected``, or ``floor``."""
     scale = expected.float().abs().max()
-    assert (actual.float() - expected.float()).abs().max() <= tolerance * scale, what
+    assert (actual.float() - expected.float()).abs().max() <= max(tolerance * scale, floor), what
 
 
 def assert_exports_close(actual: dict, expected: dict, tolerance: float) -> None:
     """Two exports' state dicts: the same BSR indices, int8 values equal but in under 5% of entries and
-    at most 2 apart, every other tensor within ``tolerance`` of its largest value."""
+    at most 2 apart, every other tensor within ``tolerance`` of its largest value or ``ADAM_STEP_SLACK``."""
     assert set(actual) == set(expected)
     for key, tensor in actual.items():
         if key.endswith(("crow_indices", "col_indices")):
@@ -180,7 +187,7 @@ def assert_exports_close(actual: dict, expected: dict, tolerance: float) -> None
             steps = (tensor.int() - expected[key].int()).abs()
             assert steps.max() <= 2 and (steps > 0).float().mean() < 0.05, key
         else:
-            assert_close(tensor, expected[key], tolerance, key)
+            assert_close(tensor, expected[key], tolerance, key, floor=ADAM_STEP_SLACK)
 
 
 @pytest.fixture(scope="module")
