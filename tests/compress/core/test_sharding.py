@@ -5,7 +5,6 @@ column maxima cover every rank's rows, and any other placement is refused."""
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 
 from compress.core.sharding import (
@@ -17,6 +16,7 @@ from compress.core.sharding import (
     reshard_,
     rows_to_full,
 )
+from tests.compress.ranks import run_ranks
 
 ROWS = (1, 3, 5, 96)  # 1 row: rank 1 holds none
 
@@ -65,7 +65,7 @@ def shard_checks(rank, world_size, init_file, out_dir):
 
 @pytest.mark.slow
 def test_shards_are_torch_chunk_rows_and_gather_back(tmp_path):
-    mp.spawn(shard_checks, args=(2, str(tmp_path / "init"), str(tmp_path)), nprocs=2, join=True)
+    run_ranks(shard_checks, (2, str(tmp_path / "init"), str(tmp_path)))
     for rank in (0, 1):
         results = torch.load(tmp_path / f"rank{rank}.pt", weights_only=True)
         for rows in ROWS:

@@ -4,13 +4,13 @@ scales and GPTQ weights on every rank; without a process group the helpers do no
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 
 from compress import CalibrationSchedule, CompressionSchedule, PruningSchedule, QuantizationSchedule, W8A8Config
 from compress.nn.qat import compressed_layers
 from compress.schedule import distributed
 from tests.compress.schedule.test_schedule import PreNormMLP, batches
+from tests.compress.ranks import run_ranks
 
 
 def train_on_rank(rank: int, world_size: int, init_file: str, out_dir: str) -> None:
@@ -42,7 +42,7 @@ def train_on_rank(rank: int, world_size: int, init_file: str, out_dir: str) -> N
 
 @pytest.mark.slow
 def test_a_ddp_loop_keeps_the_ranks_identical(tmp_path):
-    mp.spawn(train_on_rank, args=(2, str(tmp_path / "init"), str(tmp_path)), nprocs=2, join=True)
+    run_ranks(train_on_rank, (2, str(tmp_path / "init"), str(tmp_path)))
     rank0, rank1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in (0, 1))
     assert set(rank0) == set(rank1) == {"up", "down", "norm"}
     for name, tensors in rank0.items():

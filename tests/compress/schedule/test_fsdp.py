@@ -23,7 +23,6 @@ import copy
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 
 import compress
@@ -34,6 +33,7 @@ from compress.core.sparsity import expand_mask
 from compress.nn.qat import compressed_layers
 from compress.schedule.fsdp import fully_shard_model, gather_full_model, transformer_blocks
 from tests.compress.models import PreNormMLP
+from tests.compress.ranks import run_ranks
 
 RUNS = {"magnitude": ("magnitude", None), "l2": ("l2", None), "movement": ("movement", None),
         "fisher": ("fisher", None), "composed": ("movement", "w8a8"), "block-scaled": ("movement", "w8a8-block")}
@@ -193,7 +193,7 @@ def assert_exports_close(actual: dict, expected: dict, tolerance: float) -> None
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
     out = tmp_path_factory.mktemp("fsdp")
-    mp.spawn(sharded_runs, args=(2, str(out / "init"), str(out)), nprocs=2, join=True)
+    run_ranks(sharded_runs, (2, str(out / "init"), str(out)))
     return [torch.load(out / f"rank{r}.pt", weights_only=True) for r in (0, 1)]
 
 
