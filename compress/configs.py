@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Optional, Union
+from typing import Any, ClassVar, Optional, Union
 
 ACTIVATION_MODES = ("dynamic", "static")
 OBSERVERS = ("absmax", "percentile", "moving_average")
@@ -130,43 +130,11 @@ class W8A8Config(_AlgorithmMixin, _ConfigMixin):
 
 
 @dataclass(frozen=True)
-class W4A16Config(_AlgorithmMixin, _ConfigMixin):
-    """int4 weights, fp16/bf16 activations; ``group_size`` in (32, 64, 128) or None (per channel).
+class _WeightOnlyConfig(_AlgorithmMixin, _ConfigMixin):
+    """The fields and checks W4A16 and W8A16 share: ``group_size`` (one of ``GROUP_SIZES``, or None for
+    one scale per output channel), LSQ scales, and the algorithm with its GPTQ knobs."""
 
-    ``algorithm="gptq"``: each group's scale is searched first (a clipped absmax that minimises the
-    group's rounding error weighted by the inputs' energy), then GPTQ rounds the weights on those
-    scales (:mod:`compress.core.gptq`).
-    """
-
-    group_size: Optional[int] = 128
-    learnable_scale: bool = False
-    algorithm: str = "rtn"
-    gptq_damping: float = 0.01
-    gptq_act_order: Optional[bool] = None
-    gptq_block: int = 128
-
-    def __post_init__(self):
-        if self.group_size is not None:
-            _check_type("W4A16Config.group_size", self.group_size, (int,))
-            _check_choice("W4A16Config.group_size", self.group_size, W4_GROUP_SIZES + (None,))
-        _check_type("W4A16Config.learnable_scale", self.learnable_scale, (bool,))
-        self._check_algorithm()
-
-    def group_size_for(self, in_features: int) -> int:
-        """The group size used for a layer with ``in_features`` input channels."""
-        return in_features if self.group_size is None else self.group_size
-
-
-@dataclass(frozen=True)
-class W8A16Config(_AlgorithmMixin, _ConfigMixin):
-    """int8 weights, fp16/bf16 activations; ``group_size`` None (one scale per output channel, the
-    default) or 128 (one per group of 128 input channels).
-
-    ``algorithm="gptq"``: per channel the row scales are fixed up front (``max|W[n,:]| / 127``, as for
-    W8A8); with groups each group's scale is searched when the sweep reaches it (as for W4A16); then
-    GPTQ rounds the weights on those scales (:mod:`compress.core.gptq`).
-    """
-
+    GROUP_SIZES: ClassVar[tuple] = ()
     group_size: Optional[int] = None
     learnable_scale: bool = False
     algorithm: str = "rtn"
@@ -175,11 +143,42 @@ class W8A16Config(_AlgorithmMixin, _ConfigMixin):
     gptq_block: int = 128
 
     def __post_init__(self):
+        name = type(self).__name__
         if self.group_size is not None:
-            _check_type("W8A16Config.group_size", self.group_size, (int,))
-            _check_choice("W8A16Config.group_size", self.group_size, W8_GROUP_SIZES + (None,))
-        _check_type("W8A16Config.learnable_scale", self.learnable_scale, (bool,))
+            _check_type(f"{name}.group_size", self.group_size, (int,))
+            _check_choice(f"{name}.group_size", self.group_size, self.GROUP_SIZES + (None,))
+        _check_type(f"{name}.learnable_scale", self.learnable_scale, (bool,))
         self._check_algorithm()
+
+
+@dataclass(frozen=True)
+class W4A16Config(_WeightOnlyConfig):
+    """int4 weights, fp16/bf16 activations; ``group_size`` in (32, 64, 128) or None (per channel).
+
+    ``algorithm="gptq"``: each group's scale is searched first (a clipped absmax that minimises the
+    group's rounding error weighted by the inputs' energy), then GPTQ rounds the weights on those
+    scales (:mod:`compress.core.gptq`).
+    """
+
+    GROUP_SIZES: ClassVar[tuple] = W4_GROUP_SIZES
+    group_size: Optional[int] = 128
+
+    def group_size_for(self, in_features: int) -> int:
+        """The group size used for a layer with ``in_features`` input channels."""
+        return in_features if self.group_size is None else self.group_size
+
+
+@dataclass(frozen=True)
+class W8A16Config(_WeightOnlyConfig):
+    """int8 weights, fp16/bf16 activations; ``group_size`` None (one scale per output channel, the
+    default) or 128 (one per group of 128 input channels).
+
+    ``algorithm="gptq"``: per channel the row scales are fixed up front (``max|W[n,:]| / 127``, as for
+    W8A8); with groups each group's scale is searched when the sweep reaches it (as for W4A16); then
+    GPTQ rounds the weights on those scales (:mod:`compress.core.gptq`).
+    """
+
+    GROUP_SIZES: ClassVar[tuple] = W8_GROUP_SIZES
 
 
 @dataclass(frozen=True)

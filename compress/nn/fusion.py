@@ -162,32 +162,30 @@ def _concat_w4a16(members) -> W4A16Linear | str:
     return fused
 
 
-def _concat_w8a16(members) -> W8A16Linear | str:
+def _concat_int8_rows(members, module_cls, what: str):
+    """``module_cls`` (W8A16 or block-scaled W8A8: ``w_q`` and ``w_scale`` by output rows) holding the
+    members' rows in order, or why not (the members' configs differ)."""
     first = members[0]
-    if any(m.config != first.config or m.padded_in_features != first.padded_in_features for m in members):
-        return "different W8A16 configs"
+    if any(m.config != first.config for m in members):
+        return f"different {what} configs"
     bias = _stacked_bias(members)
-    fused = W8A16Linear(first.in_features, sum(m.out_features for m in members), bias is not None,
-                        first.config).to(first.w_q.device)
+    fused = module_cls(first.in_features, sum(m.out_features for m in members), bias is not None,
+                       first.config).to(first.w_q.device)
     fused.w_q = torch.cat([m.w_q for m in members])
     fused.w_scale = torch.cat([m.w_scale for m in members])
     fused.bias = bias
     return fused
+
+
+def _concat_w8a16(members) -> W8A16Linear | str:
+    return _concat_int8_rows(members, W8A16Linear, "W8A16")
 
 
 def _concat_w8a8_block(members) -> W8A8BlockLinear | str:
-    first = members[0]
-    if any(m.config != first.config for m in members):
-        return "different W8A8Block configs"
-    if any(m.out_features % first.config.block for m in members):
-        return f"out_features not all multiples of {first.config.block} (the weight scale blocks would not stack)"
-    bias = _stacked_bias(members)
-    fused = W8A8BlockLinear(first.in_features, sum(m.out_features for m in members), bias is not None,
-                            first.config).to(first.w_q.device)
-    fused.w_q = torch.cat([m.w_q for m in members])
-    fused.w_scale = torch.cat([m.w_scale for m in members])
-    fused.bias = bias
-    return fused
+    block = members[0].config.block
+    if any(m.out_features % block for m in members):
+        return f"out_features not all multiples of {block} (the weight scale blocks would not stack)"
+    return _concat_int8_rows(members, W8A8BlockLinear, "W8A8Block")
 
 
 def _stacked_block_rows(members) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
