@@ -24,7 +24,6 @@ every shape and M. Each variant is first checked against the reference chain on 
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 
@@ -36,6 +35,7 @@ from compress.eval.timing import rotation_ms
 from compress_kernels import reference
 from scripts.bench.kernel_sweep import CHECK_ROWS, n_sets, rel_error
 from scripts.bench.kernels import environment, parse_ints
+from scripts.bench.decode import write_report
 
 SHAPES = [(384, 1536), (768, 3072), (4096, 11008), (8192, 28672)]  # (hidden H, intermediate F)
 MS = [1, 16, 64, 256, 2048, 8192]
@@ -175,9 +175,7 @@ def main(argv=None) -> dict:
     for t in report["targets"]:
         print(f"{'MET ' if t['met'] else 'MISS' if t['met'] is False else '  - '} {t['target']}: worst {t['worst']} "
               f"at {t['worst_at']}")
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(report, indent=1))
+    write_report(args.out, report)
     return report
 
 

@@ -22,13 +22,13 @@ channels, which costs the weight side where rows differ in magnitude.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 from pathlib import Path
 
 import torch
 
 from compress_kernels import reference
+from scripts.bench.decode import write_report
 
 OUTLIER_SCALES = (1.0, 10.0, 50.0, 100.0)
 
@@ -145,9 +145,7 @@ def main(argv=None) -> dict:
         print(f"all-MiniLM-L6-v2, {len(layers)} linears, {args.sentences} SST-2 dev sentences: min / mean dB")
         for key, value in report["minilm"]["summary"].items():
             print(f"  {key:<20} {value['min']:6.1f} / {value['mean']:6.1f}")
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(report, indent=1))
+    write_report(args.out, report)
     return report
 
 

@@ -37,6 +37,7 @@ from pathlib import Path
 import yaml
 
 from scripts.edit_recipe import set_value
+from scripts.bench.decode import write_report
 
 MODES = ("fsdp", "ddp", "single")
 PROBE = "scripts.bench.training_probe.TrainingProbe"
@@ -161,7 +162,7 @@ def main(argv=None) -> int:
         entry.update(probe_summary(out / "probe", args.warmup, samples_per_step),
                      metrics=report_metrics(out / "report.json"))
         result["modes"][mode] = entry
-        Path(args.out, "fsdp-bench.json").write_text(json.dumps(result, indent=2))
+        write_report(Path(args.out, "fsdp-bench.json"), result)
         print(f"{mode}: {json.dumps({k: v for k, v in entry.items() if k != 'command'})}", flush=True)
     return 0 if all(entry["returncode"] == 0 for entry in result["modes"].values()) else 1
 

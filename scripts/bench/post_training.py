@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import time
 from pathlib import Path
 
@@ -33,6 +32,7 @@ from compress.configs import W4A16Config, W8A8Config, W8A16Config
 from compress.eval.evaluate import cast_for_inference, environment, evaluate_metrics
 from compress.lightning.data import LanguageModelingData
 from compress.lightning.tasks import build_model
+from scripts.bench.decode import write_report
 
 
 def variants(group_sizes: list[int]) -> dict[str, object]:
@@ -112,9 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     result = run(args)
     print(f"dense perplexity {result['dense_perplexity']:.3f}; GPTQ share of RTN's increase removed: "
           + ", ".join(f"{k} {v:.2f}" for k, v in result["gptq_share_of_rtn_increase_removed"].items()))
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=2) + "\n")
+    write_report(args.out, result)
     return 0
 
 

@@ -26,12 +26,12 @@ only, as a rerun does (its latencies, against that report's baseline, are kept; 
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import yaml
 
 from compress.eval.report import read_json
+from scripts.bench.decode import write_report
 
 
 def recipe_facts(path: Path) -> tuple[int, int]:
@@ -170,8 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     apply_reruns(data, reruns, args.rerun_commit, args.rerun_note, args.speed_note)
     apply_adds(data, adds, args.recipe_prefix, args.add_commit, args.add_note)
     check_targets(data)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(data, indent=2) + "\n")
+    write_report(args.out, data)
     print(f"wrote {args.out}: {len(data['runs'])} runs")
     return 0
 
