@@ -103,7 +103,12 @@ def _version(t: torch.Tensor) -> int | None:
 
 def _same_objects(a: tuple, b: tuple) -> bool:
     """Whether two argument tuples hold the very same objects, position by position."""
-    return len(a) == len(b) and all(p is q for p, q in zip(a, b))
+    if len(a) != len(b):
+        return False
+    for p, q in zip(a, b):  # a loop, not all(...): this runs on every eager forward
+        if p is not q:
+            return False
+    return True
 
 
 def _pad_inputs(x: torch.Tensor, in_features: int, padded_in_features: int) -> torch.Tensor:
@@ -137,14 +142,15 @@ class _InferenceLinear(Float32Buffers):
 
     def _use_kernel(self, x: torch.Tensor) -> bool:
         """True for CUDA fp16/bf16 inputs; logs (once) why the reference runs otherwise."""
-        if x.device.type == "cuda" and x.dtype in (torch.float16, torch.bfloat16):
+        if x.is_cuda and x.dtype in (torch.float16, torch.bfloat16):
             return True
         reason = f"input on {x.device.type}" if x.device.type != "cuda" else f"input dtype {x.dtype}"
         _log_once(type(self).__name__, reason)
         return False
 
     def _bias_for(self, x: torch.Tensor):
-        return self._in_dtype("bias", self.bias, x.dtype)
+        bias = self.bias
+        return bias if bias is None or bias.dtype == x.dtype else self._in_dtype("bias", bias, x.dtype)
 
     def _in_dtype(self, name: str, t: torch.Tensor | None, dtype: torch.dtype):
         """Buffer ``t`` (named ``name``) in ``dtype``: itself when it has that dtype, else a copy converted
@@ -161,21 +167,32 @@ class _InferenceLinear(Float32Buffers):
         copies[name] = (t, _version(t), copy)
         return copy
 
-    def _kernel(self, op: str, x: torch.Tensor, *args, **public_kwargs) -> torch.Tensor:
+    def _kernel(self, op: str, x: torch.Tensor, *args, padded_features: int | None = None,
+                **public_kwargs) -> torch.Tensor:
         """``compress_kernels.<op>(x, *args)``: while torch.compile traces, the public launcher (with
-        ``public_kwargs``); in eager mode the call ``bind_<op>`` bound to ``args`` (module docstring)."""
+        ``public_kwargs``); in eager mode the call ``bind_<op>`` bound to ``args`` (module docstring).
+        ``padded_features``: the K the op takes when larger than ``in_features`` (x gets zero channels)."""
         if torch.compiler.is_compiling():
+            x = _pad_inputs(x, self.in_features, padded_features or self.in_features)
             return _kernels.launcher(op)(x, *args, **public_kwargs)
-        return self._bound(op, (x.dtype, x.device), args, lambda: _kernels.launcher(f"bind_{op}")(x, *args))(x)
+        return self._bound(op, (x.dtype, x.get_device()), args, lambda: self._bind(op, x, args, padded_features))(x)
+
+    def _bind(self, op: str, x: torch.Tensor, args: tuple, padded_features: int | None):
+        """``bind_<op>`` validated against x padded to ``padded_features``, then taking unpadded inputs (a
+        wrong K stays wrong after the pad, for the op's check to name)."""
+        if not padded_features or padded_features == self.in_features:
+            return _kernels.launcher(f"bind_{op}")(x, *args)
+        padded = _pad_inputs(x, self.in_features, padded_features)
+        return _kernels.launcher(f"bind_{op}")(padded, *args).padded_from(self.in_features)
 
     def _quantized_kernel(self, op: str, x: torch.Tensor, xq: torch.Tensor, s_x: torch.Tensor, *args) -> torch.Tensor:
         """``compress_kernels.<op>(xq, s_x, *args)`` for handed-over int8 inputs (eager mode only), bound as
         :meth:`_kernel` binds."""
         bind = lambda: _kernels.launcher(f"bind_{op}")(xq, s_x, *args)  # noqa: E731
-        return self._bound(op, (x.dtype, xq.device), args, bind)(xq, s_x)
+        return self._bound(op, (x.dtype, xq.get_device()), args, bind)(xq, s_x)
 
     def _bound(self, op: str, key: tuple, args: tuple, bind):
-        """The bound call kept for ``op``, or ``bind()`` when ``key`` (x's dtype and device) or any of
+        """The bound call kept for ``op``, or ``bind()`` when ``key`` (x's dtype and CUDA device index) or any of
         ``args`` (compared by identity) changed since it was made."""
         calls = self.__dict__.setdefault("_bound_calls", {})
         kept = calls.get(op)
@@ -335,9 +352,10 @@ class W4A16Linear(_InferenceLinear):
         return module.to(source.device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = _pad_inputs(x, self.in_features, self.padded_in_features)
         if self._use_kernel(x):
-            return self._kernel("w4a16_matmul", x, self.qweight, self.scales, self.group_size, self._bias_for(x))
+            return self._kernel("w4a16_matmul", x, self.qweight, self.scales, self.group_size, self._bias_for(x),
+                                padded_features=self.padded_in_features)
+        x = _pad_inputs(x, self.in_features, self.padded_in_features)
         return _kernels.reference.w4a16_matmul_ref(x, self.qweight, self.scales, self.group_size, self.bias)
 
     def dequantized_weight(self) -> torch.Tensor:
@@ -386,9 +404,10 @@ class W8A16Linear(_InferenceLinear):
         return module.to(source.device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = _pad_inputs(x, self.in_features, self.padded_in_features)
         if self._use_kernel(x):
-            return self._kernel("w8a16_matmul", x, self.w_q, self.w_scale, self._bias_for(x))
+            return self._kernel("w8a16_matmul", x, self.w_q, self.w_scale, self._bias_for(x),
+                                padded_features=self.padded_in_features)
+        x = _pad_inputs(x, self.in_features, self.padded_in_features)
         return _kernels.reference.w8a16_matmul_ref(x, self.w_q, self.w_scale, self.bias)
 
     def dequantized_weight(self) -> torch.Tensor:

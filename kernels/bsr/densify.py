@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from compress_kernels.bsr.dispatch import MAX_GRID_Y
+from compress_kernels.common.launch import launch
 from compress_kernels.reference import BSR_BLOCK
 
 SCAN = 64  # col_indices read per step while looking for a block column
@@ -54,6 +55,6 @@ def bsr_to_dense(crow_indices, col_indices, values, out_features: int, in_featur
                          f"column), got {in_features}")
     dense = torch.empty((out_features, in_features), dtype=values.dtype, device=values.device)
     grid = (out_features // BSR_BLOCK, in_features // BSR_BLOCK)
-    _bsr_to_dense_kernel[grid](crow_indices, col_indices, values, dense, in_features,
-                               BLOCK=BSR_BLOCK, SCAN=SCAN, num_warps=4)
+    launch(_bsr_to_dense_kernel, grid, crow_indices, col_indices, values, dense, in_features,
+           BLOCK=BSR_BLOCK, SCAN=SCAN, num_warps=4)
     return dense

@@ -27,6 +27,7 @@ import triton
 import triton.language as tl
 
 from compress_kernels.common.checks import interpreting
+from compress_kernels.common.launch import launch
 from compress_kernels.common.splitk import last_split_buffers, last_split_reduces
 from compress_kernels.reference import BSR_BLOCK
 
@@ -107,7 +108,7 @@ def launch_gemm(x2, crow_indices, col_indices, values, bias, y, cfg) -> None:
         raise ValueError(f"config: the tile kernel prefetches nothing (prefetch 0; the one-row kernel does), got {cfg}")
     grid = (n // cfg.block_n, triton.cdiv(m, cfg.block_m), cfg.split)
     workspace, counters = last_split_buffers(y, cfg.split, m, n, grid[0] * grid[1])
-    _bsr_gemm_kernel[grid](
+    launch(_bsr_gemm_kernel, grid,
         x2, crow_indices, col_indices, values, bias if bias is not None else y, y, workspace, counters,
         m, n, x2.stride(0), y.stride(0), SPLIT=cfg.split, HAS_BIAS=bias is not None, BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.block_n, GROUP=cfg.group, BLOCK=BSR_BLOCK,

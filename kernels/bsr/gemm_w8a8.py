@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from compress_kernels.bsr.gemm import runs_of_block
+from compress_kernels.common.launch import launch
 from compress_kernels.common.pdl import launch_options, pdl_enabled, wait_for_inputs
 from compress_kernels.common.splitk import last_split_buffers, last_split_reduces
 from compress_kernels.reference import BSR_BLOCK
@@ -88,7 +89,7 @@ def launch_gemm_w8a8(xq, s_x, crow_indices, col_indices, values, w_scale, bias, 
     use_pdl = pdl_enabled(xq.device)
     grid = (n // cfg.block_n, triton.cdiv(m, cfg.block_m), cfg.split)
     workspace, counters = last_split_buffers(y, cfg.split, m, n, grid[0] * grid[1])
-    _bsr_w8a8_kernel[grid](
+    launch(_bsr_w8a8_kernel, grid,
         xq, s_x, crow_indices, col_indices, values, w_scale, bias if bias is not None else w_scale, y,
         workspace, counters, m, n, xq.stride(0), y.stride(0),
         SPLIT=cfg.split, HAS_BIAS=bias is not None, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, GROUP=cfg.group,

@@ -21,6 +21,7 @@ import triton
 import triton.language as tl
 
 from compress_kernels.bsr.gemm import runs_of_block
+from compress_kernels.common.launch import launch
 from compress_kernels.common.prefetch import prefetch_allowed, prefetch_range
 from compress_kernels.reference import BSR_BLOCK
 
@@ -79,7 +80,7 @@ def launch_gemv(x2, crow_indices, col_indices, values, bias, y, cfg) -> None:
         raise ValueError(f"config: prefetch={cfg.prefetch} needs values a 16-byte aligned contiguous CUDA "
                          f"tensor on sm_90 or later (never in the interpreter), got device {values.device}")
     grid = (n // cfg.block_n, m)
-    _bsr_gemv_kernel[grid](
+    launch(_bsr_gemv_kernel, grid,
         x2, crow_indices, col_indices, values, bias if bias is not None else y, y, x2.stride(0), y.stride(0),
         HAS_BIAS=bias is not None, BLOCK_N=cfg.block_n, GROUP=cfg.group, BLOCK=BSR_BLOCK,
         PREFETCH_BYTES=cfg.prefetch, num_warps=cfg.num_warps, num_stages=cfg.num_stages,

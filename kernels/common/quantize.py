@@ -35,6 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
+from compress_kernels.common.launch import launch
 from compress_kernels.common.pdl import launch_options, let_dependents_launch, pdl_enabled, wait_for_inputs
 
 ROUND_MAGIC = tl.constexpr(12582912.0)  # 1.5 * 2**23: adding then subtracting it rounds fp32 half to even
@@ -192,7 +193,7 @@ def quantize_rows(x2: torch.Tensor, x_scale: torch.Tensor | None = None):
     one_pass = k <= ONE_PASS_MAX_K
     block_k = triton.next_power_of_2(k) if one_pass else min(triton.next_power_of_2(k), TWO_PASS_BLOCK)
     use_pdl = pdl_enabled(x2.device)
-    _quantize_rows_kernel[(m,)](
+    launch(_quantize_rows_kernel, (m,),
         x2, xq, s_x, static, k, x2.stride(0), x2.stride(1),
         STATIC=x_scale is not None, STATIC_PER_ROW=x_scale is not None and x_scale.numel() > 1,
         BLOCK_K=block_k, ONE_PASS=one_pass, USE_PDL=use_pdl, num_warps=row_warps(block_k),

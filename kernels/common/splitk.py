@@ -3,7 +3,8 @@
 At small M a matmul has too few output tiles to keep every SM streaming weights, so the W8A8 and
 W4A16 tile kernels can cut K into ``SPLIT_K`` slices (:func:`split_k_for` sizes the split). Each slice writes its
 fp32 partial result ``partial[s, m, n]`` (already dequantized, so the slices add linearly) into a
-workspace of shape (SPLIT_K, M, N); this kernel then computes
+workspace of shape (SPLIT_K, M, N) (:func:`split_workspace`: one scratch buffer per device and stream,
+reused by every call on that stream); this kernel then computes
 
     y[m, n] = sum_s partial[s, m, n] (+ bias[n])     in fp32, cast to y's dtype.
 
@@ -37,6 +38,8 @@ import threading
 import torch
 import triton
 import triton.language as tl
+
+from compress_kernels.common.launch import launch
 
 
 @triton.jit
@@ -116,24 +119,24 @@ def splitk_reduce(partial: torch.Tensor, bias: torch.Tensor | None, y: torch.Ten
     split_k, m, n = partial.shape
     block = 1024
     grid = (triton.cdiv(m * n, block),)
-    _splitk_reduce_kernel[grid](
+    launch(_splitk_reduce_kernel, grid,
         partial, bias if bias is not None else partial, y,
         m * n, n, y.stride(0), split_k,
         HAS_BIAS=bias is not None, BLOCK=block, num_warps=4,
     )
 
 
-def _outside_graph_pools(count: int, device: torch.device) -> torch.Tensor:
-    """A zeroed int32 (count,) tensor on ``device`` allocated by another thread, so that no CUDA-graph pool
-    the calling thread allocates into (torch.compile's warm-up) holds it; the device is synchronized."""
+def _outside_graph_pools(count: int, device: torch.device, dtype: torch.dtype = torch.int32) -> torch.Tensor:
+    """A zeroed (count,) tensor on ``device`` allocated by another thread, so that no CUDA-graph pool the
+    calling thread allocates into (torch.compile's warm-up) holds it; the device is synchronized."""
     if device.type != "cuda":
-        return torch.zeros(count, dtype=torch.int32, device=device)
+        return torch.zeros(count, dtype=dtype, device=device)
     made: list = []
 
     def allocate():
         try:
             with torch.cuda.device(device):
-                made.append(torch.zeros(count, dtype=torch.int32, device=device))
+                made.append(torch.zeros(count, dtype=dtype, device=device))
                 torch.cuda.synchronize(device)
         except BaseException as error:  # handed to the caller
             made.append(error)
@@ -188,6 +191,27 @@ def tile_counters(device: torch.device, count: int) -> torch.Tensor:
     return cached
 
 
+_WORKSPACES: dict[tuple[int, int], torch.Tensor] = {}  # (device, stream) -> fp32 scratch for split-K partials
+_RETIRED_WORKSPACES: list[torch.Tensor] = []  # outgrown scratch: launches still in flight (or plans) may use it
+
+
+def split_workspace(device: torch.device, split_k: int, m: int, n: int) -> torch.Tensor:
+    """fp32 (split_k, m, n) partials. On CUDA a view of one scratch buffer per device and stream, grown by
+    doubling (calls on one stream run in order, so they can share it, and a launch plan that keeps it
+    keeps no workspace of its own); while a CUDA graph is captured, a tensor of the graph's own pool."""
+    count = split_k * m * n
+    if device.type != "cuda" or torch.cuda.is_current_stream_capturing():
+        return torch.empty((split_k, m, n), dtype=torch.float32, device=device)
+    key = (device.index or 0, torch.cuda.current_stream(device).cuda_stream)
+    scratch = _WORKSPACES.get(key)
+    if scratch is None or scratch.numel() < count:
+        if scratch is not None:
+            _RETIRED_WORKSPACES.append(scratch)
+        size = max(count, 2 * scratch.numel() if scratch is not None else 0)
+        scratch = _WORKSPACES[key] = _outside_graph_pools(size, device, torch.float32)
+    return scratch[:count].view(split_k, m, n)
+
+
 IN_KERNEL_MAX_ROWS = 16  # tensor-core tiles of at most this many rows reduce their K splits in the kernel
 
 
@@ -205,7 +229,7 @@ def split_buffers(out: torch.Tensor, split_k: int, m: int, n: int, tiles: int, i
     ``(out, out)`` when not split."""
     if in_kernel or split_k == 1:
         return last_split_buffers(out, split_k, m, n, tiles)
-    return torch.empty((split_k, m, n), dtype=torch.float32, device=out.device), out
+    return split_workspace(out.device, split_k, m, n), out
 
 
 def tiled_split_launch(out: torch.Tensor, m: int, n: int, block_m: int, block_n: int, split_k: int):
@@ -223,5 +247,4 @@ def last_split_buffers(out: torch.Tensor, split_k: int, m: int, n: int, tiles: i
     (SPLIT_K, M, N) and ``tiles`` zeroed ticket counters; ``(out, out)`` (unused) when not split."""
     if split_k == 1:
         return out, out
-    workspace = torch.empty((split_k, m, n), dtype=torch.float32, device=out.device)
-    return workspace, tile_counters(out.device, tiles)
+    return split_workspace(out.device, split_k, m, n), tile_counters(out.device, tiles)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 
 from compress_kernels.common.checks import check_activation, check_same_device, check_shape, check_tensor, check_x_scale
+from compress_kernels.common.launch import launch
 from compress_kernels.common.pdl import launch_options, pdl_enabled
 from compress_kernels.norm_quant.dispatch import MAX_ROW, pick
 from compress_kernels.norm_quant.gelu import _gelu_quantize_kernel
@@ -83,7 +84,7 @@ def _norm_quantize(x, weight, bias, eps, x_scale, rms: bool):
     y, xq, s_x = _outputs(x, m, k)
     if m == 0:
         return y, xq, s_x
-    _norm_quantize_kernel[(m,)](
+    launch(_norm_quantize_kernel, (m,),
         x2, weight if weight is not None else s_x, bias if bias is not None else s_x, y, xq, s_x,
         x_scale if x_scale is not None else s_x, k, x2.stride(0), float(eps),
         RMS=rms, HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None, STATIC=x_scale is not None,
@@ -99,7 +100,7 @@ def gelu_quantize(x, x_scale=None):
     y, xq, s_x = _outputs(x, m, k)
     if m == 0:
         return y, xq, s_x
-    _gelu_quantize_kernel[(m,)](
+    launch(_gelu_quantize_kernel, (m,),
         x2, y, xq, s_x, x_scale if x_scale is not None else s_x, k, x2.stride(0),
         STATIC=x_scale is not None, **_launch_options(x, k),
     )

@@ -16,6 +16,7 @@ import triton
 import triton.language as tl
 
 from compress_kernels.common.int4 import unpack_int4_tile
+from compress_kernels.common.launch import launch
 
 
 @triton.jit
@@ -46,7 +47,7 @@ def dequantize(qweight, scales, group_size: int, dtype: torch.dtype) -> torch.Te
     block_k = min(64, group_size) if group_size != k else 64
     block_n = 128
     grid = (triton.cdiv(k, block_k), triton.cdiv(n, block_n))
-    _dequantize_kernel[grid](
+    launch(_dequantize_kernel, grid,
         qweight, scales, w_t, n, k, group_size,
         qweight.stride(0), qweight.stride(1), scales.stride(0), scales.stride(1),
         BLOCK_N=block_n, BLOCK_K=block_k, num_warps=4,

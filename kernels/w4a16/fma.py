@@ -33,6 +33,7 @@ import triton
 import triton.language as tl
 
 from compress_kernels.common.int4 import tile_partial
+from compress_kernels.common.launch import launch
 from compress_kernels.common.splitk import last_split_buffers, last_split_reduces
 from compress_kernels.common.tiles import split_k_range, weight_columns
 
@@ -112,7 +113,7 @@ def launch_fma(x2, qweight, scales, group_size, bias, y, cfg) -> None:
     n = qweight.shape[1]
     grid = (m, triton.cdiv(n, cfg.block_n), cfg.split_k)
     workspace, counters = last_split_buffers(y, cfg.split_k, m, n, m * grid[1])
-    _w4a16_fma_kernel[grid](
+    launch(_w4a16_fma_kernel, grid,
         x2, qweight, scales, bias if bias is not None else scales, y, workspace, counters,
         m, n, k,
         x2.stride(0), x2.stride(1), qweight.stride(0), qweight.stride(1), scales.stride(0), scales.stride(1),

@@ -38,6 +38,7 @@ import triton.language as tl
 
 from compress_kernels.common.checks import interpreting
 from compress_kernels.common.int4 import nibble_planes, unpack_int4_tile
+from compress_kernels.common.launch import launch
 from compress_kernels.common.splitk import splitk_reduce, tiled_split_launch, write_tile
 from compress_kernels.common.tiles import grouped_tile, split8, split_k_range, weight_columns
 
@@ -173,7 +174,7 @@ def launch_tiled(x2, qweight, scales, group_size, bias, y, cfg) -> None:
                          f"got block_k={cfg.block_k}")
     interpret = interpreting()
     grid, in_kernel, out, counters = tiled_split_launch(y, m, n, cfg.block_m, cfg.block_n, cfg.split_k)
-    _w4a16_matmul_kernel[grid](
+    launch(_w4a16_matmul_kernel, grid,
         x2, qweight, scales, bias if bias is not None else scales, out, y, counters,
         m, n, k, group_size,
         x2.stride(0), x2.stride(1), qweight.stride(0), qweight.stride(1), scales.stride(0), scales.stride(1),

@@ -45,6 +45,7 @@ import triton.language as tl
 
 from compress_kernels.common.checks import interpreting
 from compress_kernels.common.int4 import nibble_planes
+from compress_kernels.common.launch import launch
 from compress_kernels.common.pdl import launch_options, let_dependents_launch, pdl_enabled, wait_for_inputs
 from compress_kernels.common.splitk import splitk_reduce, tiled_split_launch, write_tile
 from compress_kernels.common.tiles import split_k_range, weight_columns
@@ -73,7 +74,7 @@ def permute_pairs(x2: torch.Tensor, use_pdl: bool = False) -> torch.Tensor:
     m, k = x2.shape
     xp = torch.empty((m, k), dtype=x2.dtype, device=x2.device)
     block_m = 16
-    _permute_pairs_kernel[(triton.cdiv(m, block_m), k // PAIR_TILE)](
+    launch(_permute_pairs_kernel, (triton.cdiv(m, block_m), k // PAIR_TILE),
         x2, xp, m, x2.stride(0), x2.stride(1), xp.stride(0), BLOCK_M=block_m, USE_PDL=use_pdl, num_warps=4,
         **launch_options(use_pdl))
     return xp
@@ -174,7 +175,7 @@ def launch_wgmma(x2, qweight, scales, group_size, bias, y, cfg) -> None:
     xp = permute_pairs(x2, use_pdl)
     s_view, halves, s_dtype = _scale_operand(scales)
     grid, in_kernel, out, counters = tiled_split_launch(y, m, n, cfg.block_m, cfg.block_n, cfg.split_k)
-    _w4a16_wgmma_kernel[grid](
+    launch(_w4a16_wgmma_kernel, grid,
         xp, qweight, s_view, bias if bias is not None else s_view, out, y, counters,
         m, n, k, group_size,
         xp.stride(0), qweight.stride(0), qweight.stride(1), s_view.stride(0), s_view.stride(1),

@@ -27,6 +27,7 @@ import triton
 import triton.language as tl
 
 from compress_kernels.common.int4 import tile_partial
+from compress_kernels.common.launch import launch
 from compress_kernels.common.tiles import weight_columns
 from compress_kernels.w4a16.fma import group_shift
 
@@ -73,7 +74,7 @@ def launch_wholek(x2, qweight, scales, group_size, bias, y, cfg) -> None:
     if cfg.split_k != 1:
         raise ValueError(f"config: the wholek path loads all of K in one program (split_k 1), got {cfg.split_k}")
     grid = (m, triton.cdiv(n, cfg.block_n))
-    _w4a16_wholek_kernel[grid](
+    launch(_w4a16_wholek_kernel, grid,
         x2, qweight, scales, bias if bias is not None else scales, y,
         n, k,
         x2.stride(0), x2.stride(1), qweight.stride(0), qweight.stride(1), scales.stride(0), scales.stride(1),

@@ -17,6 +17,8 @@ import torch
 import triton
 import triton.language as tl
 
+from compress_kernels.common.launch import launch
+
 BLOCK_N = 32  # output channels per program (a config's block_n, when not 0)
 BLOCK_K = 128  # input channels per program: one scale group, 4 KiB of int8 per program (or block_k)
 
@@ -50,7 +52,7 @@ def dequantize(w_q, w_scale, group_size: int, dtype: torch.dtype, block_n: int =
     w = torch.empty((n, k), dtype=dtype, device=w_q.device)
     grouped = w_scale.dim() == 2
     grid = (triton.cdiv(n, block_n), triton.cdiv(k, block_k))
-    _dequantize_kernel[grid](
+    launch(_dequantize_kernel, grid,
         w_q, w_scale, w, n, k, w_q.stride(0), w_scale.stride(0), w_scale.stride(1) if grouped else 0,
         GROUPED=grouped, GROUP_SIZE=group_size, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps,
     )

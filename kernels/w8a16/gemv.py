@@ -39,6 +39,7 @@ import torch
 import triton
 import triton.language as tl
 
+from compress_kernels.common.launch import launch
 from compress_kernels.common.splitk import last_split_buffers, last_split_reduces
 from compress_kernels.common.tiles import split_k_range, weight_columns
 
@@ -149,7 +150,7 @@ def launch_gemv(x2, w_q, w_scale, bias, y, cfg, group_size: int) -> None:
     words = w_q.view(torch.int32)  # (N, K/4): byte b of word r is channel 4r + b
     grid = (m, triton.cdiv(n, cfg.block_n), cfg.split_k)
     workspace, counters = last_split_buffers(y, cfg.split_k, m, n, m * grid[1])
-    _w8a16_gemv_kernel[grid](
+    launch(_w8a16_gemv_kernel, grid,
         x2, words, w_scale, bias if bias is not None else w_scale, y, workspace, counters,
         m, n, k,
         x2.stride(0), x2.stride(1), words.stride(0), w_scale.stride(0), w_scale.stride(1) if grouped else 0,

@@ -35,6 +35,7 @@ import triton
 import triton.language as tl
 
 from compress_kernels.common.checks import interpreting
+from compress_kernels.common.launch import launch
 from compress_kernels.common.splitk import splitk_reduce, tiled_split_launch, write_tile
 from compress_kernels.common.tiles import grouped_tile, split_k_range, weight_columns
 
@@ -157,7 +158,7 @@ def launch_tiled(x2, w_q, w_scale, bias, y, cfg, group_size: int) -> None:
     n = w_q.shape[0]
     grouped = w_scale.dim() == 2
     grid, in_kernel, out, counters = tiled_split_launch(y, m, n, cfg.block_m, cfg.block_n, cfg.split_k)
-    _w8a16_tiled_kernel[grid](
+    launch(_w8a16_tiled_kernel, grid,
         x2, w_q, w_scale, bias if bias is not None else w_scale, out, y, counters,
         m, n, k,
         x2.stride(0), x2.stride(1), w_q.stride(0), w_q.stride(1), w_scale.stride(0),

@@ -19,6 +19,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from compress_kernels.common.launch import launch
 from compress_kernels.common.pdl import launch_options, let_dependents_launch, pdl_enabled, wait_for_inputs
 from compress_kernels.common.splitk import last_split_reduces, splitk_reduce, tiled_split_launch
 from compress_kernels.common.tiles import grouped_tile, split_k_range
@@ -82,7 +83,7 @@ def launch_tiles(xq, s_x, w_q, w_scale, bias, cfg, y) -> None:
     n = w_q.shape[0]
     use_pdl = pdl_enabled(xq.device)
     grid, in_kernel, out, counters = tiled_split_launch(y, m, n, cfg.block_m, cfg.block_n, cfg.split_k)
-    _w8a8_matmul_kernel[grid](
+    launch(_w8a8_matmul_kernel, grid,
         xq, w_q, s_x, w_scale, bias if bias is not None else w_scale, out, y, counters,
         m, n, k,
         xq.stride(0), xq.stride(1), w_q.stride(0), w_q.stride(1),

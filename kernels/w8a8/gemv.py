@@ -41,6 +41,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from compress_kernels.common.launch import launch
 from compress_kernels.common.quantize import quantize_int8_recip, row_scales
 from compress_kernels.common.splitk import last_split_buffers, last_split_reduces
 from compress_kernels.common.tiles import split_k_range
@@ -136,7 +137,7 @@ def launch_gemv(x2, w_q, w_scale, bias, x_scale, cfg, y) -> None:
     workspace, counters = last_split_buffers(y, cfg.split_k, m, n, m * grid[1])
     static = x_scale.reshape(-1).contiguous() if x_scale is not None else w_scale  # placeholder when dynamic
     scale_block = min(triton.next_power_of_2(k), SCALE_BLOCK_MAX)
-    _w8a8_gemv_kernel[grid](
+    launch(_w8a8_gemv_kernel, grid,
         x2, w_q, static, w_scale, bias if bias is not None else w_scale, y, workspace, counters,
         m, n, k,
         x2.stride(0), x2.stride(1), w_q.stride(0), w_q.stride(1), y.stride(0),

@@ -23,6 +23,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from compress_kernels.common.device import hopper_or_newer
+from compress_kernels.common.launch import launch
 from compress_kernels.common.pdl import launch_options, let_dependents_launch, pdl_enabled, wait_for_inputs
 from compress_kernels.common.tiles import grouped_tile
 
@@ -82,7 +83,7 @@ def launch_tma(xq, s_x, w_q, w_scale, bias, cfg, y) -> None:
     w_desc = TensorDescriptor.from_tensor(w_q, [cfg.block_n, cfg.block_k])
     use_pdl = pdl_enabled(xq.device)
     grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n),)
-    _w8a8_tma_kernel[grid](
+    launch(_w8a8_tma_kernel, grid,
         x_desc, w_desc, s_x, w_scale, bias if bias is not None else w_scale, y,
         m, n, k, y.stride(0),
         ADD_BIAS=bias is not None, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,

@@ -17,6 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
+from compress_kernels.common.launch import launch
 from compress_kernels.reference import SCALE_BLOCK, scale_blocks
 from compress_kernels.w8a8_block.blocks import gelu_exact, quantize_rows_sym, round_through, row_block_scales
 from compress_kernels.w8a8_block.quantize import MAX_BLOCKS_PER_PROGRAM, empty_act_scales
@@ -50,7 +51,7 @@ def launch_gelu_int8_blocks(xq: torch.Tensor, s_x: torch.Tensor, act_dtype: torc
         return yq, s_y
     kb = scale_blocks(k)
     blocks = min(triton.next_power_of_2(kb), MAX_BLOCKS_PER_PROGRAM)
-    _gelu_int8_blocks_kernel[(m, triton.cdiv(kb, blocks))](
+    launch(_gelu_int8_blocks_kernel, (m, triton.cdiv(kb, blocks)),
         xq, s_x, yq, s_y, k, kb, xq.stride(0), xq.stride(1), s_x.stride(0), s_x.stride(1), s_y.stride(0),
         s_y.stride(1), ACT_BF16=act_dtype == torch.bfloat16, BLOCKS=blocks, BLOCK=SCALE_BLOCK,
         num_warps=4 if blocks <= 8 else 8,

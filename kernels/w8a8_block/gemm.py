@@ -21,6 +21,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from compress_kernels.common.launch import launch
 from compress_kernels.common.pdl import launch_options, let_dependents_launch, pdl_enabled, wait_for_inputs
 from compress_kernels.common.splitk import last_split_buffers
 from compress_kernels.common.tiles import grouped_tile
@@ -106,7 +107,7 @@ def launch_tiles(x2, s_x, w_q, w_scale, bias, out, s_out, cfg, gelu: bool, act_b
     workspace, counters = last_split_buffers(out, cfg.split_k, m, n, tiles)
     use_pdl = pdl_enabled(x2.device)
     int8_out = s_out is not None
-    _w8a8_block_gemm_kernel[(tiles, cfg.split_k)](
+    launch(_w8a8_block_gemm_kernel, (tiles, cfg.split_k),
         x2, s_x, w_q, w_scale, bias if bias is not None else w_scale, out,
         s_out if int8_out else w_scale, workspace, counters,
         m, n, k, kb,

@@ -20,6 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
+from compress_kernels.common.launch import launch
 from compress_kernels.common.pdl import launch_options, let_dependents_launch, pdl_enabled, wait_for_inputs
 from compress_kernels.reference import SCALE_BLOCK, scale_blocks
 from compress_kernels.w8a8_block.blocks import quantize_rows_sym, quantize_sym, row_block_scales, tile_scale
@@ -79,7 +80,7 @@ def launch_quantize_act_blocks(x2: torch.Tensor):
     kb = scale_blocks(k)
     blocks = min(triton.next_power_of_2(kb), MAX_BLOCKS_PER_PROGRAM)
     use_pdl = pdl_enabled(x2.device)
-    _quantize_act_blocks_kernel[(m, triton.cdiv(kb, blocks))](
+    launch(_quantize_act_blocks_kernel, (m, triton.cdiv(kb, blocks)),
         x2, xq, s_x, k, kb, x2.stride(0), x2.stride(1), s_x.stride(0), s_x.stride(1),
         BLOCKS=blocks, BLOCK=SCALE_BLOCK, USE_PDL=use_pdl, num_warps=4 if blocks <= 8 else 8,
         **launch_options(use_pdl),
@@ -94,6 +95,6 @@ def launch_quantize_weight_blocks(w: torch.Tensor):
     w_q = torch.empty((n, k), dtype=torch.int8, device=w.device)
     s_w = torch.empty((nb, kb), dtype=torch.float32, device=w.device)
     if n and k:
-        _quantize_weight_blocks_kernel[(nb, kb)](w, w_q, s_w, n, k, kb, w.stride(0), w.stride(1),
-                                                 BLOCK=SCALE_BLOCK, num_warps=8)
+        launch(_quantize_weight_blocks_kernel, (nb, kb), w, w_q, s_w, n, k, kb, w.stride(0), w.stride(1),
+               BLOCK=SCALE_BLOCK, num_warps=8)
     return w_q, s_w

@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from compress_kernels.common.launch import launch
 from compress_kernels.common.pdl import launch_options, let_dependents_launch, pdl_enabled, wait_for_inputs
 from compress_kernels.common.tiles import grouped_tile
 from compress_kernels.w8a8_block.blocks import block_sum_to_float
@@ -66,7 +67,7 @@ def launch_tma(xq, s_x, w_q, w_scale, bias, out, s_out, cfg, gelu: bool, act_bf1
     use_pdl = pdl_enabled(xq.device)
     int8_out = s_out is not None
     grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n),)
-    _w8a8_block_tma_kernel[grid](
+    launch(_w8a8_block_tma_kernel, grid,
         x_desc, s_x, w_desc, w_scale, bias if bias is not None else w_scale, out, s_out if int8_out else w_scale,
         m, n, triton.cdiv(k, cfg.block_k), s_x.stride(0), s_x.stride(1), w_scale.stride(0), out.stride(0),
         s_out.stride(0) if int8_out else 0, s_out.stride(1) if int8_out else 0,

@@ -19,8 +19,9 @@ keeps end-of-sequence from stopping it early, so every call makes exactly T toke
 the median wall time of ``repeats`` calls, each synchronised before and after, gives tokens/s =
 batch * T / time (the prefill included, as a user sees it).
 
-* eager (:func:`bench_eager`): ``transformers``' default (a dynamic cache), after one short warm-up
-  call (Triton compiles the kernels there);
+* eager (:func:`bench_eager`): ``transformers``' default (a dynamic cache), after one warm-up call of
+  the timed length (Triton compiles the kernels there, and the launch plans of every input layout
+  are recorded);
 * compiled (:func:`bench_compiled`): :func:`compress.eval.generate.compile_for_generate` (a static
   cache, the decode step compiled and, on CUDA, replayed as a CUDA graph); the first call, which
   compiles, is timed apart (``compile_s``). With ``fullgraph`` a failed compile is retried once
@@ -126,10 +127,11 @@ def timed_generates(model: nn.Module, prompt: torch.Tensor, new_tokens: int, rep
 
 
 def bench_eager(model: nn.Module, prompt: torch.Tensor, args) -> tuple[dict, torch.Tensor]:
-    """The default ``generate`` (dynamic cache, eager), after one short warm-up call."""
+    """The default ``generate`` (dynamic cache, eager), after one warm-up call of the same length (a short
+    one left the first timed call of fp16 several times slower than the others: new cache lengths)."""
     uncompile_for_generate(model)
     began = time.perf_counter()
-    generate(model, prompt, min(args.new_tokens, 4))
+    generate(model, prompt, args.new_tokens)
     synchronize(prompt.device)
     warmup_s = time.perf_counter() - began
     figures, out = timed_generates(model, prompt, args.new_tokens, args.repeats)

@@ -357,7 +357,7 @@ def test_a_cast_drops_the_bound_call_and_another_input_dtype_binds_anew(kind, ke
     x = torch.randn(4, 64, dtype=torch.float16)
     y16 = module(x)
     y_bf16_input = module(x.bfloat16())  # fp16 buffers, bf16 input: bias (and BSR values) converted, bound anew
-    assert [key for key, _, _ in _bound_calls(module).values()] == [(torch.bfloat16, x.device)]
+    assert [key for key, _, _ in _bound_calls(module).values()] == [(torch.bfloat16, x.get_device())]
     module.bfloat16()
     assert not _bound_calls(module) and not module.__dict__.get("_dtype_copies")  # dropped with the old tensors
     y = module(x.bfloat16())

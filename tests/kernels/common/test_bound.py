@@ -141,3 +141,19 @@ def test_quantized_bound_call_equals_the_public_launcher(sparse):
         call(xq[:, :32], s_x)
     with pytest.raises(ValueError, match=r"s_x: expected shape \(3,\)"):
         call(xq, s_x[:2])
+
+
+@pytest.mark.parametrize("op", ["w4a16", "w8a16"])
+def test_a_padded_binding_takes_unpadded_inputs_on_either_path(op, monkeypatch):
+    name, weights, _ = OPS[op]()
+    x = torch.randn(3, K - 24, device=DEVICE).half()  # 40 channels, the op's K is 64
+    padded = torch.nn.functional.pad(x, (0, 24))
+    call = getattr(kernels, f"bind_{name}")(padded, *weights).padded_from(K - 24)
+    expected = getattr(kernels, name)(padded, *weights)
+    assert torch.equal(call(x), expected)
+    monkeypatch.setattr(bound, "launches_directly", lambda t: False)  # the custom op path pads with F.pad
+    assert torch.equal(call(x), expected)
+    with pytest.raises(ValueError, match=rf"expected shape \(\.\.\., {K - 24}\)"):
+        call(padded)
+    with pytest.raises(ValueError, match="in_features: expected 1..64"):
+        call.padded_from(K + 8)

@@ -122,6 +122,21 @@ def test_tiled_split_launch_grid_and_buffers():
     assert grid == (4, 2) and not in_kernel and partials.shape == (2, 40, 200) and counters is y  # second launch
 
 
+@pytest.mark.gpu
+def test_gpu_split_workspace_is_one_scratch_per_stream_grown_by_doubling(monkeypatch):
+    monkeypatch.setattr(_splitk, "_WORKSPACES", {})
+    monkeypatch.setattr(_splitk, "_RETIRED_WORKSPACES", [])
+    device = torch.device("cuda")
+    first, again = _splitk.split_workspace(device, 2, 4, 8), _splitk.split_workspace(device, 4, 2, 8)
+    assert first.shape == (2, 4, 8) and first.dtype == torch.float32 and again.data_ptr() == first.data_ptr()
+    grown = _splitk.split_workspace(device, 2, 4, 9)  # 72 > 64 floats: a new scratch of 128
+    assert grown.untyped_storage().nbytes() == 128 * 4
+    assert _splitk._RETIRED_WORKSPACES[0].data_ptr() == first.data_ptr()  # kept alive for launches in flight
+    with torch.cuda.stream(torch.cuda.Stream()):
+        other = _splitk.split_workspace(device, 2, 4, 8)
+    assert other.untyped_storage().data_ptr() != grown.untyped_storage().data_ptr()  # one scratch per stream
+
+
 @pytest.mark.parametrize("kind", ["w4a16", "w8a8"])
 def test_in_kernel_and_second_launch_reduce_give_the_same_bits(kind, monkeypatch):
     """The last split's in-kernel sum and the separate reduce pass add the same partials in the same

@@ -108,7 +108,8 @@ def test_op_is_registered_with_fake():
         (dict(w_q=torch.zeros(24, 128, dtype=torch.int16)), TypeError, "w_q: expected dtype"),
         (dict(w_q=torch.zeros(24, 64, dtype=torch.int8)), ValueError, r"w_q: expected shape \(24, 128\)"),
         (dict(w_q=torch.zeros(128, 24, dtype=torch.int8).t()), ValueError, "w_q: expected a contiguous"),
-        (dict(w_q=torch.zeros(24 * 128 + 2, dtype=torch.int8)[2:].view(24, 128)), ValueError, "multiple of 4 bytes"),
+        (dict(w_q=lambda: torch.zeros(24 * 128 + 2, dtype=torch.int8, device=DEVICE)[2:].view(24, 128)), ValueError,
+         "multiple of 4 bytes"),  # built where it runs: a copy to the GPU would start at offset 0
         (dict(x=torch.randn(2, 124).half(), w_q=torch.zeros(24, 124, dtype=torch.int8)), ValueError, "multiple of 8"),
         (dict(w_scale=torch.ones(23)), ValueError, r"w_scale: expected shape \(24,\) \(one scale per output channel\) "
                                                    r"or \(24, 1\) \(one per group of 128"),
@@ -122,7 +123,7 @@ def test_op_is_registered_with_fake():
 def test_bad_inputs_raise(args, error, words):
     call = dict(x=torch.randn(2, 128).half(), w_q=torch.zeros(24, 128, dtype=torch.int8), w_scale=torch.ones(24),
                 bias=None)
-    call.update(args)
+    call.update({k: v() if callable(v) else v for k, v in args.items()})
     call = {k: v.to(DEVICE) if isinstance(v, torch.Tensor) and v.device.type == "cpu" else v for k, v in call.items()}
     with pytest.raises(error, match=words):
         w8a16_matmul(**call)
