@@ -20,7 +20,8 @@ A recorded call becomes a plan only when replaying it is the same computation:
   launches are the whole computation (a copy of x, a cuBLAS matmul or a fill would be missed);
 * every launch has a compiled kernel (not the interpreter's), a grid of ints, and arguments that are
   tensors, numbers, strings or None (a TMA descriptor holds its base address: not replayable);
-* the output is a fresh contiguous tensor covering its storage;
+* the output is a fresh contiguous tensor covering its storage, and no two inputs share memory (the key
+  does not say how they overlap);
 * the buffers it allocated and its launches read (workspaces, int8 activations, kept by the plan and
   reused by every replay) total at most ``MAX_PLAN_BYTES``: host time matters where work is small.
 
@@ -146,6 +147,8 @@ def build_plan(launches: list[Launch], inputs: tuple, out, watch: _WatchOps) -> 
     if out.storage_offset() or _storage(out)[1] != out.numel() * out.element_size():
         return None
     sources = [*inputs, out]
+    if len({_storage(t)[0] for t in sources}) < len(sources):  # inputs sharing memory: their offsets may not recur
+        return None
     kept: dict = {}
     steps = [_step(launch, sources, kept) for launch in launches]
     allocated = {_storage(t)[0] for t in watch.allocated if isinstance(t, torch.Tensor)}

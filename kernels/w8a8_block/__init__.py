@@ -6,7 +6,7 @@ op          the matmul: validation, launch, its four custom ops, the public call
 op_blocks   the block quantizers (activations, weights) and the int8 GELU as ops
 blocks      in-kernel helpers: block scales, symmetric int8, float rounding, GELU
 quantize    the activation (1 x 128) and weight (128 x 128) quantizer kernels
-gemm        the tensor-core tiles with pointer loads: x quantized in the kernel at small M, split-K
+gemm        the tensor-core tiles with pointer loads on int8 x from the quantize pass, split-K
 tma         the same step with TMA tile loads (large M)
 epilogue    bias, GELU, float or int8 + 1 x 128 scales output, the split-K sum
 gelu        the int8 GELU kernel (de-quantize, GELU, re-quantize)

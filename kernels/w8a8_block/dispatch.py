@@ -27,8 +27,8 @@ from compress_kernels.common.device import sm_count
 from compress_kernels.common.splitk import split_k_for
 from compress_kernels.reference import SCALE_BLOCK
 
-SMALL_M = 16  # up to here: 16-row tiles, x quantized in the kernel
-MID_M = 64  # up to here: 32-row tiles, x quantized in the kernel
+SMALL_M = 16  # up to here: 16-row tiles after the quantize pass, split-K
+MID_M = 64  # up to here: 32-row tiles after the quantize pass, split-K
 LARGE_M = 256  # up to here: 64-row tiles after the quantize pass, split-K; above, 128 x 128 unsplit
 PICK_CACHE_SIZE = 4096  # argument tuples remembered by cached_pick (a model has a few shapes per M)
 
