@@ -11,8 +11,9 @@ then the epilogue: a float output in x's dtype (optionally ``gelu`` of it), or `
 the same values quantized to int8 + (M, Nb) scales, the input format of the next block-scaled layer.
 
 ``w8a8_block_matmul(x, w_q, w_scale, bias=None, *, x_scale=None, out_dtype=None, gelu=False,
-act_dtype=None)`` takes float ``x`` (..., K) (quantized by the quantize pass first) or, with ``x_scale``, an int8 ``x`` (M, K) already quantized; ``act_dtype`` names the float
-dtype of such an input's layer (default fp16: the dtype its output is rounded to). Any M; K and N need
+act_dtype=None)`` takes float ``x`` (..., K) (quantized by the quantize pass first) or, with
+``x_scale``, an int8 ``x`` (M, K) already quantized; ``act_dtype`` names the float dtype of such an
+input's layer (default fp16: the dtype its output is rounded to). Any M; K and N need
 no padding (a last partial block is masked). Four custom ops carry the calls, each with a fake
 implementation so callers compile under ``torch.compile`` and capture in CUDA graphs::
 

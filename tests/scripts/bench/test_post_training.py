@@ -22,13 +22,18 @@ def test_gptq_share_is_the_removed_part_of_the_increase():
     assert gptq_share(results, dense=20.0) == {"a": 0.5}  # b has no GPTQ twin
 
 
-@pytest.mark.skipif(not (data_root() / "wikitext-2" / "valid.txt").is_file(), reason="needs WikiText-2")
-def test_runs_end_to_end_on_a_tiny_llama(tmp_path, capsys):
-    config = transformers.LlamaConfig(vocab_size=30522, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+def _tiny_llama(tmp_path, layers: int) -> str:
+    """A random Llama with MiniLM's vocabulary, saved under ``tmp_path``; its directory."""
+    config = transformers.LlamaConfig(vocab_size=30522, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
                                       num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64)
     transformers.LlamaForCausalLM(config).save_pretrained(tmp_path / "tiny")
+    return str(tmp_path / "tiny")
+
+
+@pytest.mark.skipif(not (data_root() / "wikitext-2" / "valid.txt").is_file(), reason="needs WikiText-2")
+def test_runs_end_to_end_on_a_tiny_llama(tmp_path, capsys):
     out = tmp_path / "result.json"
-    assert main(["--model", str(tmp_path / "tiny"), "--tokenizer", "all-MiniLM-L6-v2", "--group-sizes", "32",
+    assert main(["--model", _tiny_llama(tmp_path, layers=2), "--tokenizer", "all-MiniLM-L6-v2", "--group-sizes", "32",
                  "--calibration-batches", "2", "--batch-size", "2", "--block-size", "32", "--max-eval-blocks", "4",
                  "--out", str(out)]) == 0
     result = json.loads(out.read_text())
@@ -41,11 +46,8 @@ def test_runs_end_to_end_on_a_tiny_llama(tmp_path, capsys):
 
 @pytest.mark.skipif(not (data_root() / "wikitext-2" / "valid.txt").is_file(), reason="needs WikiText-2")
 def test_only_runs_the_named_variants(tmp_path):
-    config = transformers.LlamaConfig(vocab_size=30522, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
-                                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64)
-    transformers.LlamaForCausalLM(config).save_pretrained(tmp_path / "tiny")
     out = tmp_path / "result.json"
-    assert main(["--model", str(tmp_path / "tiny"), "--tokenizer", "all-MiniLM-L6-v2", "--group-sizes", "32",
+    assert main(["--model", _tiny_llama(tmp_path, layers=1), "--tokenizer", "all-MiniLM-L6-v2", "--group-sizes", "32",
                  "--calibration-batches", "1", "--batch-size", "2", "--block-size", "32", "--max-eval-blocks", "2",
                  "--only", "w8a16", "--out", str(out)]) == 0
     result = json.loads(out.read_text())
