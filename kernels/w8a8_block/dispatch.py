@@ -23,13 +23,15 @@ from __future__ import annotations
 import functools
 from typing import NamedTuple
 
+import triton
+
 from compress_kernels.common.device import sm_count
 from compress_kernels.common.splitk import split_k_for
 from compress_kernels.reference import SCALE_BLOCK
 
 SMALL_M = 16  # up to here: 16-row tiles after the quantize pass, split-K
 MID_M = 64  # up to here: 32-row tiles after the quantize pass, split-K
-LARGE_M = 256  # up to here: 64-row tiles after the quantize pass, split-K; above, 128 x 128 unsplit
+LARGE_M = 256  # up to here: 64-row tiles after the quantize pass, split-K; above, TMA tiles unsplit
 PICK_CACHE_SIZE = 4096  # argument tuples remembered by cached_pick (a model has a few shapes per M)
 
 
@@ -46,7 +48,9 @@ class TileConfig(NamedTuple):
     path: str = "tiled"  # "tiled" or "tma" (see the module docstring)
 
 
-TMA_TILE = TileConfig(128, 128, num_warps=8, num_stages=3, path="tma")  # 3 x 32 KB stages of int8 tiles
+TMA_TILE = TileConfig(128, 128, num_warps=4, num_stages=3, path="tma")  # 3 x 32 KB stages of int8 tiles
+TMA_HALF_TILE = TileConfig(64, 128, num_warps=4, num_stages=3, path="tma")  # when 128-row tiles are too few
+TMA_MIN_TILES_PER_SM = 3  # 128-row TMA tiles per SM below which the rows are split into 64-row tiles
 POINTER_TILE = TileConfig(128, 128, num_warps=8, num_stages=3)  # large M where TMA cannot describe the operands
 
 
@@ -73,11 +77,17 @@ def pick(m: int, n: int, k: int, device, int8_out: bool = False, tma_ok: bool = 
     if m <= LARGE_M:
         cfg = TileConfig(64, SCALE_BLOCK, num_warps=4, num_stages=4)
         return cfg._replace(split_k=split_k_for(m, n, k, cfg, sms))
-    # More rows: 128 x 128 TMA tiles, 8 warps, 3 stages, unsplit (the fp32 sum and the int32 step
-    # product together fill 128 registers a thread; 128 x 256 would spill; H100, M = 2048, 3 stages
-    # against 4: 4096x11008 283.2 -> 275.4 us, 8192x28672 1392.5 -> 1371.5; 256 x 128 was faster on
-    # 2 shapes of 4, slower on 4096x11008); pointer tiles when TMA cannot run
-    return TMA_TILE if tma_ok else POINTER_TILE
+    # More rows: 128 x 128 TMA tiles, one warp group, 3 stages, unsplit (H100, M = 2048, against 8 warps:
+    # 11008x4096 292.4 -> 259.8 us, 8192x28672 1354.4 -> 1181.6; faster in 9 of 10 cells at M = 2048 and
+    # 8192, 2% slower at 4096x4096 M = 2048; Triton's warp specialization of the 8-warp loop gained 0-4%).
+    # Fewer than 3 such tiles per SM: 64-row tiles (M = 512: 4096x11008 83.5 -> 63.8 us, 11008x4096
+    # 89.9 -> 65.0; 2% behind at 8192x8192, whose 256 tiles are just under the line). Pointer tiles when
+    # TMA cannot run
+    if not tma_ok:
+        return POINTER_TILE
+    if triton.cdiv(m, TMA_TILE.block_m) * triton.cdiv(n, TMA_TILE.block_n) < TMA_MIN_TILES_PER_SM * sms:
+        return TMA_HALF_TILE
+    return TMA_TILE
 
 
 @functools.lru_cache(maxsize=PICK_CACHE_SIZE)

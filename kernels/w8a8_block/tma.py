@@ -9,8 +9,8 @@ The copy engine fetches whole (BLOCK_M, 128) and (BLOCK_N, 128) int8 boxes into 
 zero-filling past M, N and K, so the K loop computes no addresses or masks; the scales of a K block
 are one contiguous run of ``s_x`` in the kernels' layout (strides (1, M)) and one ``s_w`` value per
 tile (BLOCK_N = 128). No split-K: at large M the output tiles fill the GPU. The fp32 running sum and
-the int32 product of a step are both live, so the tiles are 128 x 128 with 8 warps (64 + 64 registers
-a thread). A descriptor needs 16-byte aligned base pointers and row strides:
+the int32 product of a step are both live; the dispatch table's tiles (128 x 128 with one warp group,
+or 64 x 128) were the fastest of its sweep. A descriptor needs 16-byte aligned base pointers and row strides:
 :func:`compress_kernels.w8a8.tma.tma_ready` checks both int8 operands, and the dispatch table takes
 the pointer tiles otherwise. Triton's interpreter runs descriptors too, so the CPU tests cover this path.
 """

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from compress_kernels.w8a8_block.dispatch import POINTER_TILE, TMA_TILE, cached_pick, pick
+from compress_kernels.w8a8_block.dispatch import POINTER_TILE, TMA_HALF_TILE, TMA_TILE, cached_pick, pick
 
 CPU = torch.device("cpu")
 
@@ -33,6 +33,8 @@ def test_mid_m_tiles():
 
 
 def test_large_m_takes_tma_tiles_or_the_pointer_tiles():
-    assert pick(2048, 4096, 4096, CPU) == TMA_TILE and TMA_TILE.num_warps == 8
+    assert pick(2048, 4096, 4096, CPU) == TMA_TILE and (TMA_TILE.block_m, TMA_TILE.num_warps) == (128, 4)
+    assert pick(512, 4096, 4096, CPU) == TMA_HALF_TILE  # 128 tiles of 128 rows: 64-row tiles instead
+    assert pick(512, 28672, 8192, CPU) == TMA_TILE  # 896 tiles fill the GPU
     assert pick(2048, 4096, 4096, CPU, tma_ok=False) == POINTER_TILE
     assert cached_pick(8192, 28672, 8192, CPU) is cached_pick(8192, 28672, 8192, CPU)
