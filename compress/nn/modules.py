@@ -101,6 +101,9 @@ def _version(t: torch.Tensor) -> int | None:
     return None if t.is_inference() else t._version
 
 
+_NO_CALLS: dict = {}  # the bound-call cache of a module that has made none (read only)
+
+
 def _same_objects(a: tuple, b: tuple) -> bool:
     """Whether two argument tuples hold the very same objects, position by position."""
     if len(a) != len(b):
@@ -149,7 +152,7 @@ class _InferenceLinear(Float32Buffers):
         return False
 
     def _bias_for(self, x: torch.Tensor):
-        bias = self.bias
+        bias = self._buffers["bias"]
         return bias if bias is None or bias.dtype == x.dtype else self._in_dtype("bias", bias, x.dtype)
 
     def _in_dtype(self, name: str, t: torch.Tensor | None, dtype: torch.dtype):
@@ -175,7 +178,11 @@ class _InferenceLinear(Float32Buffers):
         if torch.compiler.is_compiling():
             x = _pad_inputs(x, self.in_features, padded_features or self.in_features)
             return _kernels.launcher(op)(x, *args, **public_kwargs)
-        return self._bound(op, (x.dtype, x.get_device()), args, lambda: self._bind(op, x, args, padded_features))(x)
+        key = (x.dtype, x.get_device())
+        kept = self.__dict__.get("_bound_calls", _NO_CALLS).get(op)
+        if kept is not None and kept[0] == key and _same_objects(kept[1], args):  # :meth:`_bound`'s hit, inlined
+            return kept[2](x)
+        return self._bound(op, key, args, lambda: self._bind(op, x, args, padded_features))(x)
 
     def _bind(self, op: str, x: torch.Tensor, args: tuple, padded_features: int | None):
         """``bind_<op>`` validated against x padded to ``padded_features``, then taking unpadded inputs (a
@@ -241,7 +248,7 @@ class _TakesHandedInput:
         if torch.compiler.is_compiling():
             return None
         source = self.__dict__.get("input_source")
-        if source is None or self.config.static or self.input_smoothing is not None:
+        if source is None or self.config.static or self._buffers["input_smoothing"] is not None:
             return None
         return source.quantized(x)
 
@@ -287,14 +294,16 @@ class W8A8Linear(_TakesHandedInput, _InferenceLinear):
         handed = self._handed_input(x)
         if handed is not None:
             return self._matmul_quantized(x, *handed)
-        x = _smoothed(x, self.input_smoothing)
+        b = self._buffers  # read directly in the forwards: nn.Module.__getattr__ costs about 1 us a buffer
+        x = _smoothed(x, b["input_smoothing"])
         if self._use_kernel(x):
-            return self._kernel("w8a8_matmul", x, self.w_q, self.w_scale, self._bias_for(x), self.act_scale)
+            return self._kernel("w8a8_matmul", x, b["w_q"], b["w_scale"], self._bias_for(x), b["act_scale"])
         return _kernels.reference.w8a8_matmul_ref(x, self.w_q, self.w_scale, self.bias, self.act_scale)
 
     def _matmul_quantized(self, x, xq, s_x) -> torch.Tensor:
         if self._use_kernel(x):
-            y = self._quantized_kernel("w8a8_matmul_quantized", x, xq, s_x, self.w_q, self.w_scale, self._bias_for(x),
+            b = self._buffers
+            y = self._quantized_kernel("w8a8_matmul_quantized", x, xq, s_x, b["w_q"], b["w_scale"], self._bias_for(x),
                                        x.dtype)
         else:
             y = _kernels.reference.w8a8_matmul_quantized_ref(xq, s_x, self.w_q, self.w_scale, self.bias, x.dtype)
@@ -353,7 +362,8 @@ class W4A16Linear(_InferenceLinear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self._use_kernel(x):
-            return self._kernel("w4a16_matmul", x, self.qweight, self.scales, self.group_size, self._bias_for(x),
+            b = self._buffers
+            return self._kernel("w4a16_matmul", x, b["qweight"], b["scales"], self.group_size, self._bias_for(x),
                                 padded_features=self.padded_in_features)
         x = _pad_inputs(x, self.in_features, self.padded_in_features)
         return _kernels.reference.w4a16_matmul_ref(x, self.qweight, self.scales, self.group_size, self.bias)
@@ -405,7 +415,8 @@ class W8A16Linear(_InferenceLinear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self._use_kernel(x):
-            return self._kernel("w8a16_matmul", x, self.w_q, self.w_scale, self._bias_for(x),
+            b = self._buffers
+            return self._kernel("w8a16_matmul", x, b["w_q"], b["w_scale"], self._bias_for(x),
                                 padded_features=self.padded_in_features)
         x = _pad_inputs(x, self.in_features, self.padded_in_features)
         return _kernels.reference.w8a16_matmul_ref(x, self.w_q, self.w_scale, self.bias)
@@ -458,7 +469,8 @@ class W8A8BlockLinear(_InferenceLinear):
             if head is not None:
                 return head.start(self, x)
         if self._use_kernel(x):
-            return self._kernel("w8a8_block_matmul", x, self.w_q, self.w_scale, self._bias_for(x))
+            b = self._buffers
+            return self._kernel("w8a8_block_matmul", x, b["w_q"], b["w_scale"], self._bias_for(x))
         return _kernels.reference.w8a8_block_matmul_ref(x, self.w_q, self.w_scale, self.bias)
 
     def gelu_int8_output(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -474,7 +486,8 @@ class W8A8BlockLinear(_InferenceLinear):
     def matmul_quantized(self, x: torch.Tensor, xq: torch.Tensor, s_x: torch.Tensor) -> torch.Tensor:
         """This layer on ``xq`` (M, K) int8 and ``s_x`` (M, ceil(K/128)) handed over for ``x``: (..., N) in x's dtype."""
         if self._use_kernel(x):
-            y = self._quantized_kernel("w8a8_block_matmul_quantized", x, xq, s_x, self.w_q, self.w_scale,
+            b = self._buffers
+            y = self._quantized_kernel("w8a8_block_matmul_quantized", x, xq, s_x, b["w_q"], b["w_scale"],
                                        self._bias_for(x), x.dtype)
         else:
             y = _kernels.reference.w8a8_block_matmul_quantized_ref(xq, s_x, self.w_q, self.w_scale, self.bias,
@@ -537,8 +550,9 @@ class BSRLinear(_BlockSparseIndices, _InferenceLinear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self._use_kernel(x):
-            values = self._in_dtype("values", self.values, x.dtype)
-            return self._kernel("bsr_matmul_parts", x, self.crow_indices, self.col_indices, values, self.out_features,
+            b = self._buffers
+            values = self._in_dtype("values", b["values"], x.dtype)
+            return self._kernel("bsr_matmul_parts", x, b["crow_indices"], b["col_indices"], values, self.out_features,
                                 self._bias_for(x), check_indices=False)
         return _kernels.reference.bsr_matmul_ref(x, self.crow_indices, self.col_indices, self.values,
                                                   self.out_features, self.bias)
@@ -605,10 +619,11 @@ class BSRW8A8Linear(_BlockSparseIndices, _TakesHandedInput, _InferenceLinear):
         handed = self._handed_input(x)
         if handed is not None:
             return self._matmul_quantized(x, *handed)
-        x = _smoothed(x, self.input_smoothing)
-        parts = (self.crow_indices, self.col_indices, self.values, self.w_scale, self.out_features)
+        b = self._buffers
+        x = _smoothed(x, b["input_smoothing"])
+        parts = (b["crow_indices"], b["col_indices"], b["values"], b["w_scale"], self.out_features)
         if self._use_kernel(x):
-            return self._kernel("bsr_w8a8_matmul_parts", x, *parts, self._bias_for(x), self.act_scale,
+            return self._kernel("bsr_w8a8_matmul_parts", x, *parts, self._bias_for(x), b["act_scale"],
                                 check_indices=False)
         return _kernels.reference.bsr_w8a8_matmul_ref(x, *parts, self.bias, self.act_scale)
 

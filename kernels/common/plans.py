@@ -159,8 +159,11 @@ def build_plan(launches: list[Launch], inputs: tuple, out, watch: _WatchOps) -> 
 
 def _hooks_set() -> bool:
     """True while a Triton launch hook is set (a ``HookChain`` with calls, or a plain callable)."""
-    return any(hook is not None and bool(getattr(hook, "calls", True))
-               for hook in (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook))
+    runtime = knobs.runtime
+    for hook in (runtime.launch_enter_hook, runtime.launch_exit_hook):  # a loop, not any(): once per call
+        if hook is not None and getattr(hook, "calls", True):
+            return True
+    return False
 
 
 def _context(first: torch.Tensor) -> tuple | None:
