@@ -8,7 +8,8 @@ variant (``--variants``: fp16, w8a8, w4a16, dds50, built as the decode benchmark
 order: greedy ``model.generate`` of ``--new-tokens`` tokens after a random ``--prompt-len`` prompt,
 in each ``--modes`` (``eager``: ``transformers``' default dynamic cache; ``compiled``:
 :func:`compress.eval.generate.compile_for_generate`, a static cache and the decode step compiled and
-CUDA-graphed), and the decode harness on the same model (``--no-harness`` leaves it out). First, the
+CUDA-graphed; eager variants are timed in rounds against the fp16 model, whose paired ratio the report
+uses), and the decode harness on the same model (``--no-harness`` leaves it out). First, the
 host time per linear call of every inference module against ``F.linear`` on SmolLM2's shapes
 (:mod:`scripts.bench.host_overhead`; ``--no-host-overhead`` leaves it out). How each figure is
 measured: :mod:`scripts.bench.generate_runner`.
@@ -56,7 +57,8 @@ def bench_unit(source: ModelSource, variant: str, batch: int, args, report: dict
         for mode in (*args.modes, *(["harness"] if args.harness else [])):
             try:
                 if mode == "eager":
-                    result["eager"], eager_out = bench_eager(model, prompt, args)
+                    reference = source.reference() if variant != "fp16" else None
+                    result["eager"], eager_out = bench_eager(model, prompt, args, reference)
                 elif mode == "compiled":
                     result["compiled"] = bench_compiled(model, prompt, args, eager_out)
                 else:
@@ -76,16 +78,22 @@ def bench_unit(source: ModelSource, variant: str, batch: int, args, report: dict
 
 # ---- report ----------------------------------------------------------------------------------------
 def ratios(results: list[dict]) -> dict:
-    """{model: {batch: {variant: ratios}}}: each mode's tokens/s over fp16's in that mode, and compiled
-    generate over the harness and over eager generate (this run's figures only)."""
+    """{model: {batch: {variant: ratios}}}: each mode's tokens/s over fp16's in that mode (eager: the
+    paired ratio of rounds against fp16, the separate runs' ratio kept as ``eager_vs_fp16_unpaired``),
+    and compiled generate over the harness and over eager generate (this run's figures only)."""
     speed = {(r["model"], r["batch"], r["variant"], mode): r[mode]["tokens_per_s"]
              for r in results for mode in (*MODES, "harness") if "tokens_per_s" in r.get(mode, {})}
     table: dict = {}
+    paired = {(r["model"], r["batch"], r["variant"]): r["eager"]["vs_fp16_paired"]
+              for r in results if "vs_fp16_paired" in r.get("eager", {})}
     for (model, batch, variant, mode), tps in speed.items():
         row = table.setdefault(model, {}).setdefault(str(batch), {}).setdefault(variant, {})
         base = speed.get((model, batch, "fp16", mode))
         if base:
             row[f"{mode}_vs_fp16"] = tps / base
+        if mode == "eager" and (model, batch, variant) in paired:  # timed in rounds against fp16: drift-free
+            row["eager_vs_fp16_unpaired"] = row.get("eager_vs_fp16")
+            row["eager_vs_fp16"] = paired[(model, batch, variant)]
         if mode == "compiled":
             for other in ("harness", "eager"):
                 if (model, batch, variant, other) in speed:

@@ -21,7 +21,8 @@ batch * T / time (the prefill included, as a user sees it).
 
 * eager (:func:`bench_eager`): ``transformers``' default (a dynamic cache), after one warm-up call of
   the timed length (Triton compiles the kernels there, and the launch plans of every input layout
-  are recorded);
+  are recorded); a variant other than fp16 is timed in rounds against the fp16 model kept by its
+  source (:func:`paired_generates`: ``vs_fp16_paired``, the ratio the report uses);
 * compiled (:func:`bench_compiled`): :func:`compress.eval.generate.compile_for_generate` (a static
   cache, the decode step compiled and, on CUDA, replayed as a CUDA graph); the first call, which
   compiles, is timed apart (``compile_s``). With ``fullgraph`` a failed compile is retried once
@@ -60,7 +61,7 @@ class ModelSource:
     def __init__(self, name: str, args):
         if name not in MODELS:
             raise ValueError(f"model: expected one of {MODELS}, got {name!r}")
-        self.name, self.args, self._base = name, args, None
+        self.name, self.args, self._base, self._reference = name, args, None, None
         if name == "smollm2" and not args.tiny:
             from transformers import AutoModelForCausalLM
 
@@ -82,6 +83,15 @@ class ModelSource:
         if spec.apply is not None:
             spec.apply(model, args.seed)
         return model
+
+    def reference(self) -> nn.Module:
+        """The fp16 variant, built once and kept (eager only) for the paired eager timing."""
+        if self._reference is None:
+            self._reference = self.build("fp16")
+        return self._reference
+
+    def release_reference(self) -> None:
+        self._reference = None
 
     def config(self):
         """The random model's ``LlamaConfig`` (``llama2-7b``, or a tiny ``smollm2`` stand-in)."""
@@ -110,31 +120,61 @@ def generate(model: nn.Module, prompt: torch.Tensor, new_tokens: int) -> torch.T
     return out
 
 
+def timed_generate(model: nn.Module, prompt: torch.Tensor, new_tokens: int) -> tuple[float, torch.Tensor]:
+    """``(seconds, output)`` of one :func:`generate` call, synchronised before and after."""
+    synchronize(prompt.device)
+    start = time.perf_counter()
+    out = generate(model, prompt, new_tokens)
+    synchronize(prompt.device)
+    return time.perf_counter() - start, out
+
+
+def _figures(times: list[float], batch: int, new_tokens: int) -> dict:
+    seconds = statistics.median(times)
+    return dict(tokens_per_s=batch * new_tokens / seconds, ms_per_token=1e3 * seconds / new_tokens, times_s=times)
+
+
 def timed_generates(model: nn.Module, prompt: torch.Tensor, new_tokens: int, repeats: int) -> tuple[dict, torch.Tensor]:
     """``(figures, last output)`` of ``repeats`` timed :func:`generate` calls (see the module docstring)."""
-    device = prompt.device
     times, out = [], None
     for _ in range(repeats):
-        synchronize(device)
-        start = time.perf_counter()
-        out = generate(model, prompt, new_tokens)
-        synchronize(device)
-        times.append(time.perf_counter() - start)
-    seconds = statistics.median(times)
-    batch = prompt.shape[0]
-    return dict(tokens_per_s=batch * new_tokens / seconds, ms_per_token=1e3 * seconds / new_tokens,
-                times_s=times), out
+        seconds, out = timed_generate(model, prompt, new_tokens)
+        times.append(seconds)
+    return _figures(times, prompt.shape[0], new_tokens), out
 
 
-def bench_eager(model: nn.Module, prompt: torch.Tensor, args) -> tuple[dict, torch.Tensor]:
+def paired_generates(model: nn.Module, reference: nn.Module, prompt: torch.Tensor, new_tokens: int,
+                     repeats: int) -> tuple[dict, torch.Tensor]:
+    """:func:`timed_generates` of ``model`` in rounds, each timing ``reference`` (the fp16 model) first:
+    ``vs_fp16_paired`` is the median over rounds of reference time / model time. Eager ``generate`` is
+    host-bound, and the host's speed drifts between one variant's calls and the next's (fp16 alone
+    gave 105-140 tokens/s in two back-to-back runs on one H100 machine); a round's two calls share it."""
+    times, reference_times, out = [], [], None
+    for _ in range(repeats):
+        reference_times.append(timed_generate(reference, prompt, new_tokens)[0])
+        seconds, out = timed_generate(model, prompt, new_tokens)
+        times.append(seconds)
+    figures = _figures(times, prompt.shape[0], new_tokens)
+    figures.update(fp16_times_s=reference_times,
+                   vs_fp16_paired=statistics.median(r / t for r, t in zip(reference_times, times)))
+    return figures, out
+
+
+def bench_eager(model: nn.Module, prompt: torch.Tensor, args,
+                reference: nn.Module | None = None) -> tuple[dict, torch.Tensor]:
     """The default ``generate`` (dynamic cache, eager), after one warm-up call of the same length (a short
-    one left the first timed call of fp16 several times slower than the others: new cache lengths)."""
+    one left the first timed call of fp16 several times slower than the others: new cache lengths);
+    with ``reference`` (the fp16 model, eager) timed in rounds against it (:func:`paired_generates`)."""
     uncompile_for_generate(model)
     began = time.perf_counter()
     generate(model, prompt, args.new_tokens)
     synchronize(prompt.device)
     warmup_s = time.perf_counter() - began
-    figures, out = timed_generates(model, prompt, args.new_tokens, args.repeats)
+    if reference is None:
+        figures, out = timed_generates(model, prompt, args.new_tokens, args.repeats)
+    else:
+        generate(reference, prompt, args.new_tokens)  # its warm-up for this prompt's shape
+        figures, out = paired_generates(model, reference, prompt, args.new_tokens, args.repeats)
     return dict(figures, warmup_s=warmup_s), out
 
 

@@ -35,6 +35,10 @@ def test_tiny_cpu_run_times_every_mode_and_the_harness(tmp_path):
         assert result["harness"]["compiled_graphs"] == 1
     row = report["ratios"]["llama2-7b"]["1"]
     assert row["fp16"]["eager_vs_fp16"] == pytest.approx(1.0) and "compiled_vs_harness" in row["w8a8"]
+    paired = report["results"][1]["eager"]
+    assert "vs_fp16_paired" not in report["results"][0]["eager"] and len(paired["fp16_times_s"]) == 1
+    assert row["w8a8"]["eager_vs_fp16"] == paired["vs_fp16_paired"] > 0  # the ratio of rounds against fp16
+    assert row["w8a8"]["eager_vs_fp16_unpaired"] > 0
     assert report["targets"]["llama2-7b w8a8 >= 1.5x fp16 (batch 1, compiled)"] is not None
     assert report["targets"]["llama2-7b w4a16 >= 2.0x fp16 (batch 1, compiled)"] is None  # not measured
 

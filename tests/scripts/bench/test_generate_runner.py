@@ -35,6 +35,20 @@ def test_generate_makes_exactly_the_new_tokens_asked_for():
     assert out.shape == (2, 9) and len(figures["times_s"]) == 2 and figures["tokens_per_s"] > 0
 
 
+def test_paired_rounds_time_the_reference_first_and_take_the_median_ratio(monkeypatch):
+    source = runner.ModelSource("llama2-7b", _args())
+    reference, model = source.reference(), source.build("w8a8")
+    assert source.reference() is reference  # built once
+    prompt = runner.random_prompt(model, 1, 4, seed=0)
+    seconds = iter([2.0, 1.0, 3.0, 1.0, 2.0, 4.0])  # rounds (fp16, w8a8): ratios 2, 3, 0.5
+    order = []
+    monkeypatch.setattr(runner, "timed_generate", lambda m, p, n: (order.append(m) or next(seconds), None))
+    figures, _ = runner.paired_generates(model, reference, prompt, 3, repeats=3)
+    assert order == [reference, model] * 3
+    assert figures["vs_fp16_paired"] == 2.0 and figures["fp16_times_s"] == [2.0, 3.0, 2.0]
+    assert figures["times_s"] == [1.0, 1.0, 4.0] and figures["tokens_per_s"] == pytest.approx(3.0)
+
+
 def test_a_failed_fullgraph_compile_is_retried_without_it(monkeypatch):
     model = runner.ModelSource("llama2-7b", _args()).build("fp16")
     prompt = runner.random_prompt(model, 1, 4, seed=0)
