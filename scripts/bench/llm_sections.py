@@ -58,7 +58,8 @@ def generate_section(name: str, data: dict) -> list[str]:
     ratios = require(data, "ratios", name)
     lines = [f"## Generate: {', '.join(config['models'])}", "",
              f"Greedy `model.generate` of {config['new_tokens']} tokens after a {config['prompt_len']}-token prompt, "
-             f"median of {config['repeats']} calls; eager = transformers' dynamic cache, compiled = "
+             f"median of {config['repeats']} calls; eager = transformers' dynamic cache (a variant's ratio: the median "
+             "over rounds that time fp16 then the variant, as the host's speed drifts between runs), compiled = "
              "`compress.eval.generate.compile_for_generate` (static cache, decode step compiled with CUDA graphs), "
              "harness = the decode benchmark's own loop on the same model"
              + (f"; the Llama-2-7B shape with {config['layers']} decoder layers" if "llama2-7b" in config["models"]
