@@ -91,7 +91,7 @@ def ratios(results: list[dict]) -> dict:
         base = speed.get((model, batch, "fp16", mode))
         if base:
             row[f"{mode}_vs_fp16"] = tps / base
-        if mode == "eager" and (model, batch, variant) in paired:  # timed in rounds against fp16: drift-free
+        if mode == "eager" and (model, batch, variant) in paired:  # timed in rounds against fp16: robust to host drift
             row["eager_vs_fp16_unpaired"] = row.get("eager_vs_fp16")
             row["eager_vs_fp16"] = paired[(model, batch, variant)]
         if mode == "compiled":

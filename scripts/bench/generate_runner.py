@@ -90,9 +90,6 @@ class ModelSource:
             self._reference = self.build("fp16")
         return self._reference
 
-    def release_reference(self) -> None:
-        self._reference = None
-
     def config(self):
         """The random model's ``LlamaConfig`` (``llama2-7b``, or a tiny ``smollm2`` stand-in)."""
         positions = self.args.prompt_len + self.args.new_tokens + HARNESS_WARMUP + 8
