@@ -179,10 +179,8 @@ class _InferenceLinear(Float32Buffers):
             x = _pad_inputs(x, self.in_features, padded_features or self.in_features)
             return _kernels.launcher(op)(x, *args, **public_kwargs)
         key = (x.dtype, x.get_device())
-        kept = self.__dict__.get("_bound_calls", _NO_CALLS).get(op)
-        if kept is not None and kept[0] == key and _same_objects(kept[1], args):  # :meth:`_bound`'s hit, inlined
-            return kept[2](x)
-        return self._bound(op, key, args, lambda: self._bind(op, x, args, padded_features))(x)
+        call = self._kept(op, key, args) or self._keep(op, key, args, self._bind(op, x, args, padded_features))
+        return call(x)
 
     def _bind(self, op: str, x: torch.Tensor, args: tuple, padded_features: int | None):
         """``bind_<op>`` validated against x padded to ``padded_features``, then taking unpadded inputs (a
@@ -195,18 +193,19 @@ class _InferenceLinear(Float32Buffers):
     def _quantized_kernel(self, op: str, x: torch.Tensor, xq: torch.Tensor, s_x: torch.Tensor, *args) -> torch.Tensor:
         """``compress_kernels.<op>(xq, s_x, *args)`` for handed-over int8 inputs (eager mode only), bound as
         :meth:`_kernel` binds."""
-        bind = lambda: _kernels.launcher(f"bind_{op}")(xq, s_x, *args)  # noqa: E731
-        return self._bound(op, (x.dtype, xq.get_device()), args, bind)(xq, s_x)
+        key = (x.dtype, xq.get_device())
+        call = self._kept(op, key, args) or self._keep(op, key, args, _kernels.launcher(f"bind_{op}")(xq, s_x, *args))
+        return call(xq, s_x)
 
-    def _bound(self, op: str, key: tuple, args: tuple, bind):
-        """The bound call kept for ``op``, or ``bind()`` when ``key`` (x's dtype and CUDA device index) or any of
-        ``args`` (compared by identity) changed since it was made."""
-        calls = self.__dict__.setdefault("_bound_calls", {})
-        kept = calls.get(op)
-        if kept is not None and kept[0] == key and _same_objects(kept[1], args):
-            return kept[2]
-        call = bind()
-        calls[op] = (key, args, call)
+    def _kept(self, op: str, key: tuple, args: tuple):
+        """The bound call kept for ``op``, or None when there is none or ``key`` (x's dtype and CUDA device
+        index) or any of ``args`` (compared by identity) changed since it was made."""
+        kept = self.__dict__.get("_bound_calls", _NO_CALLS).get(op)
+        return kept[2] if kept is not None and kept[0] == key and _same_objects(kept[1], args) else None
+
+    def _keep(self, op: str, key: tuple, args: tuple, call):
+        """``call``, kept for ``op`` with the ``key`` and ``args`` it was bound for."""
+        self.__dict__.setdefault("_bound_calls", {})[op] = (key, args, call)
         return call
 
     def _apply(self, fn, recurse=True):
@@ -477,9 +476,12 @@ class W8A8BlockLinear(_InferenceLinear):
         """``(yq (M, N) int8, s_y (M, ceil(N/128)))``: the exact GELU of this layer's output (rounded to x's
         dtype), quantized in 1 x 128 blocks (the next block-scaled layer's input), never written in float."""
         if self._use_kernel(x):
-            args = (self.w_q, self.w_scale, self._bias_for(x))
-            bind = lambda: _kernels.launcher("bind_w8a8_block_matmul_int8")(x, *args, gelu=True)  # noqa: E731
-            return self._bound("w8a8_block_matmul_int8", (x.dtype, x.device), args, bind)(x)
+            b = self._buffers
+            op, key = "w8a8_block_matmul_int8", (x.dtype, x.get_device())
+            args = (b["w_q"], b["w_scale"], self._bias_for(x))
+            call = self._kept(op, key, args) or self._keep(
+                op, key, args, _kernels.launcher(f"bind_{op}")(x, *args, gelu=True))
+            return call(x)
         return _kernels.reference.w8a8_block_matmul_ref(x, self.w_q, self.w_scale, self.bias, gelu=True,
                                                          out_dtype=torch.int8)
 
