@@ -2,10 +2,12 @@
 
 * Every recipe parses as written (LightningCLI's ``--print_config``: keys and types, no model built).
 * Their compression plans fit SmolLM2's layers: a 2-layer Llama with SmolLM2's widths, from a config.
-* The trained recipes repeat the dense run except for their callbacks (and the sparse ones' learning
-  rate and distillation), so their perplexities compare with its.
+* W8A8 QAT, W4A16 QAT and 50% blocks continue from the dense run's float model with its schedule and
+  distil from that model; 50% + W8A8 repeats the dense run from the pretrained model (a larger
+  learning rate, a teacher snapshot before pruning). Either way their perplexities compare with its.
 * Shrunk (a tiny Llama, the MiniLM tokenizer, a few steps, schedules scaled), each trained recipe runs
-  end to end: train -> compress -> export -> evaluate -> report.
+  end to end: train -> compress -> export -> evaluate -> report; the ones that continue from the dense
+  run start from, and distil from, the shrunk dense run's float model.
 * The post-training recipes (W4A16 GPTQ, W8A16 GPTQ) quantize the dense run's float model without a
   training step; shrunk, they run end to end too.
 """
@@ -30,7 +32,8 @@ POST_TRAINING = {  # recipe -> (config class, group size, algorithm, exported mo
     "w8a16-ptq": ("W8A16Config", None, "gptq", W8A16Linear),
 }
 ALL = (*TRAINED, *POST_TRAINING)
-SPARSE = ("sparse50", "sparse50-w8a8")
+FROM_DENSE = ("w8a8-qat", "w4a16-qat", "sparse50")  # train on the dense run's float model, distil from it
+DENSE_FLOAT = "runs/smollm2-wikitext-dense/float"
 EXPORTED_MODULE = {"w8a8-qat": W8A8Linear, "w4a16-qat": W4A16Linear, "sparse50": BSRLinear,
                    "sparse50-w8a8": BSRW8A8Linear}
 # SmolLM2-135M-Instruct as published (tests/compress/lightning/test_smollm2.py checks the GGUF against it)
@@ -54,9 +57,13 @@ def _write(recipe: dict, path: Path) -> Path:
 
 
 def _with_model(recipe: dict, config: dict) -> dict:
-    """The recipe with its pretrained model replaced by a model built from ``config``."""
-    recipe["model"]["init_args"].pop("model_name_or_path")
-    recipe["model"]["init_args"]["config"] = dict(config)
+    """The recipe with its model replaced by a model built from ``config`` (a loaded teacher by a
+    snapshot of that model)."""
+    init_args = recipe["model"]["init_args"]
+    init_args.pop("model_name_or_path")
+    init_args["config"] = dict(config)
+    if (init_args.get("distillation") or {}).get("teacher"):
+        init_args["distillation"]["teacher"] = None
     return recipe
 
 
@@ -86,27 +93,39 @@ def test_plans_fit_smollm2s_layers(name, monkeypatch, tmp_path):
         assert len(targets) == 7 * 2 and not any("lm_head" in t or "embed" in t for t in targets)
 
 
-def test_trained_recipes_repeat_the_dense_run():
+def _without(mapping: dict, *keys: str) -> dict:
+    return {k: v for k, v in mapping.items() if k not in keys}
+
+
+def test_dense_recipe_saves_the_float_model_the_others_start_from():
     dense = _recipe("dense")
     assert dense["model"]["init_args"]["model_name_or_path"] == SMOLLM2_NAME
-    assert dense["compress"]["save_float_model"] is True  # the baseline of the targets, and GPTQ's input
-    for name in TRAINED[1:]:
-        other = _recipe(name)
-        assert other["data"] == dense["data"] and other["seed_everything"] == dense["seed_everything"]
-        assert {k: v for k, v in other["trainer"].items() if k != "callbacks"} == dense["trainer"]
-        model = dict(other["model"]["init_args"])
-        if name in SPARSE or name == "w4a16-qat":  # recovery with a larger learning rate (chosen on validation)
-            assert model.pop("learning_rate") > dense["model"]["init_args"]["learning_rate"]
-            model["learning_rate"] = dense["model"]["init_args"]["learning_rate"]
-        if name in SPARSE:  # and a teacher
-            model.pop("distillation")
-        assert model == dense["model"]["init_args"]
+    assert dense["compress"]["save_float_model"] is True  # the baseline of the targets, and the others' start
+    assert dense["compress"]["output_dir"] + "/float" == DENSE_FLOAT
 
 
-@pytest.mark.parametrize("name", SPARSE)
-def test_sparse_recipes_distil_from_a_dense_snapshot_taken_before_pruning(name):
-    recipe = _recipe(name)
-    distillation = recipe["model"]["init_args"]["distillation"]
+@pytest.mark.parametrize("name", FROM_DENSE)
+def test_recipes_continue_from_the_dense_run_and_distil_from_it(name):
+    """Same data, seed and schedule as the dense run, from its float model, with it as the teacher from
+    the first step (before any compression starts)."""
+    dense, other = _recipe("dense"), _recipe(name)
+    assert other["data"] == dense["data"] and other["seed_everything"] == dense["seed_everything"]
+    assert _without(other["trainer"], "callbacks") == dense["trainer"]
+    model = other["model"]["init_args"]
+    assert model["model_name_or_path"] == DENSE_FLOAT
+    assert model["distillation"]["teacher"] == DENSE_FLOAT and model["distillation"]["start_step"] == 0
+    assert _without(model, "model_name_or_path", "distillation", "learning_rate") == \
+        _without(dense["model"]["init_args"], "model_name_or_path", "learning_rate")
+
+
+def test_sparse50_w8a8_repeats_the_dense_run_with_a_snapshot_teacher_taken_before_pruning():
+    dense, recipe = _recipe("dense"), _recipe("sparse50-w8a8")
+    assert recipe["data"] == dense["data"] and recipe["seed_everything"] == dense["seed_everything"]
+    assert _without(recipe["trainer"], "callbacks") == dense["trainer"]
+    model = recipe["model"]["init_args"]
+    assert model["model_name_or_path"] == SMOLLM2_NAME
+    assert model["learning_rate"] > dense["model"]["init_args"]["learning_rate"]  # recovery (chosen on validation)
+    distillation = model["distillation"]
     pruning = next(cb["init_args"] for cb in recipe["trainer"]["callbacks"] if cb["class_path"].endswith("BlockPruning"))
     assert distillation.get("teacher") is None  # a snapshot of the model being fine-tuned
     assert distillation["start_step"] <= pruning["start_step"] < pruning["end_step"] < recipe["trainer"]["max_steps"]
@@ -157,8 +176,16 @@ def shrink(recipe: dict, out_dir: Path) -> dict:
 
 
 def _run(name: str, tmp_path: Path) -> list[float]:
-    """Run the shrunk recipe with ``compress run``; the perplexities of its report."""
-    config = _write(shrink(_recipe(name), tmp_path / "run"), tmp_path / f"{name}.yaml")
+    """Run the shrunk recipe with ``compress run`` (a recipe that continues from the dense run after the
+    shrunk dense run, from its float model and with it as the teacher); the perplexities of its report."""
+    recipe = shrink(_recipe(name), tmp_path / "run")
+    if name in FROM_DENSE:
+        dense = _write(shrink(_recipe("dense"), tmp_path / "dense"), tmp_path / "dense.yaml")
+        assert cli.main(["run", "--config", str(dense)]) == 0
+        init_args = recipe["model"]["init_args"]
+        del init_args["config"]
+        init_args["model_name_or_path"] = init_args["distillation"]["teacher"] = str(tmp_path / "dense" / "float")
+    config = _write(recipe, tmp_path / f"{name}.yaml")
     assert cli.main(["run", "--config", str(config)]) == 0
     report = json.loads((tmp_path / "run" / "report.json").read_text())
     return [model["metrics"]["perplexity"] for model in report["models"]]
