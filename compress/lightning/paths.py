@@ -75,7 +75,17 @@ def resolve_model_source(name_or_path) -> ModelSource:
         if not path.is_file():
             raise FileNotFoundError(f"model: expected an existing .gguf file, got {name!r}")
         return ModelSource(str(path.resolve().parent), path.name)
+    if _is_local_path(name) and not Path(name).expanduser().is_dir():
+        raise FileNotFoundError(f"model: expected a model directory at {name!r} (a saved model, e.g. the float/ "
+                                "directory a dense recipe writes under its output_dir: run that recipe first), "
+                                "found none")
     return ModelSource(name)
+
+
+def _is_local_path(name: str) -> bool:
+    """Whether ``name`` can only be a local path: absolute, relative to ``.`` / ``..`` / ``~``, or with more
+    than one ``/`` (a hub id is ``name`` or ``namespace/name``)."""
+    return name.startswith(("/", "./", "../", "~")) or name.count("/") > 1 or os.sep != "/" and os.sep in name
 
 
 def resolve_model_path(name_or_path) -> str:

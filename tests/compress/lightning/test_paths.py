@@ -29,6 +29,18 @@ def test_minilm_name_resolves_to_env_then_package(monkeypatch, tmp_path):
     assert (Path(packaged) / "config.json").is_file()
 
 
+@pytest.mark.parametrize("name", ["runs/smollm2-wikitext-dense/float", "./float", "../x", "/no/such/dir", "~/no-such"])
+def test_a_missing_local_model_dir_is_refused_with_what_to_run(name):
+    with pytest.raises(FileNotFoundError, match="expected a model directory .*run that recipe first"):
+        resolve_model_source(name)
+
+
+def test_an_existing_local_model_dir_resolves_to_itself(tmp_path):
+    saved = tmp_path / "runs" / "dense" / "float"
+    saved.mkdir(parents=True)
+    assert resolve_model_source(str(saved)) == ModelSource(str(saved))
+
+
 def test_repo_root_holds_the_package_and_the_recipes(monkeypatch, tmp_path):
     assert (repo_root() / "compress" / "lightning" / "paths.py").is_file()
     assert (repo_root() / "recipes" / "quickstart.yaml").is_file()
