@@ -85,7 +85,7 @@ def resolve_model_source(name_or_path) -> ModelSource:
 def _is_local_path(name: str) -> bool:
     """Whether ``name`` can only be a local path: absolute, relative to ``.`` / ``..`` / ``~``, or with more
     than one ``/`` (a hub id is ``name`` or ``namespace/name``)."""
-    return name.startswith(("/", "./", "../", "~")) or name.count("/") > 1 or (os.sep != "/" and os.sep in name)
+    return name.startswith(("/", "./", "../", "~")) or name.count("/") > 1
 
 
 def resolve_model_path(name_or_path) -> str:

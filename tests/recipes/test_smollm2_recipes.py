@@ -175,20 +175,25 @@ def shrink(recipe: dict, out_dir: Path) -> dict:
     return recipe
 
 
-def _run(name: str, tmp_path: Path) -> list[float]:
-    """Run the shrunk recipe with ``compress run`` (a recipe that continues from the dense run after the
-    shrunk dense run, from its float model and with it as the teacher); the perplexities of its report."""
-    recipe = shrink(_recipe(name), tmp_path / "run")
-    if name in FROM_DENSE:
-        dense = _write(shrink(_recipe("dense"), tmp_path / "dense"), tmp_path / "dense.yaml")
-        assert cli.main(["run", "--config", str(dense)]) == 0
+def _run(name: str, out_dir: Path, start: Path | None = None) -> list[float]:
+    """Run the shrunk recipe with ``compress run`` into ``out_dir`` (a recipe that continues from the dense
+    run: from the float model in ``start`` and with it as the teacher); the perplexities of its report."""
+    recipe = shrink(_recipe(name), out_dir)
+    if start is not None:
         init_args = recipe["model"]["init_args"]
         del init_args["config"]
-        init_args["model_name_or_path"] = init_args["distillation"]["teacher"] = str(tmp_path / "dense" / "float")
-    config = _write(recipe, tmp_path / f"{name}.yaml")
+        init_args["model_name_or_path"] = init_args["distillation"]["teacher"] = str(start)
+    config = _write(recipe, out_dir.parent / f"{out_dir.name}-{name}.yaml")
     assert cli.main(["run", "--config", str(config)]) == 0
-    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    report = json.loads((out_dir / "report.json").read_text())
     return [model["metrics"]["perplexity"] for model in report["models"]]
+
+
+@pytest.fixture(scope="module")
+def shrunk_dense(tmp_path_factory) -> tuple[Path, list[float]]:
+    """The shrunk dense recipe, run once for the module: its output dir and perplexities."""
+    out_dir = tmp_path_factory.mktemp("dense") / "run"
+    return out_dir, _run("dense", out_dir)
 
 
 def _check_run(name: str, perplexities: list[float], out_dir: Path) -> None:
@@ -204,14 +209,22 @@ def _check_run(name: str, perplexities: list[float], out_dir: Path) -> None:
 
 @needs_wikitext
 def test_sparse50_w8a8_recipe_prunes_quantizes_distils_and_exports(tmp_path):
-    _check_run("sparse50-w8a8", _run("sparse50-w8a8", tmp_path), tmp_path / "run")
+    _check_run("sparse50-w8a8", _run("sparse50-w8a8", tmp_path / "run"), tmp_path / "run")
 
 
 @needs_wikitext
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["dense", "w8a8-qat", "w4a16-qat", "sparse50"])
-def test_other_trained_recipes_run_end_to_end(name, tmp_path):
-    _check_run(name, _run(name, tmp_path), tmp_path / "run")
+def test_dense_recipe_runs_end_to_end(shrunk_dense):
+    out_dir, perplexities = shrunk_dense
+    _check_run("dense", perplexities, out_dir)
+
+
+@needs_wikitext
+@pytest.mark.slow
+@pytest.mark.parametrize("name", FROM_DENSE)
+def test_recipes_from_the_dense_run_run_end_to_end(name, shrunk_dense, tmp_path):
+    dense_dir, _ = shrunk_dense
+    _check_run(name, _run(name, tmp_path / "run", start=dense_dir / "float"), tmp_path / "run")
 
 
 @needs_wikitext
