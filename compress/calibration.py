@@ -6,13 +6,18 @@ callable that runs the model itself. :func:`calibrate` observes the W8A8 layers'
 SmoothQuant where a config asks and freezes static scales. :func:`run_gptq` quantizes the layers
 whose config says ``algorithm="gptq"``.
 
-GPTQ (math in :mod:`compress.core.gptq`): one pass over the calibration data
-collects ``X^T X`` of every GPTQ layer's input (a forward pre-hook; X is what the layer multiplies:
-all tokens, divided by its SmoothQuant factors if it holds any), then each layer's weight is swept
-and held on its grid (``CompressedLinear.set_quantized_weight``), so the export stores GPTQ's q and
-scales. All Hessians come from that one pass over the model as it was (not GPTQ's layer-by-layer
-order, where later layers see earlier ones quantized); converting a model in chunks of layers, in
-order, gives that order and bounds the memory (one K x K float32 Hessian per layer of a chunk).
+GPTQ (math in :mod:`compress.core.gptq`) runs in stages, in the order the forward reaches the layers
+(GPTQ's sequential order, Frantar et al. section 4): layers called one after the other on the same
+input tensor form one stage (a transformer block gives q/k/v, o, gate/up, down); for each stage one
+pass over the calibration data collects ``X^T X`` of its layers' inputs (a forward pre-hook; X is what
+the layer multiplies: all tokens, divided by its SmoothQuant factors if it holds any), then each of
+its weights is swept and held on its grid (``CompressedLinear.set_quantized_weight``), so the next
+stage's Hessians see the earlier layers quantized, as the exported model runs them, and the export
+stores GPTQ's q and scales. A pass stops at the stage's last layer (the rest of the forward is not
+needed) when the batches are ours to run: an iterable of batches, not a callable, and no FSDP2
+shards. The order comes from one forward of the first batch; when that forward does not reach every
+GPTQ layer exactly once (mixture-of-experts layers, a layer called twice) all layers form one stage,
+their Hessians from the model as it was. One stage holds one K x K float32 Hessian per layer.
 It runs after SmoothQuant, on the smoothed weights. With block sparsity the pruned weights stay
 exact zeros: they quantize to 0 and their error is spread over the kept ones; one-shot pruning leaves
 the weights of GPTQ layers in place (masked in the forward), so GPTQ also compensates for what
@@ -36,9 +41,10 @@ from torch import nn
 from compress.configs import W8A8Config, W8A16Config
 from compress.core.gptq import add_to_hessian, gptq_quantize, hessian
 from compress.core.quant import INT4_QMAX, INT8_QMAX, dequantize_groupwise, dequantize_per_channel, per_channel_scale
-from compress.core.sharding import local_tensor, reshard_
+from compress.core.sharding import fsdp_modules, local_tensor, reshard_
 from compress.core.smoothquant import apply_smoothquant
 from compress.core.sparsity import expand_mask
+from compress.nn.experts import ExpertLinear
 from compress.nn.modules import padded_in_features
 from compress.nn.qat import CompressedLinear, compressed_layers
 
@@ -55,6 +61,11 @@ def forward_batch(model: nn.Module, batch):
     return model(batch)
 
 
+class StopForward(Exception):
+    """Raised by a GPTQ stage's hook once its last layer's input is collected: the rest of the forward
+    is not needed (caught per batch by the runners :func:`calibration_runner` builds)."""
+
+
 def calibration_runner(calibration_data) -> tuple[Callable, Callable]:
     """(run all batches, run one batch) callables from an iterable of batches or a callable."""
     if callable(calibration_data):
@@ -66,11 +77,17 @@ def calibration_runner(calibration_data) -> tuple[Callable, Callable]:
     if not batches:
         raise ValueError("calibration_data: expected at least one batch, got none")
 
+    def run(model, batch):
+        try:
+            return forward_batch(model, batch)
+        except StopForward:
+            return None
+
     def run_all(model):
         for batch in batches:
-            forward_batch(model, batch)
+            run(model, batch)
 
-    return run_all, lambda model: forward_batch(model, batches[0])
+    return run_all, lambda model: run(model, batches[0])
 
 
 @torch.no_grad()
@@ -118,9 +135,11 @@ def gptq_layers(model: nn.Module) -> dict[str, CompressedLinear]:
 
 
 @torch.no_grad()
-def collect_hessians(model: nn.Module, layers: dict[str, CompressedLinear], run_all: Callable) -> dict[str, list]:
+def collect_hessians(model: nn.Module, layers: dict[str, CompressedLinear], run_all: Callable,
+                     stop_after: str | None = None) -> dict[str, list]:
     """``{name: [X^T X (K, K) float32, tokens]}`` over one ``run_all(model)`` (eval mode), X the input each
-    layer multiplies (divided by its SmoothQuant factors, as its forward does)."""
+    layer multiplies (divided by its SmoothQuant factors, as its forward does). ``stop_after``: a layer
+    whose hook raises :class:`StopForward` once its input is added (the runner must catch it)."""
     stats = {name: [torch.zeros(m.in_features, m.in_features, device=m.weight.device), 0]
              for name, m in layers.items()}
 
@@ -133,6 +152,8 @@ def collect_hessians(model: nn.Module, layers: dict[str, CompressedLinear], run_
                 stats[name][1] += add_to_hessian(stats[name][0], x)
             except ValueError as error:
                 raise ValueError(f"layer {name!r}: {error}") from None
+            if name == stop_after:
+                raise StopForward
         return hook
 
     handles = [layer.register_forward_pre_hook(hook_for(name)) for name, layer in layers.items()]
@@ -145,6 +166,43 @@ def collect_hessians(model: nn.Module, layers: dict[str, CompressedLinear], run_
         for handle in handles:
             handle.remove()
     return stats
+
+
+@torch.no_grad()
+def gptq_stages(model: nn.Module, layers: dict[str, CompressedLinear], run_one: Callable) -> list[list[str]]:
+    """The GPTQ layers in the order one forward (``run_one``; a callable may run several, each the same
+    sequence) first calls them, layers called one after the other on the same input tensor grouped into
+    one stage; all layers in one stage when a forward does not call each of them exactly once, or when
+    any is an expert's layer (routing decides which run)."""
+    if any(isinstance(layer, ExpertLinear) for layer in layers.values()):
+        return [list(layers)]
+    calls, stages, last = [], [], [None]
+
+    def hook_for(name):
+        def hook(module, args):
+            calls.append(name)
+            if len(calls) > len(layers):
+                return
+            if stages and args[0] is last[0]:
+                stages[-1].append(name)
+            else:
+                stages.append([name])
+            last[0] = args[0]  # held, so a later tensor cannot reuse its id
+        return hook
+
+    handles = [layer.register_forward_pre_hook(hook_for(name)) for name, layer in layers.items()]
+    was_training = model.training
+    model.eval()
+    try:
+        run_one(model)
+    finally:
+        model.train(was_training)
+        for handle in handles:
+            handle.remove()
+    first = calls[:len(layers)]
+    if sorted(first) != sorted(layers) or calls != first * (len(calls) // len(layers)):
+        return [list(layers)]
+    return stages
 
 
 def gptq_layer(layer: CompressedLinear, xtx: torch.Tensor, tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -176,30 +234,39 @@ def gptq_layer(layer: CompressedLinear, xtx: torch.Tensor, tokens: int) -> tuple
     return q, scale
 
 
-def run_gptq(model: nn.Module, calibration_data, sync: Callable | None = None) -> dict[str, tuple]:
-    """GPTQ on every layer :func:`gptq_layers` lists: one calibration pass, then one layer at a time.
+def run_gptq(model: nn.Module, calibration_data, sync: Callable | None = None,
+             publish: Callable | None = None) -> dict[str, tuple]:
+    """GPTQ on every layer :func:`gptq_layers` lists, stage by stage (:func:`gptq_stages`): one
+    calibration pass per stage, then its layers one at a time.
 
-    ``sync(stats)`` may combine the statistics before they are used (the schedules' DDP all-reduce).
-    Returns ``{name: (q, scale)}`` (:func:`gptq_layer`). Raises ``ValueError`` naming the layer for
-    non-finite inputs, a layer no batch reached, or a Hessian that no damping makes positive definite.
+    ``sync(stats)`` may combine a stage's statistics before they are used (the schedules' DDP
+    all-reduce); ``publish(names)`` runs after each stage's layers are rounded, before the next pass (the
+    schedules' broadcast of rank 0's weights). Returns ``{name: (q, scale)}`` (:func:`gptq_layer`).
+    Raises ``ValueError`` naming the layer for non-finite inputs, a layer no batch reached, or a Hessian
+    that no damping makes positive definite.
     """
     layers = gptq_layers(model)
     if not layers:
         return {}
-    run_all, _ = calibration_runner(calibration_data)
-    stats = collect_hessians(model, layers, run_all)
-    reshard_(model)  # FSDP2: round the shards, not the copy the forward gathered
-    if sync is not None:
-        sync(stats)
-    unreached = [name for name, (_, tokens) in stats.items() if tokens == 0]
-    if unreached:
-        raise ValueError(f"GPTQ: no calibration input reached layers {unreached}: the batches never run them, "
-                         "so they have no Hessian (check calibration_data and the model's forward)")
+    run_all, run_one = calibration_runner(calibration_data)
+    stops_early = not callable(calibration_data) and not fsdp_modules(model)
     results = {}
-    for name, layer in layers.items():
-        try:
-            results[name] = gptq_layer(layer, *stats.pop(name))
-        except ValueError as error:
-            raise ValueError(f"GPTQ: layer {name!r}: {error}") from error
+    for stage in gptq_stages(model, layers, run_one):
+        stats = collect_hessians(model, {name: layers[name] for name in stage}, run_all,
+                                 stop_after=stage[-1] if stops_early and len(stage) < len(layers) else None)
+        reshard_(model)  # FSDP2: round the shards, not the copy the forward gathered
+        if sync is not None:
+            sync(stats)
+        unreached = [name for name, (_, tokens) in stats.items() if tokens == 0]
+        if unreached:
+            raise ValueError(f"GPTQ: no calibration input reached layers {unreached}: the batches never run them, "
+                             "so they have no Hessian (check calibration_data and the model's forward)")
+        for name in stage:
+            try:
+                results[name] = gptq_layer(layers[name], *stats.pop(name))
+            except ValueError as error:
+                raise ValueError(f"GPTQ: layer {name!r}: {error}") from error
+        if publish is not None:
+            publish(stage)
     logger.info("GPTQ: %d layers quantized", len(results))
     return results

@@ -50,7 +50,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import nn
 
-from compress.calibration import calibrate, forward_batch
+from compress.calibration import calibrate, gptq_layers
 from compress.checkpoint import save_compressed
 from compress.configs import W4A16Config, W8A8BlockConfig, W8A8Config, W8A16Config
 from compress.core.sharding import fsdp_modules
@@ -242,33 +242,32 @@ class Calibration(pl.Callback):
         if not no_training_steps(trainer):
             return
         model = target_model(pl_module)
-        run_batches = self._batch_runner(trainer, pl_module)
+        batches = self._calibration_batches(trainer, pl_module)
         was_training = model.training
         model.eval()
         with torch.no_grad():
-            calibrate(model, run_batches)
+            calibrate(model, batches)
         model.train(was_training)
         distributed.broadcast_floating_state_(model)  # scales and smoothing from rank 0's batches
         self.schedule.phase = "done"
-        self._run_gptq(model, run_batches)
+        self._run_gptq(model, batches)
 
     def on_train_end(self, trainer, pl_module):
         self.schedule.stop_recording()
-        self._run_gptq(target_model(pl_module), self._batch_runner(trainer, pl_module))
+        model = target_model(pl_module)
+        if gptq_layers(model):
+            self._run_gptq(model, self._calibration_batches(trainer, pl_module))
 
-    def _batch_runner(self, trainer, pl_module):
-        """``run(model)``: the model's forward over the first ``num_batches`` training batches."""
-        def run(model):
-            loader = trainer.train_dataloader
-            if loader is None:  # no fit loop ran: ask the data module (or the task) for its loader
-                source = trainer.datamodule if trainer.datamodule is not None else pl_module
-                loader = source.train_dataloader()
-            for batch in itertools.islice(loader, self.num_batches):
-                forward_batch(model, trainer.strategy.batch_to_device(batch))
-        return run
+    def _calibration_batches(self, trainer, pl_module) -> list:
+        """The first ``num_batches`` training batches, on the model's device."""
+        loader = trainer.train_dataloader
+        if loader is None:  # no fit loop ran: ask the data module (or the task) for its loader
+            source = trainer.datamodule if trainer.datamodule is not None else pl_module
+            loader = source.train_dataloader()
+        return [trainer.strategy.batch_to_device(batch) for batch in itertools.islice(loader, self.num_batches)]
 
-    def _run_gptq(self, model, run_batches) -> None:
-        rounded = run_gptq_on_all_ranks(model, run_batches)
+    def _run_gptq(self, model, batches) -> None:
+        rounded = run_gptq_on_all_ranks(model, batches)
         if rounded:
             rank_zero_info(f"Calibration: GPTQ quantized {rounded} layers on {self.num_batches} training batches")
 

@@ -14,8 +14,8 @@ training mode, recorded by a forward pre-hook during the ``"smooth"`` phase (so 
 hook is removed once smoothing is done).
 
 GPTQ (:func:`run_gptq_on_all_ranks`): the layers whose config says ``algorithm="gptq"`` are rounded
-once training is over, from Hessians collected on calibration batches and summed over ranks;
-rank 0's result is broadcast (:func:`compress.calibration.run_gptq`). Under FSDP2 each rank rounds
+once training is over, stage by stage, from Hessians collected on calibration batches and summed over
+ranks; rank 0's result is broadcast after each stage (:func:`compress.calibration.run_gptq`). Under FSDP2 each rank rounds
 its own rows of each weight from the same summed Hessian, and nothing is broadcast but a scale
 buffer, which every rank gathers whole (:meth:`compress.nn.qat.CompressedLinear.set_quantized_weight`).
 """
@@ -157,15 +157,19 @@ class CalibrationSchedule:
 
 
 def run_gptq_on_all_ranks(model: nn.Module, calibration_data) -> int:
-    """GPTQ on every layer whose config says ``algorithm="gptq"`` (and not yet rounded), Hessians summed
-    over ranks, rank 0's weights and scales broadcast; returns the number of layers rounded."""
+    """GPTQ on every layer whose config says ``algorithm="gptq"`` (and not yet rounded), stage by stage:
+    Hessians summed over ranks, rank 0's weights and scales broadcast before the next stage's pass;
+    returns the number of layers rounded."""
     if not gptq_layers(model):
         return 0
-    with torch.no_grad():
-        results = run_gptq(model, calibration_data, sync=distributed.sum_over_ranks)
     layers = compressed_layers(model)
-    for name in results:
-        if not is_sharded(layers[name].weight):  # FSDP2: each rank rounded its own rows (module docstring)
-            distributed.broadcast_(layers[name].weight.data)
-            distributed.broadcast_(layers[name].weight_scale.data)
+
+    def publish(names):
+        for name in names:
+            if not is_sharded(layers[name].weight):  # FSDP2: each rank rounded its own rows (module docstring)
+                distributed.broadcast_(layers[name].weight.data)
+                distributed.broadcast_(layers[name].weight_scale.data)
+
+    with torch.no_grad():
+        results = run_gptq(model, calibration_data, sync=distributed.sum_over_ranks, publish=publish)
     return len(results)

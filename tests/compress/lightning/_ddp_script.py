@@ -28,7 +28,7 @@ if __name__ == "__main__":
 
     def recording_sum(stats):
         sum_over_ranks(stats)
-        state["gptq_tokens"] = {name: tokens for name, (_, tokens) in stats.items()}
+        state.setdefault("gptq_tokens", {}).update({name: tokens for name, (_, tokens) in stats.items()})  # per stage
 
     distributed.sum_over_ranks = recording_sum
 

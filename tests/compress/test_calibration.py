@@ -1,0 +1,138 @@
+"""GPTQ's stages (compress/calibration.py): the order, the inputs each stage sees, the early stop."""
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+import compress
+from compress import calibration
+from compress.configs import W4A16Config
+from compress.nn.qat import compressed_layers
+
+
+class Block(nn.Module):
+    """A transformer block's linear layers: q, k, v on one input, o, then gate and up on one input, down."""
+
+    def __init__(self, width=64):
+        super().__init__()
+        self.norm = nn.LayerNorm(width)
+        self.q, self.k, self.v, self.o = (nn.Linear(width, width) for _ in range(4))
+        self.gate, self.up = nn.Linear(width, 2 * width), nn.Linear(width, 2 * width)
+        self.down = nn.Linear(2 * width, width)
+
+    def forward(self, x):
+        h = self.norm(x)
+        attention = torch.softmax(self.q(h) @ self.k(h).T / 8, dim=-1) @ self.v(h)
+        x = x + self.o(attention)
+        h = self.norm(x)
+        return x + self.down(torch.relu(self.gate(h)) * self.up(h))
+
+
+class Stack(nn.Module):
+    def __init__(self, blocks=2):
+        super().__init__()
+        torch.manual_seed(0)
+        self.blocks = nn.ModuleList(Block() for _ in range(blocks))
+        self.head = nn.Linear(64, 8)
+        self.head_calls = 0
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        self.head_calls += 1
+        return self.head(x)
+
+
+def _batches(count=3):
+    generator = torch.Generator().manual_seed(1)
+    return [torch.randn(16, 64, generator=generator) for _ in range(count)]
+
+
+def _prepared(model, plan=None):
+    return compress.prepare(model, plan or {"blocks.*": W4A16Config(32, algorithm="gptq")})
+
+
+def test_stages_follow_the_forward_grouping_layers_that_share_an_input():
+    model = _prepared(Stack())
+    layers = calibration.gptq_layers(model)
+    stages = calibration.gptq_stages(model, layers, lambda m: m(_batches(1)[0]))
+    expected = []
+    for i in range(2):
+        p = f"blocks.{i}."
+        expected += [[p + "q", p + "k", p + "v"], [p + "o"], [p + "gate", p + "up"], [p + "down"]]
+    assert stages == expected
+
+
+def test_one_stage_when_a_layer_runs_twice_or_not_at_all():
+    model = _prepared(Stack())
+    layers = calibration.gptq_layers(model)
+    twice = calibration.gptq_stages(model, layers, lambda m: (m(_batches(1)[0]), m.blocks[0].o(_batches(1)[0])))
+    assert twice == [list(layers)]
+    first_block_only = calibration.gptq_stages(model, layers, lambda m: m.blocks[0](_batches(1)[0]))
+    assert first_block_only == [list(layers)]
+
+
+def _hessian_of(x):
+    x = x.reshape(-1, x.shape[-1])
+    return x.T @ x
+
+
+def test_each_stage_sees_the_earlier_stages_quantized(monkeypatch):
+    """The Hessian handed to a later layer is that of its inputs with every earlier layer on its grid."""
+    model = _prepared(Stack(blocks=1))
+    seen = {}
+    real = calibration.gptq_layer
+
+    def gptq_layer(layer, xtx, tokens):
+        seen[layer] = xtx.clone()
+        return real(layer, xtx, tokens)
+
+    monkeypatch.setattr(calibration, "gptq_layer", gptq_layer)
+    batches = _batches()
+    calibration.run_gptq(model, batches)
+    block = model.blocks[0]
+    inputs = []
+    handle = block.down.register_forward_pre_hook(lambda module, args: inputs.append(args[0]))
+    with torch.no_grad():
+        for x in batches:
+            model(x)
+    handle.remove()
+    assert all(layer.weight_quantized for layer in compressed_layers(model).values())
+    torch.testing.assert_close(seen[block.down], _hessian_of(torch.cat(inputs)), rtol=1e-5, atol=1e-3)
+    # a float pass through the block gives a different Hessian for `down`: the check above can fail
+    float_block = Stack(blocks=1).blocks[0]
+    float_inputs = []
+    float_block.down.register_forward_pre_hook(lambda module, args: float_inputs.append(args[0]))
+    with torch.no_grad():
+        for x in batches:
+            float_block(x)
+    assert not torch.allclose(seen[block.down], _hessian_of(torch.cat(float_inputs)), rtol=1e-3, atol=1e-2)
+
+
+@pytest.mark.parametrize("as_callable", [False, True])
+def test_a_pass_stops_at_its_stage_unless_the_batches_are_a_callable(as_callable):
+    model = _prepared(Stack())
+    batches = _batches()
+    data = (lambda m: [m(x) for x in batches]) if as_callable else batches
+    results = calibration.run_gptq(model, data)
+    assert len(results) == 14
+    # one forward of the first batch records the order (a callable runs all of them), then one pass per
+    # stage (8 stages), each stopped before the head unless the batches are a callable
+    assert model.head_calls == (9 * len(batches) if as_callable else 1)
+
+
+def test_convert_with_gptq_in_stages_matches_a_float_layer_by_layer_reference():
+    """Two stacked layers: the second layer's GPTQ Hessian comes from the first layer's GPTQ output."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 64))
+    batches = _batches()
+    reference = _prepared(copy.deepcopy(model), W4A16Config(32, algorithm="gptq"))
+    first = compressed_layers(reference)["0"]
+    q, scale = calibration.gptq_layer(first, _hessian_of(torch.cat(batches)), 48)
+    with torch.no_grad():
+        hidden = torch.relu(reference[0](torch.cat(batches)))
+    q2, scale2 = calibration.gptq_layer(compressed_layers(reference)["2"], _hessian_of(hidden), 48)
+    results = calibration.run_gptq(_prepared(model, W4A16Config(32, algorithm="gptq")), batches)
+    assert torch.equal(results["0"][0], q) and torch.equal(results["2"][0], q2)
+    torch.testing.assert_close(results["2"][1], scale2)
