@@ -1,4 +1,4 @@
-"""GPTQ's stages (compress/calibration.py): the order, the inputs each stage sees, the early stop."""
+"""GPTQ's stages (compress/calibration.py): which layers share one, the inputs each stage sees, the early stop."""
 import copy
 
 import pytest
@@ -53,15 +53,29 @@ def _prepared(model, plan=None):
     return compress.prepare(model, plan or {"blocks.*": W4A16Config(32, algorithm="gptq")})
 
 
-def test_stages_follow_the_forward_grouping_layers_that_share_an_input():
+def test_stages_are_the_roles_of_the_blocks_in_the_order_of_the_forward():
+    """Layers on one input share a stage (q, k, v; gate, up), and a role's layers of every block too."""
     model = _prepared(Stack())
     layers = calibration.gptq_layers(model)
     stages = calibration.gptq_stages(model, layers, lambda m: m(_batches(1)[0]))
-    expected = []
-    for i in range(2):
-        p = f"blocks.{i}."
-        expected += [[p + "q", p + "k", p + "v"], [p + "o"], [p + "gate", p + "up"], [p + "down"]]
-    assert stages == expected
+    roles = [["q", "k", "v"], ["o"], ["gate", "up"], ["down"]]
+    assert stages == [[f"blocks.{i}.{name}" for i in range(2) for name in role] for role in roles]
+
+
+@pytest.mark.parametrize("name, role", [
+    ("model.layers.3.self_attn.q_proj", "model.layers.*.self_attn.q_proj"), ("0.fc", "*.fc"),
+    ("blocks.12.mlp.0", "blocks.*.mlp.0"), ("lm_head", "lm_head"), ("h10.attn", "h10.attn"),
+])
+def test_layer_role_stars_the_block_indices(name, role):
+    assert calibration.layer_role(name) == role
+
+
+def test_layers_outside_repeated_blocks_are_stages_of_their_own():
+    torch.manual_seed(0)
+    model = compress.prepare(nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 64)),
+                             W4A16Config(32, algorithm="gptq"))
+    layers = calibration.gptq_layers(model)
+    assert calibration.gptq_stages(model, layers, lambda m: m(_batches(1)[0])) == [["0"], ["2"]]
 
 
 def test_one_stage_when_a_layer_runs_twice_or_not_at_all():
@@ -118,8 +132,8 @@ def test_a_pass_stops_at_its_stage_unless_the_batches_are_a_callable(as_callable
     results = calibration.run_gptq(model, data)
     assert len(results) == 14
     # one forward of the first batch records the order (a callable runs all of them), then one pass per
-    # stage (8 stages), each stopped before the head unless the batches are a callable
-    assert model.head_calls == (9 * len(batches) if as_callable else 1)
+    # stage (4 roles), each stopped before the head unless the batches are a callable
+    assert model.head_calls == (5 * len(batches) if as_callable else 1)
 
 
 def test_convert_with_gptq_in_stages_matches_a_float_layer_by_layer_reference():
