@@ -2,13 +2,14 @@
 
 Each variant is ``compress.convert(copy of the model, config, calibration_data=batches)`` on every
 linear layer the default plan targets (``lm_head`` and embeddings stay dense), with
-``algorithm="rtn"`` and ``algorithm="gptq"``: W8A8 (dynamic per-token activations), W8A16 (one scale per
-output channel) and W4A16 at each
-``--group-sizes`` (GPTQ with activation order, its default, and also without it at the largest). Calibration: the first
-``--calibration-batches`` training batches of the data module (for the default WikiText-2, the first
-90% of ``valid.txt``); perplexity: its validation blocks (the held-back 10%), the numbers
-``compress evaluate`` reports. The model runs in fp16 on a GPU (the inference modules call our
-kernels; calibration and GPTQ in fp32) and in fp32 on the CPU (the references).
+``algorithm="rtn"`` and ``algorithm="gptq"``: W8A8 (dynamic per-token activations), W8A16 (one
+scale per output channel) and W4A16 at each ``--group-sizes`` (GPTQ with activation order, its
+default, and also without it at the largest). Calibration: the first ``--calibration-batches``
+training batches of the data module (for the default WikiText-2, the first 90% of ``valid.txt``;
+the loader's shuffle seeded by ``--seed``, so a run is repeatable); perplexity: its validation
+blocks (the held-back 10%), the numbers ``compress evaluate`` reports. The model runs in fp16 on a
+GPU (the inference modules call our kernels; calibration and GPTQ in fp32) and in fp32 on the CPU
+(the references).
 
 The JSON holds, per variant, the perplexity and its increase over the dense model, and per scheme
 the share of round-to-nearest's increase that GPTQ removes, ``1 - (ppl_gptq - ppl) / (ppl_rtn - ppl)``
@@ -66,6 +67,7 @@ def gptq_share(results: dict[str, dict], dense: float) -> dict[str, float]:
 
 
 def run(args) -> dict:
+    torch.manual_seed(args.seed)  # the training loader's shuffle: which blocks calibrate
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.float16 if device.type == "cuda" else torch.float32
     data = LanguageModelingData(tokenizer=args.tokenizer or args.model, block_size=args.block_size,
@@ -92,6 +94,7 @@ def run(args) -> dict:
               flush=True)
     return {"environment": environment(device), "model": args.model, "dtype": str(dtype).removeprefix("torch."),
             "calibration_blocks": sum(len(b["input_ids"]) for b in batches), "block_size": args.block_size,
+            "seed": args.seed,
             "eval_blocks": len(data.val_dataloader().dataset), "dense_perplexity": dense, "variants": results,
             "gptq_share_of_rtn_increase_removed": gptq_share(results, dense)}
 
@@ -105,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--block-size", type=int, default=1024)
     parser.add_argument("--max-eval-blocks", type=int, default=None)
+    parser.add_argument("--seed", type=int, default=0, help="seeds the shuffle that picks the calibration blocks")
     parser.add_argument("--only", type=lambda s: [v for v in s.split(",") if v], default=None,
                         help="run only the variants whose names start with one of these (e.g. w8a16,w8a8-gptq)")
     parser.add_argument("--out", type=Path, default=None, help="write the JSON results here")
