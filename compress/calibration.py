@@ -139,6 +139,21 @@ def gptq_layers(model: nn.Module) -> dict[str, CompressedLinear]:
             if m.quant_config is not None and m.quant_config.gptq and not m.weight_quantized}
 
 
+def _run_with_input_hooks(model: nn.Module, layers: dict[str, CompressedLinear], hook_for: Callable,
+                          run: Callable) -> None:
+    """``run(model)`` in eval mode with ``hook_for(name)`` as a forward pre-hook of each layer, then
+    the hooks removed and the mode restored."""
+    handles = [layer.register_forward_pre_hook(hook_for(name)) for name, layer in layers.items()]
+    was_training = model.training
+    model.eval()
+    try:
+        run(model)
+    finally:
+        model.train(was_training)
+        for handle in handles:
+            handle.remove()
+
+
 @torch.no_grad()
 def collect_hessians(model: nn.Module, layers: dict[str, CompressedLinear], run_all: Callable,
                      stop_after: str | None = None) -> dict[str, list]:
@@ -161,15 +176,7 @@ def collect_hessians(model: nn.Module, layers: dict[str, CompressedLinear], run_
                 raise StopForward
         return hook
 
-    handles = [layer.register_forward_pre_hook(hook_for(name)) for name, layer in layers.items()]
-    was_training = model.training
-    model.eval()
-    try:
-        run_all(model)
-    finally:
-        model.train(was_training)
-        for handle in handles:
-            handle.remove()
+    _run_with_input_hooks(model, layers, hook_for, run_all)
     return stats
 
 
@@ -195,15 +202,7 @@ def gptq_stages(model: nn.Module, layers: dict[str, CompressedLinear], run_one: 
             last[0] = args[0]  # held, so a later tensor cannot reuse its id
         return hook
 
-    handles = [layer.register_forward_pre_hook(hook_for(name)) for name, layer in layers.items()]
-    was_training = model.training
-    model.eval()
-    try:
-        run_one(model)
-    finally:
-        model.train(was_training)
-        for handle in handles:
-            handle.remove()
+    _run_with_input_hooks(model, layers, hook_for, run_one)
     first = calls[:len(layers)]
     if sorted(first) != sorted(layers) or calls != first * (len(calls) // len(layers)):
         return [list(layers)]
