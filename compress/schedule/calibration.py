@@ -14,10 +14,11 @@ training mode, recorded by a forward pre-hook during the ``"smooth"`` phase (so 
 hook is removed once smoothing is done).
 
 GPTQ (:func:`run_gptq_on_all_ranks`): the layers whose config says ``algorithm="gptq"`` are rounded
-once training is over, stage by stage, from Hessians collected on calibration batches and summed over
-ranks; rank 0's result is broadcast after each stage (:func:`compress.calibration.run_gptq`). Under FSDP2 each rank rounds
-its own rows of each weight from the same summed Hessian, and nothing is broadcast but a scale
-buffer, which every rank gathers whole (:meth:`compress.nn.qat.CompressedLinear.set_quantized_weight`).
+once training is over, stage by stage, from Hessians collected on calibration batches and summed
+over ranks; rank 0's result is broadcast after each stage (:func:`compress.calibration.run_gptq`).
+Under FSDP2 each rank rounds its own rows of each weight from the same summed Hessian, and nothing is
+broadcast but a scale buffer, which every rank gathers whole
+(:meth:`compress.nn.qat.CompressedLinear.set_quantized_weight`).
 """
 from __future__ import annotations
 
