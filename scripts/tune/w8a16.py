@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 
 import torch
+import triton
 
 from compress_kernels.reference import W8A16_GROUP_SIZE, w8a16_matmul_ref
 from compress_kernels.common.device import sm_count
@@ -27,8 +28,8 @@ TOL = {torch.float16: 2e-3, torch.bfloat16: 1e-2}  # grouped tiles round the deq
 def candidates(cfg, m: int, n: int, k: int, grouped: bool, device) -> list:
     """The pick and its neighbours on the same path (with groups, a K tile stays inside one group), plus
     the neighbouring paths: for the one-row kernel, wider tiles with the K split the table would give
-    them (at most the per-channel pick's 8 KiB of weights per step); from ``LARGE_M`` rows, the tiles and
-    the dequantize + cuBLAS path against each other."""
+    them (8 or 16 KiB of weights per step); from ``LARGE_M`` rows, the tiles and the dequantize + cuBLAS
+    path against each other."""
     if cfg.path == "dequant":  # the dequantize pass's tile (0: its defaults) and warps, and the tiles
         tiles = [cfg._replace(block_n=64, block_k=128), cfg._replace(block_n=64, block_k=128, num_warps=8)]
         if not grouped:
@@ -38,14 +39,17 @@ def candidates(cfg, m: int, n: int, k: int, grouped: bool, device) -> list:
              "num_warps": sweep.halve_double(1, 8)}
     if cfg.path == "tiled":
         steps.update(num_stages=sweep.stages, block_m=sweep.halve_double(16, 256))
+    if cfg.path == "gemv":  # K steps inside one scale group with groups
+        steps.update(block_k=sweep.halve_double(32, W8A16_GROUP_SIZE if grouped else 4096))
     out = [cfg, *sweep.neighbours(cfg, steps)]
     if cfg.path == "gemv":
         sms = sm_count(device)
-        for block_n in (16, 32, 64):  # at most 8 KiB of weights per step, as the per-channel pick
-            block_k = min(cfg.block_k, 8192 // block_n)
-            wider = gemv_split_k(m, n, k, cfg._replace(block_n=block_n, block_k=block_k, split_k=1), sms)
-            if wider not in out:
-                out.append(wider)
+        for block_n in (16, 32, 64):  # 8 KiB of weights per step (the per-channel pick's) or 16 KiB
+            for step_bytes in (8192, 16384):
+                block_k = min(W8A16_GROUP_SIZE if grouped else 4096, step_bytes // block_n, max(32, triton.next_power_of_2(k)))
+                wider = gemv_split_k(m, n, k, cfg._replace(block_n=block_n, block_k=block_k, split_k=1), sms)
+                if wider not in out:
+                    out.append(wider)
     if cfg.path == "tiled" and m >= LARGE_M:
         out.append(TileConfig(0, 0, 0, path="dequant"))
     return out

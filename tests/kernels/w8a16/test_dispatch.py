@@ -15,15 +15,15 @@ def test_one_row_takes_the_one_row_kernel():
     for n, k, block_k in ((4096, 4096, 1024), (4096, 11008, 1024), (11008, 4096, 1024), (28672, 8192, 512),
                           (22016, 4096, 512)):  # wider than GEMV_WIDE_N: 512-deep steps
         cfg = pick(1, n, k, False, CPU)
-        assert cfg.path == "gemv" and cfg.block_n == 8 and cfg.block_k == block_k and cfg.split_k == 1
+        assert cfg.path == "gemv" and cfg.block_n == 4 and cfg.block_k == block_k and cfg.split_k == 1
         assert cfg.num_warps == 2
     assert all(pick(m, 1024, 1024, False, CPU).path == "gemv" for m in (2, 4))  # small layers up to 4 rows
     assert pick(5, 1024, 1024, False, CPU).path == "tiled" and pick(2, 4096, 4096, False, CPU).path == "tiled"
 
 
 def test_small_layers_split_k_with_shorter_tiles():
-    cfg = pick(1, 1024, 1024, False, CPU)  # 128 programs unsplit: 256-deep tiles in 4 splits
-    assert (cfg.block_k, cfg.split_k) == (256, 4) and 128 * cfg.split_k >= 2 * 132
+    cfg = pick(1, 1024, 1024, False, CPU)  # 256 programs unsplit: 512-deep tiles in 2 splits
+    assert (cfg.block_k, cfg.split_k) == (512, 2) and 256 * cfg.split_k >= 2 * 132
     cfg = pick(1, 384, 384, False, CPU)  # MiniLM: as many splits as 128-deep tiles allow
     assert cfg.block_k == 128 and cfg.split_k == 2
 

@@ -33,6 +33,7 @@ def test_every_byte_value_in_every_position_comes_out_exact():
     "m,k,n,grouped,cfg",
     [
         (1, 264, 40, False, GEMV),  # 4 full tiles and a short one; N not a BLOCK_N multiple
+        (1, 264, 42, False, GEMV._replace(block_n=4)),  # the table's 4-channel tiles, N not a multiple
         (2, 264, 48, False, GEMV._replace(split_k=3)),  # 3 splits, the last one short
         (1, 192, 40, False, GEMV._replace(split_k=4, num_warps=2)),  # 3 tiles in 4 splits: one empty
         (3, 256, 64, True, GEMV._replace(block_n=16, split_k=2)),  # group scales, 64-deep tiles

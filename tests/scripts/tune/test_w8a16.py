@@ -28,7 +28,8 @@ CPU = torch.device("cpu")
 def test_each_path_keeps_to_the_configs_it_takes():
     gemv = w8a16.candidates(TileConfig(1, 8, 1024, path="gemv", num_stages=1), 1, 4096, 4096, False, CPU)
     assert all(c.num_stages == 1 and c.block_m == 1 and c.path == "gemv" for c in gemv) and len(gemv) > 1
-    assert all(c.block_n * c.block_k <= 8192 for c in gemv if c.block_n > 16)  # wider tiles: shallower steps
+    assert all(c.block_n * c.block_k <= 16384 for c in gemv if c.block_n > 16)  # wider tiles: shallower steps
+    assert {512, 2048} <= {c.block_k for c in gemv if c.block_n == 8}  # the K step halved and doubled
     grouped = w8a16.candidates(TileConfig(1, 8, 128, path="gemv", num_stages=1), 1, 4096, 4096, True, CPU)
     assert all(c.block_k <= 128 for c in grouped) and {16, 32, 64} <= {c.block_n for c in grouped}
     tiled = w8a16.candidates(TileConfig(16, 64, 128, num_stages=4), 16, 4096, 4096, False, CPU)
