@@ -34,6 +34,7 @@ SMALL_LAYER = 4 * 2**20  # N * K at most this (MiniLM's 384 / 1536): the layer s
 GEMV_MAX_SMALL_M = 4  # small layers take the one-row kernel up to this many rows (W8A8's rule)
 GEMV_WIDE_N = 264 * 64  # wider layers walk K in 512-deep steps in the one-row kernel (W8A8's rule)
 GEMV_MIN_PROGRAMS_PER_SM = 2  # the one-row kernel splits K until the grid has this many programs per SM ...
+GEMV_GROUPED_PROGRAMS_PER_SM = 4  # ... (this many with grouped scales) ...
 GEMV_MAX_SPLIT = 16  # ... at most this many splits, each of at least one K tile
 GEMV_MIN_SPLIT_K_TILE = 128  # shortest K tile the one-row kernel shrinks to so that K can be split
 SMALL_M = 16  # up to here: 16-token tiles of 32 channels, split-K to 2 programs per SM
@@ -111,10 +112,11 @@ def gemv_tile(m: int, n: int, k: int, grouped: bool, sms: int) -> TileConfig:
     wider than ``GEMV_WIDE_N``); with grouped scales 32 outputs, one group per step; K rounded up to a power
     of two when shorter; then :func:`gemv_split_k`."""
     if grouped:  # 32 channels x one group per step (H100, against 8 channels: 4096x4096 18.8 -> 12.3 us,
-        # 11008x4096 48.0 -> 26.9; both split to 2 programs per SM)
+        # 11008x4096 48.0 -> 26.9), split to 4 programs per SM (H100, against 2: 4096x11008 27.5 -> 24.6 us,
+        # 11008x4096 26.1 -> 23.7, 8192x8192 35.7 -> 32.6; as fast on the other 2 shapes from 4096x4096)
         cfg = TileConfig(1, 32, min(GROUP_SIZE, max(32, triton.next_power_of_2(k))), num_warps=4, num_stages=1,
                          path="gemv")
-        return gemv_split_k(m, n, k, cfg, sms)
+        return gemv_split_k(m, n, k, cfg, sms, GEMV_GROUPED_PROGRAMS_PER_SM)
     # 2 warps per program (H100, against 4: 4096x4096 11.4 -> 9.9 us, 11008x4096 25.1 -> 21.5; as fast
     # or faster on all 4 shapes measured); 4 outputs per program (H100, against 8: 4096x4096 9.9 -> 9.7 us,
     # 8192x28672 97.2 -> 94.8; 1-2.5% faster on all 5 shapes from 4096x4096)
@@ -123,12 +125,13 @@ def gemv_tile(m: int, n: int, k: int, grouped: bool, sms: int) -> TileConfig:
     return gemv_split_k(m, n, k, cfg, sms)
 
 
-def gemv_split_k(m: int, n: int, k: int, cfg: TileConfig, sms: int) -> TileConfig:
-    """``cfg`` with its K split: the smallest power of two giving ``GEMV_MIN_PROGRAMS_PER_SM`` programs per SM (at most
+def gemv_split_k(m: int, n: int, k: int, cfg: TileConfig, sms: int,
+                 per_sm: int = GEMV_MIN_PROGRAMS_PER_SM) -> TileConfig:
+    """``cfg`` with its K split: the smallest power of two giving ``per_sm`` programs per SM (at most
     ``GEMV_MAX_SPLIT``, never more splits than K tiles). On layers too small for that the K tile is halved
     first, down to ``GEMV_MIN_SPLIT_K_TILE``, so that there are K tiles to split."""
     programs = m * triton.cdiv(n, cfg.block_n)
-    wanted = GEMV_MIN_PROGRAMS_PER_SM * sms
+    wanted = per_sm * sms
     block_k = cfg.block_k
     while programs * triton.cdiv(k, block_k) < wanted and block_k > GEMV_MIN_SPLIT_K_TILE:
         block_k //= 2

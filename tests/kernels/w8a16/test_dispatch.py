@@ -32,7 +32,8 @@ def test_grouped_one_row_steps_one_group_at_a_time():
     for n, k in ((4096, 4096), (28672, 8192), (1024, 1024)):
         cfg = pick(1, n, k, True, CPU)
         assert cfg.path == "gemv" and GROUP_SIZE % cfg.block_k == 0 and cfg.block_n == 32
-    assert pick(1, 4096, 4096, True, CPU).split_k == 4  # 128 tiles: split to 2 programs per SM
+    assert pick(1, 4096, 4096, True, CPU).split_k == 8  # 128 tiles: split to 4 programs per SM
+    assert pick(1, 11008, 4096, True, CPU).split_k == 2  # 344 tiles
     assert pick(1, 28672, 8192, True, CPU).split_k == 1  # 896 tiles
 
 
