@@ -92,11 +92,11 @@ def _accumulate(acc, words, xt, s_ptrs, kt, stride_sg, GROUPED: tl.constexpr, GR
     x_even, x_odd = tl.split(x_pairs)  # e = 0, 1: (BK/4, 2) over h
     x0, x2 = tl.split(x_even)
     x1, x3 = tl.split(x_odd)
+    part = _word_products(words, x0, x1 * (1.0 / 256), x2, x3 * (1.0 / 256))
     if GROUPED:
-        part = _word_products(words, x0, x1 * (1.0 / 256), x2, x3 * (1.0 / 256))
         scale = tl.load(s_ptrs + (kt // GROUP_SIZE) * stride_sg).to(tl.float32)
         return acc + part * scale[:, None]
-    return acc + _word_products(words, x0, x1 * (1.0 / 256), x2, x3 * (1.0 / 256))
+    return acc + part
 
 
 @triton.jit
