@@ -22,7 +22,8 @@ gradient: 150 steps at 3e-4 can move a scale by 0.045, against pretrained SmolLM
 model) learned scales gave 18.76 / 18.56 / 25.79 perplexity at learning rates 3e-5 / 1e-4 / 3e-4, and
 fixed absmax scales 18.62 at 1e-4; continuing from the fine-tuned dense model with its distillation
 at 1e-4, learned scales gave 17.29 against 17.41 fixed (17.08 against 17.19 at distillation
-temperature 2; 16.97 at 2e-4), which recipes/smollm2-wikitext-w4a16-qat.yaml uses.
+temperature 2; 16.97 at 2e-4, 16.70 with a distillation weight of 0.75), which
+recipes/smollm2-wikitext-w4a16-qat.yaml uses.
 
 ``algorithm`` (every quantization config) chooses how the weights are rounded: ``"rtn"`` (round to
 nearest, the default) or ``"gptq"`` (Frantar et al., 2022: :mod:`compress.core.gptq`, run on
