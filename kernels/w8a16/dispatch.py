@@ -114,15 +114,19 @@ def gemv_tile(m: int, n: int, k: int, grouped: bool, sms: int) -> TileConfig:
     if grouped:  # 32 channels x one group per step (H100, against 8 channels: 4096x4096 18.8 -> 12.3 us,
         # 11008x4096 48.0 -> 26.9), split to 4 programs per SM (H100, against 2: 4096x11008 27.5 -> 24.6 us,
         # 11008x4096 26.1 -> 23.7, 8192x8192 35.7 -> 32.6; as fast on the other 2 shapes from 4096x4096)
-        cfg = TileConfig(1, 32, min(GROUP_SIZE, max(32, triton.next_power_of_2(k))), num_warps=4, num_stages=1,
-                         path="gemv")
+        cfg = TileConfig(1, 32, gemv_block_k(k, GROUP_SIZE), num_warps=4, num_stages=1, path="gemv")
         return gemv_split_k(m, n, k, cfg, sms, GEMV_GROUPED_PROGRAMS_PER_SM)
     # 2 warps per program (H100, against 4: 4096x4096 11.4 -> 9.9 us, 11008x4096 25.1 -> 21.5; as fast
     # or faster on all 4 shapes measured); 4 outputs per program (H100, against 8: 4096x4096 9.9 -> 9.7 us,
     # 8192x28672 97.2 -> 94.8; 1-2.5% faster on all 5 shapes from 4096x4096)
     deepest = 512 if n > GEMV_WIDE_N else 1024
-    cfg = TileConfig(1, 4, min(deepest, max(32, triton.next_power_of_2(k))), num_warps=2, num_stages=1, path="gemv")
+    cfg = TileConfig(1, 4, gemv_block_k(k, deepest), num_warps=2, num_stages=1, path="gemv")
     return gemv_split_k(m, n, k, cfg, sms)
+
+
+def gemv_block_k(k: int, deepest: int) -> int:
+    """The one-row kernel's K step: ``deepest``, or K rounded up to a power of two (at least 32) when shorter."""
+    return min(deepest, max(32, triton.next_power_of_2(k)))
 
 
 def gemv_split_k(m: int, n: int, k: int, cfg: TileConfig, sms: int,

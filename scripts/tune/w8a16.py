@@ -14,12 +14,11 @@ from __future__ import annotations
 import argparse
 
 import torch
-import triton
 
 from compress_kernels.reference import W8A16_GROUP_SIZE, w8a16_matmul_ref
 from compress_kernels.common.device import sm_count
 from compress_kernels.w8a16.dispatch import (GEMV_GROUPED_PROGRAMS_PER_SM, GEMV_MIN_PROGRAMS_PER_SM, LARGE_M,
-                                             TileConfig, gemv_split_k, pick)
+                                             TileConfig, gemv_block_k, gemv_split_k, pick)
 from compress_kernels.w8a16.op import launch
 from scripts.tune import sweep
 
@@ -45,7 +44,7 @@ def candidates(cfg, m: int, n: int, k: int, grouped: bool, device) -> list:
     out = [cfg, *sweep.neighbours(cfg, steps)]
     if cfg.path == "gemv":
         sms = sm_count(device)
-        deepest = min(W8A16_GROUP_SIZE if grouped else 4096, max(32, triton.next_power_of_2(k)))
+        deepest = gemv_block_k(k, W8A16_GROUP_SIZE if grouped else 4096)
         per_sm = GEMV_GROUPED_PROGRAMS_PER_SM if grouped else GEMV_MIN_PROGRAMS_PER_SM
         for block_n in (16, 32, 64):  # 8 KiB of weights per step (the per-channel pick's) or 16 KiB
             for step_bytes in (8192, 16384):
