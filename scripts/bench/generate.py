@@ -35,7 +35,7 @@ import torch
 from scripts.bench import host_overhead
 from scripts.bench.decode import environment, int_list, release_memory, write_report
 from scripts.bench.decode_variants import VARIANTS, weight_bytes
-from scripts.bench.generate_runner import MODELS, ModelSource, bench_compiled, bench_eager, bench_harness, random_prompt
+from scripts.bench.generate_runner import FUSE_CHOICES, MODELS, ModelSource, bench_compiled, bench_eager, bench_harness, random_prompt
 
 logger = logging.getLogger(__name__)
 
@@ -192,7 +192,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--no-host-overhead", dest="host_overhead", action="store_false",
                         help="skip the per-call host time of the modules")
     parser.add_argument("--host-overhead-calls", type=int, default=None, help="calls per figure (200; 3 tiny)")
-    parser.add_argument("--fuse", action="store_true", help="fuse q/k/v and gate/up first (as the decode benchmark)")
+    parser.add_argument("--fuse", choices=FUSE_CHOICES, default="compressed",
+                        help="sibling fusion of q/k/v and gate/up: compressed layers only (default, the README's "
+                             "inference step; fp16 as transformers builds it), all (fp16 too, as the decode "
+                             "benchmark) or none")
     parser.add_argument("--no-fullgraph", dest="fullgraph", action="store_false",
                         help="compile generate's step allowing graph breaks (default fullgraph on CUDA)")
     parser.add_argument("--compile-backend", default=None, help="torch.compile backend (inductor; aot_eager on CPU)")

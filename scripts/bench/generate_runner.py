@@ -2,8 +2,12 @@
 
 Models (:class:`ModelSource`), each built afresh per variant in the variant's dtype on the device,
 then the variant applied (:data:`scripts.bench.decode_variants.VARIANTS`: ``compress.convert`` for
-``w8a8`` / ``w4a16``, random 50% block masks for ``dds50``), sibling linears *not* fused (as users
-run ``generate``) unless asked:
+``w8a8`` / ``w4a16``, random 50% block masks for ``dds50``), then sibling fusion as ``fuse`` says:
+``"compressed"`` (the default) fuses the variant's compressed q/k/v and gate/up layers with
+``compress.fuse_siblings(model)``, the inference step the README gives after loading a compressed
+model (and ``compress evaluate``'s default), while fp16 stays as ``transformers`` builds it, as a user
+without the toolkit runs it; ``"all"`` also fuses the dense layers (fp16 too, as the decode
+benchmark); ``"none"`` fuses nothing:
 
 * ``smollm2``: SmolLM2-135M-Instruct, real weights, loaded once through the project's model sources
   (``compress.lightning.tasks.build_model``: the Q4_1 GGUF in ``$SMOLLM2_DIR``, de-quantized) and
@@ -44,11 +48,13 @@ from torch import nn
 
 from compress.eval.generate import compile_for_generate, uncompile_for_generate
 from compress.eval.timing import synchronize
+from compress.nn.fusion import fuse_siblings
 from scripts.bench.decode_variants import VARIANTS, Variant, build_model, llama_config
 
 logger = logging.getLogger(__name__)
 
 MODELS = ("smollm2", "llama2-7b")
+FUSE_CHOICES = ("compressed", "all", "none")
 SMOLLM2_NAME = "SmolLM2-135M-Instruct"
 TINY_SMOLLM2 = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
                     vocab_size=256, tie_word_embeddings=True, attn_implementation="sdpa")
@@ -70,18 +76,20 @@ class ModelSource:
             self._base = build_pretrained(AutoModelForCausalLM, SMOLLM2_NAME, None, "float32").eval()
 
     def build(self, variant: str) -> nn.Module:
-        """The model in the variant's dtype on the device, the variant applied (and siblings fused if asked)."""
+        """The model in the variant's dtype on the device, the variant applied, siblings fused as ``fuse`` says."""
         spec, args = VARIANTS[variant], self.args
         if self._base is not None:
             model = copy.deepcopy(self._base).to(device=args.device, dtype=spec.dtype).eval()
         else:
             model = build_model(self.config(), spec.dtype, args.device, args.seed)
-        if args.fuse:
-            from compress.nn.fusion import fuse_siblings
-
+        if args.fuse not in FUSE_CHOICES:
+            raise ValueError(f"fuse: expected one of {FUSE_CHOICES}, got {args.fuse!r}")
+        if args.fuse == "all":
             fuse_siblings(model, dense=True)
         if spec.apply is not None:
             spec.apply(model, args.seed)
+        if args.fuse == "compressed":
+            fuse_siblings(model)
         return model
 
     def reference(self) -> nn.Module:

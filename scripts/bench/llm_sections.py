@@ -52,6 +52,15 @@ def _tokens(entry: dict | None, mode: str) -> str:
     return "failed" if "error" in figure else f"{figure['tokens_per_s']:.1f}"
 
 
+def _fusion(fuse) -> str:
+    """How the run fused sibling layers (``--fuse``; older files hold a bool: all or none)."""
+    if fuse == "compressed":
+        return "the compressed variants' q/k/v and gate/up fused into one call each (`compress.fuse_siblings`), fp16 not"
+    if fuse is True or fuse == "all":
+        return "q/k/v and gate/up fused into one call each in every variant, fp16 included"
+    return "no layers fused"
+
+
 def generate_section(name: str, data: dict) -> list[str]:
     """``model.generate`` eager and compiled against the decode harness (:mod:`scripts.bench.generate`)."""
     env, config = require(data, "environment", name), require(data, "config", name)
@@ -61,7 +70,7 @@ def generate_section(name: str, data: dict) -> list[str]:
              f"median of {config['repeats']} calls; eager = transformers' dynamic cache (a variant's ratio: the median "
              "over rounds that time fp16 then the variant, as the host's speed drifts between runs), compiled = "
              "`compress.eval.generate.compile_for_generate` (static cache, decode step compiled with CUDA graphs), "
-             "harness = the decode benchmark's own loop on the same model"
+             "harness = the decode benchmark's own loop on the same model; " + _fusion(config.get("fuse"))
              + (f"; the Llama-2-7B shape with {config['layers']} decoder layers" if "llama2-7b" in config["models"]
                 else "") + f". GPU: {env.get('gpu')}; torch {env.get('torch')}, Triton {env.get('triton')}, "
              f"transformers {env.get('transformers')}." + provenance(data), ""]

@@ -13,7 +13,7 @@ CPU = torch.device("cpu")
 
 
 def _args(**overrides) -> argparse.Namespace:
-    args = dict(tiny=True, device=CPU, seed=0, layers=2, prompt_len=4, new_tokens=3, repeats=1, fuse=False,
+    args = dict(tiny=True, device=CPU, seed=0, layers=2, prompt_len=4, new_tokens=3, repeats=1, fuse="none",
                 compile_backend="aot_eager", compile_mode=None, fullgraph=False)
     return argparse.Namespace(**{**args, **overrides})
 
@@ -22,10 +22,22 @@ def test_tiny_sources_build_each_variant():
     smollm2 = runner.ModelSource("smollm2", _args()).build("w8a8")
     assert smollm2.config.num_key_value_heads == 2 and smollm2.config.tie_word_embeddings
     assert type(smollm2.model.layers[0].mlp.up_proj).__name__ == "W8A8Linear"
-    llama = runner.ModelSource("llama2-7b", _args(fuse=True)).build("fp16")
+    llama = runner.ModelSource("llama2-7b", _args(fuse="all")).build("fp16")
     assert llama.model.layers[0].self_attn.q_proj.__class__.__name__ == "SiblingOutput"
     with pytest.raises(ValueError, match="expected one of"):
         runner.ModelSource("gpt2", _args())
+
+
+def test_fusing_compressed_siblings_leaves_fp16_as_transformers_builds_it():
+    source = runner.ModelSource("llama2-7b", _args(fuse="compressed"))
+    fp16, w4a16 = source.build("fp16"), source.build("w4a16")
+    assert type(fp16.model.layers[0].self_attn.q_proj) is torch.nn.Linear
+    attention, mlp = w4a16.model.layers[0].self_attn, w4a16.model.layers[0].mlp
+    assert {type(m).__name__ for m in (attention.q_proj, attention.k_proj, attention.v_proj, mlp.up_proj)} \
+        == {"SiblingOutput"}
+    assert type(attention.o_proj).__name__ == "W4A16Linear"
+    with pytest.raises(ValueError, match="fuse: expected one of"):
+        runner.ModelSource("llama2-7b", _args(fuse=True)).build("fp16")
 
 
 def test_generate_makes_exactly_the_new_tokens_asked_for():
