@@ -4,7 +4,8 @@
 
 For each batch size (``--batches``), model (``--models``: ``smollm2``, the real SmolLM2-135M-Instruct
 from ``$SMOLLM2_DIR``; ``llama2-7b``, Llama-2-7B shapes with ``--layers`` random decoder layers) and
-variant (``--variants``: fp16, w8a8, w4a16, dds50, built as the decode benchmark builds them), in that
+variant (``--variants``: fp16, w8a8, w4a16, dds50, built as the decode benchmark builds them; with
+``--fuse compressed``, the default, their compressed q/k/v and gate/up fused, fp16 left unfused), in that
 order: greedy ``model.generate`` of ``--new-tokens`` tokens after a random ``--prompt-len`` prompt,
 in each ``--modes`` (``eager``: ``transformers``' default dynamic cache; ``compiled``:
 :func:`compress.eval.generate.compile_for_generate`, a static cache and the decode step compiled and
@@ -35,7 +36,8 @@ import torch
 from scripts.bench import host_overhead
 from scripts.bench.decode import environment, int_list, release_memory, write_report
 from scripts.bench.decode_variants import VARIANTS, weight_bytes
-from scripts.bench.generate_runner import FUSE_CHOICES, MODELS, ModelSource, bench_compiled, bench_eager, bench_harness, random_prompt
+from scripts.bench.generate_runner import (FUSE_CHOICES, MODELS, ModelSource, bench_compiled, bench_eager,
+                                           bench_harness, random_prompt)
 
 logger = logging.getLogger(__name__)
 

@@ -55,7 +55,8 @@ def _tokens(entry: dict | None, mode: str) -> str:
 def _fusion(fuse) -> str:
     """How the run fused sibling layers (``--fuse``; older files hold a bool: all or none)."""
     if fuse == "compressed":
-        return "the compressed variants' q/k/v and gate/up fused into one call each (`compress.fuse_siblings`), fp16 not"
+        return ("the compressed variants' q/k/v and gate/up fused into one call each (`compress.fuse_siblings`), "
+                "fp16 not")
     if fuse is True or fuse == "all":
         return "q/k/v and gate/up fused into one call each in every variant, fp16 included"
     return "no layers fused"
