@@ -20,27 +20,63 @@ The first ``generate`` call of each batch size compiles (tens of seconds for a 3
 call after it records the graph anew once (``generate`` makes a fresh cache per call, at new
 addresses) and then replays it. Off CUDA the compiled step runs without graphs (``mode=None``),
 which is what the CPU tests use, with ``backend="aot_eager"``.
+
+That path still runs ``transformers``' loop between two replays: logits processors, stopping
+criteria and a host sync per token, about 1.3 ms a token on an H100 machine's host, more than a
+135M model's whole decode step (docs/journal.md). So with ``loop="graphed"`` (the default) a greedy
+call of a Llama-style model (:func:`compress.eval.decode_loop.supports`) runs our own loop instead
+(:class:`compress.eval.decode_loop.GreedyDecoder`): the prompt eagerly, then one CUDA graph replay
+per token, with nothing on the host in between. ``model.generate`` is replaced on the instance (as
+``transformers`` does for a ``custom_generate``) by :func:`graphed_generate`, which takes that loop
+when the call is plain greedy decoding and hands every other call to ``transformers``' own
+``generate`` (:func:`greedy_request` says which calls are plain greedy). Decoders are kept per batch size and
+cache length (the prompt plus the new tokens, rounded up to :data:`CACHE_STEP`), each compiled
+(one decoder layer, ``torch.compile``) and captured on its first call; all are dropped when the
+model's parameters or buffers are moved or replaced (the graphs read the tensors they were captured
+with).
 """
 from __future__ import annotations
 
+import copy
+import functools
+import itertools
+import logging
+
+import torch
 from torch import nn
 
+from compress.eval.decode_loop import GreedyDecoder, supports
+
+logger = logging.getLogger(__name__)
+
 CUDA_BACKEND, CUDA_MODE = "inductor", "reduce-overhead"
+LOOPS = ("graphed", "transformers")
+CACHE_STEP = 128  # graphed decoders' cache lengths are multiples of this (one graph serves many lengths)
+# generation-config fields that plain greedy decoding may set (among those that differ from GenerationConfig()
+# and are not off, None or empty): the sampling knobs are ignored when do_sample is off, as transformers does
+GREEDY_FIELDS = {"max_new_tokens", "min_new_tokens", "max_length", "do_sample", "num_beams", "pad_token_id",
+                 "eos_token_id", "bos_token_id", "use_cache", "cache_implementation", "compile_config",
+                 "disable_compile", "temperature", "top_p", "top_k", "transformers_version"}
 
 
 def compile_for_generate(model: nn.Module, *, backend: str | None = None, mode: str | None = None,
-                         fullgraph: bool = True, dynamic: bool = False) -> nn.Module:
+                         fullgraph: bool = True, dynamic: bool = False, loop: str = "graphed") -> nn.Module:
     """Make ``model.generate(...)`` use a static KV cache and a compiled decode step (module docstring).
 
     ``backend`` / ``mode``: ``torch.compile``'s; by default ``"inductor"`` everywhere, and
-    ``"reduce-overhead"`` (CUDA graphs) on a CUDA model, the default mode elsewhere. Returns ``model``
-    (changed in place: only its ``generation_config``). Undo with :func:`uncompile_for_generate`.
+    ``"reduce-overhead"`` (CUDA graphs) on a CUDA model, the default mode elsewhere. ``loop``:
+    ``"graphed"`` also routes greedy calls of Llama-style models through our CUDA-graph loop (other
+    models keep ``transformers``' path, logged); ``"transformers"`` only sets the generation config.
+    Returns ``model`` (changed in place: its ``generation_config`` and, graphed, its ``generate``).
+    Undo with :func:`uncompile_for_generate`.
     """
     from transformers import CompileConfig
 
     if not hasattr(model, "generation_config"):
         raise TypeError(f"model: expected a transformers model with a generation_config (a GenerationMixin), "
                         f"got {type(model).__name__}")
+    if loop not in LOOPS:
+        raise ValueError(f"loop: expected one of {LOOPS}, got {loop!r}")
     on_cuda = next(model.parameters()).device.type == "cuda"
     config = CompileConfig(fullgraph=fullgraph, dynamic=dynamic, backend=backend or CUDA_BACKEND,
                            mode=mode if mode is not None else (CUDA_MODE if on_cuda else None))
@@ -48,6 +84,14 @@ def compile_for_generate(model: nn.Module, *, backend: str | None = None, mode: 
     model.generation_config.cache_implementation = "static"
     model.generation_config.compile_config = config
     model.generation_config.disable_compile = False
+    model.__dict__.pop("generate", None)
+    if loop == "graphed" and supports(model):
+        options = dict(backend=backend or CUDA_BACKEND, fullgraph=fullgraph)
+        model.generate = functools.partial(graphed_generate, model, type(model).generate.__get__(model), options)
+        model._graphed_decoders = {}
+    elif loop == "graphed":
+        logger.info("compile_for_generate: %s is not a Llama-style decoder; transformers' compiled path only",
+                    type(model).__name__)
     return model
 
 
@@ -55,6 +99,73 @@ def uncompile_for_generate(model: nn.Module) -> nn.Module:
     """Back to ``transformers``' defaults: a dynamic cache and an eager decode step (the compiled call dropped)."""
     model.generation_config.cache_implementation = None
     model.generation_config.compile_config = None
-    for name in ("_compiled_call", "_last_compile_config"):
+    for name in ("_compiled_call", "_last_compile_config", "generate", "_graphed_decoders"):
         model.__dict__.pop(name, None)
     return model
+
+
+def greedy_request(model: nn.Module, inputs, kwargs: dict) -> dict | None:
+    """The plain greedy call ``generate(inputs, **kwargs)`` asks for, as ``dict(prompt, new_tokens,
+    min_new_tokens, eos, pad)``; None when the call asks for anything else (sampling, beams, a logits
+    processor, a padded batch, other inputs ...), which then goes to ``transformers``."""
+    settings = dict(kwargs)
+    prompt = inputs if inputs is not None else settings.pop("input_ids", None)
+    mask = settings.pop("attention_mask", None)
+    if not isinstance(prompt, torch.Tensor) or prompt.dim() != 2 or prompt.dtype != torch.long or not prompt.shape[1]:
+        return None
+    if mask is not None and not bool((mask == 1).all()):
+        return None
+    config = copy.deepcopy(model.generation_config)
+    if config.update(**settings):  # arguments that are not generation settings (model inputs, processors, ...)
+        return None
+    asked = {key for key, value in config.to_diff_dict().items() if value and not key.startswith("_")}
+    if config.do_sample or (config.num_beams or 1) != 1 or not asked <= GREEDY_FIELDS:
+        return None
+    new_tokens = config.max_new_tokens
+    if new_tokens is None:
+        new_tokens = (config.max_length or 0) - prompt.shape[1]
+    if new_tokens < 1:
+        return None
+    eos = config.eos_token_id
+    eos = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+    pad = config.pad_token_id if config.pad_token_id is not None else (eos[0] if eos else None)
+    return dict(prompt=prompt, new_tokens=new_tokens, min_new_tokens=config.min_new_tokens or 0, eos=eos, pad=pad)
+
+
+def finish_sequences(prompt: torch.Tensor, tokens: torch.Tensor, eos: list, pad: int | None) -> torch.Tensor:
+    """``transformers``' greedy output from our ``tokens`` (B, N): after a sequence's first end-of-sequence
+    token, ``pad``; the length cut where every sequence has ended (if all have)."""
+    if eos:
+        ended = torch.isin(tokens, torch.as_tensor(eos, device=tokens.device))
+        after = ended.cumsum(dim=1) - ended.long() > 0  # positions after the first end of sequence
+        tokens = tokens.masked_fill(after, pad)
+        if bool(ended.any(dim=1).all()):
+            tokens = tokens[:, : int(ended.long().argmax(dim=1).max()) + 1]
+    return torch.cat([prompt, tokens], dim=1)
+
+
+@torch.no_grad()
+def graphed_generate(model: nn.Module, fallback, options: dict, inputs=None, **kwargs):
+    """``model.generate`` after :func:`compile_for_generate` (``loop="graphed"``): a plain greedy call
+    (:func:`greedy_request`: token ids alone or with an all-ones mask; only the settings of
+    :data:`GREEDY_FIELDS`, no sampling, one beam) runs :class:`GreedyDecoder` and returns what
+    ``transformers`` returns for it, (B, T + new tokens) ids with the same end-of-sequence handling;
+    any other call goes to ``fallback`` (``transformers``' own ``generate``) unchanged."""
+    request = greedy_request(model, inputs, kwargs)
+    if request is None:
+        return fallback(inputs, **kwargs)
+    prompt = request["prompt"]
+    batch, length = prompt.shape
+    max_len = -(-(length + request["new_tokens"]) // CACHE_STEP) * CACHE_STEP
+    tensors = tuple(t.data_ptr() for t in itertools.chain(model.parameters(), model.buffers()))
+    if model._graphed_decoders.get("tensors") != tensors:  # weights moved or replaced: the graphs read the old ones
+        model._graphed_decoders = {"tensors": tensors}
+    decoder = model._graphed_decoders.get((batch, max_len))
+    if decoder is None:
+        decoder = GreedyDecoder(model, batch, max_len)
+        if decoder.device.type == "cuda":
+            decoder.compile_layers(options["backend"], fullgraph=options["fullgraph"])
+            decoder.capture()
+        model._graphed_decoders[(batch, max_len)] = decoder
+    tokens = decoder.generate(prompt, request["new_tokens"], request["min_new_tokens"], request["eos"])
+    return finish_sequences(prompt, tokens, request["eos"], request["pad"])

@@ -8,8 +8,9 @@ variant (``--variants``: fp16, w8a8, w4a16, dds50, built as the decode benchmark
 ``--fuse compressed``, the default, their compressed q/k/v and gate/up fused, fp16 left unfused), in that
 order: greedy ``model.generate`` of ``--new-tokens`` tokens after a random ``--prompt-len`` prompt,
 in each ``--modes`` (``eager``: ``transformers``' default dynamic cache; ``compiled``:
-:func:`compress.eval.generate.compile_for_generate`, a static cache and the decode step compiled and
-CUDA-graphed; eager variants are timed in rounds against the fp16 model, whose paired ratio the report
+:func:`compress.eval.generate.compile_for_generate`, by default our greedy loop with one CUDA graph
+replay per token, ``--compiled-loop transformers`` for transformers' loop around its compiled,
+CUDA-graphed step; eager variants are timed in rounds against the fp16 model, whose paired ratio the report
 uses), and the decode harness on the same model (``--no-harness`` leaves it out). First, the
 host time per linear call of every inference module against ``F.linear`` on SmolLM2's shapes
 (:mod:`scripts.bench.host_overhead`; ``--no-host-overhead`` leaves it out). How each figure is
@@ -33,11 +34,12 @@ from pathlib import Path
 
 import torch
 
+from compress.eval.generate import LOOPS
 from scripts.bench import host_overhead
 from scripts.bench.decode import environment, int_list, release_memory, write_report
 from scripts.bench.decode_variants import VARIANTS, weight_bytes
-from scripts.bench.generate_runner import (FUSE_CHOICES, MODELS, ModelSource, bench_compiled, bench_eager,
-                                           bench_harness, random_prompt)
+from scripts.bench.decode_runner import random_prompt
+from scripts.bench.generate_runner import FUSE_CHOICES, MODELS, ModelSource, bench_compiled, bench_eager, bench_harness
 
 logger = logging.getLogger(__name__)
 
@@ -198,6 +200,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="sibling fusion of q/k/v and gate/up: compressed layers only (default, the README's "
                              "inference step; fp16 as transformers builds it), all (fp16 too, as the decode "
                              "benchmark) or none")
+    parser.add_argument("--compiled-loop", choices=LOOPS, default="graphed",
+                        help="compiled mode: our CUDA-graph loop behind model.generate (default) or transformers' "
+                             "loop around its compiled step")
     parser.add_argument("--no-fullgraph", dest="fullgraph", action="store_false",
                         help="compile generate's step allowing graph breaks (default fullgraph on CUDA)")
     parser.add_argument("--compile-backend", default=None, help="torch.compile backend (inductor; aot_eager on CPU)")

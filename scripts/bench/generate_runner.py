@@ -27,13 +27,13 @@ batch * T / time (the prefill included, as a user sees it).
   the timed length (Triton compiles the kernels there, and the launch plans of every input layout
   are recorded); a variant other than fp16 is timed in rounds against the fp16 model kept by its
   source (:func:`paired_generates`: ``vs_fp16_paired``, the ratio the report uses);
-* compiled (:func:`bench_compiled`): :func:`compress.eval.generate.compile_for_generate` (a static
-  cache, the decode step compiled and, on CUDA, replayed as a CUDA graph); the first call, which
-  compiles, is timed apart (``compile_s``). With ``fullgraph`` a failed compile is retried once
-  without it (the figures say which ran);
+* compiled (:func:`bench_compiled`): :func:`compress.eval.generate.compile_for_generate` with
+  ``compiled_loop``: ``"graphed"`` (its default: these greedy calls run our loop, one CUDA graph
+  replay per token) or ``"transformers"`` (a static cache, transformers' loop around its compiled,
+  CUDA-graphed step); the first call, which compiles, is timed apart (``compile_s``). With
+  ``fullgraph`` a failed compile is retried once without it (the figures say which ran);
 * harness (:func:`bench_harness`): :func:`scripts.bench.decode_runner.bench_batch` on the same
-  model: the project's own static-cache loop, one compiled decoder layer, one CUDA graph per step
-  (its ``layer_idx`` changes are undone after).
+  model: the project's own static-cache loop, one compiled decoder layer, one CUDA graph per step.
 """
 from __future__ import annotations
 
@@ -49,6 +49,7 @@ from torch import nn
 from compress.eval.generate import compile_for_generate, uncompile_for_generate
 from compress.eval.timing import synchronize
 from compress.nn.fusion import fuse_siblings
+from scripts.bench.decode_runner import bench_batch
 from scripts.bench.decode_variants import VARIANTS, Variant, build_model, llama_config
 
 logger = logging.getLogger(__name__)
@@ -106,13 +107,6 @@ class ModelSource:
         from transformers import LlamaConfig
 
         return LlamaConfig(num_hidden_layers=2, max_position_embeddings=positions, **TINY_SMOLLM2)
-
-
-def random_prompt(model: nn.Module, batch: int, length: int, seed: int) -> torch.Tensor:
-    """Seeded random token ids (batch, length) on the model's device."""
-    generator = torch.Generator().manual_seed(seed)
-    prompt = torch.randint(0, model.config.vocab_size, (batch, length), generator=generator)
-    return prompt.to(next(model.parameters()).device)
 
 
 @torch.no_grad()
@@ -190,7 +184,8 @@ def bench_compiled(model: nn.Module, prompt: torch.Tensor, args, eager_out: torc
     fullgraph, error = args.fullgraph, None
     while True:
         reset_compiler()
-        compile_for_generate(model, backend=args.compile_backend, mode=args.compile_mode, fullgraph=fullgraph)
+        compile_for_generate(model, backend=args.compile_backend, mode=args.compile_mode, fullgraph=fullgraph,
+                             loop=args.compiled_loop)
         mode = model.generation_config.compile_config.mode
         try:
             began = time.perf_counter()
@@ -209,7 +204,8 @@ def bench_compiled(model: nn.Module, prompt: torch.Tensor, args, eager_out: torc
     finally:
         uncompile_for_generate(model)
         reset_compiler()
-    figures.update(compile_s=compile_s, fullgraph=fullgraph, backend=args.compile_backend, mode=mode)
+    figures.update(compile_s=compile_s, fullgraph=fullgraph, backend=args.compile_backend, mode=mode,
+                   loop=args.compiled_loop)
     if error is not None:
         figures["fullgraph_error"] = error
     if eager_out is not None:  # greedy tokens agree unless a near-tie flips under other rounding
@@ -221,17 +217,13 @@ def bench_compiled(model: nn.Module, prompt: torch.Tensor, args, eager_out: torc
 def bench_harness(model: nn.Module, variant: str, batch: int, args) -> dict:
     """The decode harness's tokens/s on ``model`` (same batch, prompt length and new tokens)."""
     from scripts.bench.decode import reset_compiler, strict_recompiles
-    from scripts.bench.decode_runner import bench_batch
 
     harness_args = SimpleNamespace(prompt_len=args.prompt_len, steps=args.new_tokens, warmup=HARNESS_WARMUP,
                                    seed=args.seed, repeats=args.repeats, compile_backend=args.compile_backend,
                                    compile_mode=None)
-    layer_indices = [layer.self_attn.layer_idx for layer in model.model.layers]
     reset_compiler()
     try:
         with strict_recompiles():
             return bench_batch(model, Variant(VARIANTS[variant].dtype, True, None), batch, harness_args)
     finally:
-        for layer, index in zip(model.model.layers, layer_indices):
-            layer.self_attn.layer_idx = index
         reset_compiler()

@@ -62,6 +62,14 @@ def _fusion(fuse) -> str:
     return "no layers fused"
 
 
+def _compiled(loop: str) -> str:
+    """What the run's compiled mode ran (``--compiled-loop``; older files: transformers' loop)."""
+    if loop == "graphed":
+        return ("`compress.eval.generate.compile_for_generate` (greedy calls through our loop: static cache, "
+                "one compiled decoder layer, one CUDA graph replay per token)")
+    return "`compress.eval.generate.compile_for_generate` (static cache, decode step compiled with CUDA graphs)"
+
+
 def generate_section(name: str, data: dict) -> list[str]:
     """``model.generate`` eager and compiled against the decode harness (:mod:`scripts.bench.generate`)."""
     env, config = require(data, "environment", name), require(data, "config", name)
@@ -70,7 +78,7 @@ def generate_section(name: str, data: dict) -> list[str]:
              f"Greedy `model.generate` of {config['new_tokens']} tokens after a {config['prompt_len']}-token prompt, "
              f"median of {config['repeats']} calls; eager = transformers' dynamic cache (a variant's ratio: the median "
              "over rounds that time fp16 then the variant, as the host's speed drifts between runs), compiled = "
-             "`compress.eval.generate.compile_for_generate` (static cache, decode step compiled with CUDA graphs), "
+             + _compiled(config.get("compiled_loop", "transformers")) + ", "
              "harness = the decode benchmark's own loop on the same model; " + _fusion(config.get("fuse"))
              + (f"; the Llama-2-7B shape with {config['layers']} decoder layers" if "llama2-7b" in config["models"]
                 else "") + f". GPU: {env.get('gpu')}; torch {env.get('torch')}, Triton {env.get('triton')}, "

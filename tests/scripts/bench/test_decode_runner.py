@@ -1,5 +1,5 @@
-"""scripts.bench.decode_runner on the CPU: the static-cache decode loop gives the logits of the model's
-own forward pass, and one batch is compiled and timed with every figure the report needs."""
+"""scripts.bench.decode_runner on the CPU: one batch is compiled and timed with every figure the report needs
+(the decode loop itself: tests/compress/eval/test_decode_loop.py)."""
 from __future__ import annotations
 
 import argparse
@@ -8,7 +8,7 @@ import statistics
 import pytest
 import torch
 
-from scripts.bench.decode_runner import DecodeRunner, bench_batch
+from scripts.bench.decode_runner import bench_batch
 from scripts.bench.decode_variants import VARIANTS, build_model, llama_config
 
 CPU = torch.device("cpu")
@@ -16,20 +16,6 @@ CPU = torch.device("cpu")
 
 def _model(dtype=torch.float32):
     return build_model(llama_config(2, tiny=True, max_positions=32), dtype, CPU, seed=0)
-
-
-@torch.no_grad()
-def test_prefill_and_decode_steps_match_the_full_forward():
-    model = _model()
-    runner = DecodeRunner(model, batch=2, prompt_len=5, max_len=12, seed=1)
-    runner.prefill()
-    tokens = [runner.prompt]
-    for _ in range(3):
-        tokens.append(runner.token.clone())
-        runner.decode_step()
-        want = model(input_ids=torch.cat(tokens, dim=1), use_cache=False).logits[:, -1]
-        assert torch.allclose(runner.logits, want, atol=1e-4, rtol=1e-4)
-    assert int(runner.position) == 5 + 3
 
 
 def test_one_batch_on_the_cpu_gives_every_figure():

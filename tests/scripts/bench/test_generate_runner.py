@@ -8,13 +8,14 @@ import pytest
 import torch
 
 from scripts.bench import generate_runner as runner
+from scripts.bench.decode_runner import random_prompt
 
 CPU = torch.device("cpu")
 
 
 def _args(**overrides) -> argparse.Namespace:
     args = dict(tiny=True, device=CPU, seed=0, layers=2, prompt_len=4, new_tokens=3, repeats=1, fuse="none",
-                compile_backend="aot_eager", compile_mode=None, fullgraph=False)
+                compile_backend="aot_eager", compile_mode=None, fullgraph=False, compiled_loop="graphed")
     return argparse.Namespace(**{**args, **overrides})
 
 
@@ -42,7 +43,7 @@ def test_fusing_compressed_siblings_leaves_fp16_as_transformers_builds_it():
 
 def test_generate_makes_exactly_the_new_tokens_asked_for():
     model = runner.ModelSource("llama2-7b", _args()).build("fp16")
-    prompt = runner.random_prompt(model, 2, 4, seed=0)
+    prompt = random_prompt(model, 2, 4, seed=0)
     figures, out = runner.timed_generates(model, prompt, 5, repeats=2)
     assert out.shape == (2, 9) and len(figures["times_s"]) == 2 and figures["tokens_per_s"] > 0
 
@@ -51,7 +52,7 @@ def test_paired_rounds_time_the_reference_first_and_take_the_median_ratio(monkey
     source = runner.ModelSource("llama2-7b", _args())
     reference, model = source.reference(), source.build("w8a8")
     assert source.reference() is reference  # built once
-    prompt = runner.random_prompt(model, 1, 4, seed=0)
+    prompt = random_prompt(model, 1, 4, seed=0)
     seconds = iter([2.0, 1.0, 3.0, 1.0, 2.0, 4.0])  # rounds (fp16, w8a8): ratios 2, 3, 0.5
     order = []
     monkeypatch.setattr(runner, "timed_generate", lambda m, p, n: (order.append(m) or next(seconds), None))
@@ -63,7 +64,7 @@ def test_paired_rounds_time_the_reference_first_and_take_the_median_ratio(monkey
 
 def test_a_failed_fullgraph_compile_is_retried_without_it(monkeypatch):
     model = runner.ModelSource("llama2-7b", _args()).build("fp16")
-    prompt = runner.random_prompt(model, 1, 4, seed=0)
+    prompt = random_prompt(model, 1, 4, seed=0)
     calls = []
     real = runner.generate
 
