@@ -22,8 +22,8 @@ addresses) and then replays it. Off CUDA the compiled step runs without graphs (
 which is what the CPU tests use, with ``backend="aot_eager"``.
 
 That path still runs ``transformers``' loop between two replays: logits processors, stopping
-criteria and a host sync per token, about 1.3 ms a token on an H100 machine's host, more than a
-135M model's whole decode step (docs/journal.md). So with ``loop="graphed"`` (the default) a greedy
+criteria and a host sync per token, about 1.3 ms a token on an H100 machine's host, nearly a 135M
+model's whole decode step (1.5 ms; docs/journal.md). So with ``loop="graphed"`` (the default) a greedy
 call of a Llama-style model (:func:`compress.eval.decode_loop.supports`) runs our own loop instead
 (:class:`compress.eval.decode_loop.GreedyDecoder`): the prompt eagerly, then one CUDA graph replay
 per token, with nothing on the host in between. ``model.generate`` is replaced on the instance (as
