@@ -32,7 +32,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from compress.eval.timing import capture_graph
+from compress.eval.timing import GRAPH_WARMUP_MIN, capture_graph
 
 PARTS = ("embed_tokens", "rotary_emb", "layers", "norm")
 
@@ -153,6 +153,7 @@ class GreedyDecoder:
         :meth:`step` replays it from then on. Every layer runs under one shared layer index meanwhile."""
         if self.device.type != "cuda":
             raise RuntimeError(f"capture: CUDA graphs need a CUDA model, this one is on {self.device}")
+        warmup = max(warmup, GRAPH_WARMUP_MIN)  # capture_graph's floor: these steps write the cache too
         if self.max_len < warmup + 3:
             raise ValueError(f"capture: {warmup} warm-up steps after a one-token prompt need max_len >= {warmup + 3}, "
                              f"got {self.max_len}")

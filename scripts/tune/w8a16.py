@@ -39,12 +39,13 @@ def candidates(cfg, m: int, n: int, k: int, grouped: bool, device) -> list:
              "num_warps": sweep.halve_double(1, 8)}
     if cfg.path == "tiled":
         steps.update(num_stages=sweep.stages, block_m=sweep.halve_double(16, 256))
-    if cfg.path == "gemv":  # K steps inside one scale group with groups
-        steps.update(block_k=sweep.halve_double(32, W8A16_GROUP_SIZE if grouped else 4096))
+    deepest_k = W8A16_GROUP_SIZE if grouped else 4096  # the one-row kernel's K step stays inside a scale group
+    if cfg.path == "gemv":
+        steps.update(block_k=sweep.halve_double(32, deepest_k))
     out = [cfg, *sweep.neighbours(cfg, steps)]
     if cfg.path == "gemv":
         sms = sm_count(device)
-        deepest = gemv_block_k(k, W8A16_GROUP_SIZE if grouped else 4096)
+        deepest = gemv_block_k(k, deepest_k)
         per_sm = GEMV_GROUPED_PROGRAMS_PER_SM if grouped else GEMV_MIN_PROGRAMS_PER_SM
         for block_n in (16, 32, 64):  # 8 KiB of weights per step (the per-channel pick's) or 16 KiB
             for step_bytes in (8192, 16384):
