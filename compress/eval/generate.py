@@ -25,15 +25,16 @@ That path still runs ``transformers``' loop between two replays: logits processo
 criteria and a host sync per token, about 1.3 ms a token on an H100 machine's host, nearly a 135M
 model's whole decode step (1.5 ms; docs/journal.md). So with ``loop="graphed"`` (the default) a greedy
 call of a Llama-style model (:func:`compress.eval.decode_loop.supports`) runs our own loop instead
-(:class:`compress.eval.decode_loop.GreedyDecoder`): the prompt eagerly, then one CUDA graph replay
-per token, with nothing on the host in between. ``model.generate`` is replaced on the instance (as
-``transformers`` does for a ``custom_generate``) by :func:`graphed_generate`, which takes that loop
-when the call is plain greedy decoding and hands every other call to ``transformers``' own
-``generate`` (:func:`greedy_request` says which calls are plain greedy). Decoders are kept per batch size and
-cache length (the prompt plus the new tokens, rounded up to :data:`CACHE_STEP`), each compiled
-(one decoder layer, ``torch.compile``) and captured on its first call; all are dropped when the
-model's parameters or buffers are moved or replaced (the graphs read the tensors they were captured
-with).
+(:class:`compress.eval.decode_loop.GreedyDecoder`): one CUDA graph replay for the prompt (padded to
+a power-of-two bucket) and one per token, with nothing on the host in between. ``model.generate`` is
+replaced on the instance (as ``transformers`` does for a ``custom_generate``) by
+:func:`graphed_generate`, which takes that loop when the call is plain greedy decoding and hands
+every other call to ``transformers``' own ``generate`` (:func:`greedy_request` says which calls are
+plain greedy). Decoders are kept per batch size and cache length (the prompt plus the new tokens,
+rounded up to :data:`CACHE_STEP`), each compiled (one decoder layer, ``torch.compile``) and captured
+on its first call (each prompt bucket's prefill on the bucket's first use); all are dropped when
+the model's parameters or buffers are moved or replaced (the graphs read the tensors they were
+captured with).
 """
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ The decode loop is the one ``compress.eval.generate`` runs behind ``model.genera
 ``StaticCache``, static buffers, one compiled decoder layer shared by all layers, and one CUDA graph
 per step). Here it decodes a seeded random prompt.
 
-Timing (:func:`bench_batch`): ``repeats`` runs, each after a cache reset and a fresh prefill, of
+Timing (:func:`bench_batch`): ``repeats`` runs, each after a fresh prefill, of
 ``steps`` back-to-back steps (:func:`compress.eval.timing.total_ms`: CUDA events around the
 replays on a GPU, the host clock on the CPU); the median run gives tokens/s = batch * steps / time.
 A harness check compares the first decode step's logits from the compiled (and captured) step

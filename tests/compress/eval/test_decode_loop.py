@@ -1,10 +1,11 @@
 """Tests for compress/eval/decode_loop.py on the CPU: the static-cache loop gives the logits of the model's own
-forward pass, bars end of sequence below ``min_new_tokens``, restores the layer indices it shares, and
+forward pass (the prompt padded to its bucket), leaves nothing of an earlier call's longer prompt
+behind, bars end of sequence below ``min_new_tokens``, restores the layer indices it shares, and
 refuses models and shapes it cannot serve. (Its CUDA graph: tests/compress/eval/test_generate.py, GPU.)"""
 import pytest
 import torch
 
-from compress.eval.decode_loop import GreedyDecoder, supports
+from compress.eval.decode_loop import GreedyDecoder, prefill_length, supports
 
 transformers = pytest.importorskip("transformers")
 
@@ -31,6 +32,23 @@ def test_prefill_and_decode_steps_match_the_full_forward():
         want = model(input_ids=torch.cat(tokens, dim=1), use_cache=False).logits[:, -1]
         assert torch.allclose(decoder.logits, want, atol=1e-4, rtol=1e-4)
     assert int(decoder.position) == 5 + 3 and decoder.graph is None
+
+
+def test_prompts_run_in_power_of_two_buckets_within_the_cache():
+    assert [prefill_length(n, 128) for n in (1, 16, 17, 33, 100, 127)] == [16, 16, 32, 64, 128, 128]
+    assert prefill_length(5, 12) == 12 and prefill_length(300, 384) == 384
+
+
+@torch.no_grad()
+def test_a_longer_earlier_prompt_leaves_no_trace():
+    model = tiny_llama()
+    long_prompt, short_prompt = (torch.randint(0, 256, (1, n), generator=torch.Generator().manual_seed(n))
+                                 for n in (27, 3))
+    reused = GreedyDecoder(model, 1, 48)
+    reused.generate(long_prompt, 10)  # keys at positions 0..36 written, prompt buffer filled to 27
+    got = reused.generate(short_prompt, 10)
+    want = model.generate(short_prompt, max_new_tokens=10, do_sample=False, min_new_tokens=10)[:, 3:]
+    assert torch.equal(got, want) and torch.equal(got, GreedyDecoder(model, 1, 48).generate(short_prompt, 10))
 
 
 @torch.no_grad()

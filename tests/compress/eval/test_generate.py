@@ -148,5 +148,10 @@ def test_gpu_graphed_loop_replays_a_cuda_graph_and_matches_eager_generate():
     assert decoder.graph is not None and [layer.self_attn.layer_idx for layer in model.model.layers] == [0, 1]
     assert graphed.shape == eager.shape and (graphed == eager).float().mean() > 0.9  # fp16 near-ties may flip
     assert torch.equal(model.generate(prompt, max_new_tokens=16, **GREEDY), graphed)  # replays the same graph
+    longer = torch.randint(0, 256, (2, 20), device="cuda")  # a second prompt bucket: 32 positions
+    graphed_longer = model.generate(longer, max_new_tokens=16, **GREEDY)
+    assert sorted(decoder.prefill_graphs) == [16, 32] and graphed_longer.shape == (2, 36)
+    assert torch.equal(model.generate(prompt, max_new_tokens=16, **GREEDY), graphed)  # nothing left of the longer one
     uncompile_for_generate(model)
+    assert (graphed_longer == model.generate(longer, max_new_tokens=16, **GREEDY)).float().mean() > 0.9
     torch._dynamo.reset()
