@@ -66,7 +66,8 @@ def _compiled(loop: str) -> str:
     """What the run's compiled mode ran (``--compiled-loop``; older files: transformers' loop)."""
     if loop == "graphed":
         return ("`compress.eval.generate.compile_for_generate` (greedy calls through our loop: static cache, "
-                "one compiled decoder layer, one CUDA graph replay per token)")
+                "one compiled decoder layer, one CUDA graph replay for the prompt, padded to a power-of-two "
+                "bucket, and one per token)")
     return "`compress.eval.generate.compile_for_generate` (static cache, decode step compiled with CUDA graphs)"
 
 

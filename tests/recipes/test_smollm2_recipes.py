@@ -28,7 +28,7 @@ from compress.nn.modules import BSRLinear, BSRW8A8Linear, W4A16Linear, W8A8Linea
 RECIPES = Path(__file__).resolve().parents[2] / "recipes"
 TRAINED = ("dense", "w8a8-qat", "w4a16-qat", "sparse50", "sparse50-w8a8")
 POST_TRAINING = {  # recipe -> (config class, group size, algorithm, exported module)
-    "w4a16-gptq": ("W4A16Config", 128, "gptq", W4A16Linear),
+    "w4a16-gptq": ("W4A16Config", 32, "gptq", W4A16Linear),
     "w8a16-ptq": ("W8A16Config", None, "gptq", W8A16Linear),
 }
 ALL = (*TRAINED, *POST_TRAINING)
