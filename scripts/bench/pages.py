@@ -340,7 +340,14 @@ def quality_section(name: str, data: dict) -> list[str]:
     lines += ["", "## Speed", "", "ms per forward; the ratio is the dense model's time in the same report over "
               "this one's (> 1: faster than dense).", ""] + table(head, rows)
     notes = run_notes(runs)
-    return lines + (["", "## Notes on the runs", ""] + notes if notes else []) + [""]
+    return lines + plot_lines(data) + (["", "## Notes on the runs", ""] + notes if notes else []) + [""]
+
+
+def plot_lines(data: dict) -> list[str]:
+    """An image link to the report's plot (``plot``: a path from the repository root; the docs' link
+    test checks that it resolves), if the data name one."""
+    plot = data.get("plot")
+    return [] if plot is None else ["", f"![{Path(plot).stem}: metric against speed, from compress evaluate](../../{plot})"]
 
 
 def smollm2_section(name: str, data: dict) -> list[str]:
