@@ -54,6 +54,16 @@ SIBLING_NAMES = (
 )
 
 
+class _Pending:
+    """A group's bookkeeping between its members' calls: the input the slices came from, and the slices
+    not taken yet. A plain object, so each write is a plain attribute write, not ``nn.Module.__setattr__``
+    (which checks parameters, buffers and submodules first: eager decoding makes hundreds a token)."""
+
+    def __init__(self, slices: tuple):
+        self.input: torch.Tensor | None = None
+        self.slices = slices
+
+
 class SiblingGroup(nn.Module):
     """The fused module of one group and the slices its members have not taken yet."""
 
@@ -63,20 +73,18 @@ class SiblingGroup(nn.Module):
             raise ValueError(f"SiblingGroup: expected one size per name summing to the fused out_features "
                              f"{fused.out_features}, got names {names} and sizes {sizes}")
         self.fused, self.names, self.sizes = fused, tuple(names), tuple(sizes)
-        self._input: torch.Tensor | None = None
-        self._pending: tuple = (None,) * len(sizes)
+        self._state = _Pending((None,) * len(sizes))
 
     def output(self, index: int, x: torch.Tensor) -> torch.Tensor:
         """Member ``index``'s output for ``x``: its pending slice if ``x`` is the input it came from."""
-        pending = self._pending
-        if self._input is not x or pending[index] is None:
+        state = self._state
+        pending = state.slices
+        if state.input is not x or pending[index] is None:
             pending = tuple(self.fused(x).split(self.sizes, dim=-1))
         result = pending[index]
         pending = pending[:index] + (None,) + pending[index + 1:]
-        if all(p is None for p in pending):
-            self._input, self._pending = None, pending
-        else:
-            self._input, self._pending = x, pending
+        state.input = None if all(p is None for p in pending) else x
+        state.slices = pending
         return result
 
     def extra_repr(self) -> str:

@@ -47,7 +47,7 @@ def test_fused_llama_gives_the_unfused_logits(kind):
     with torch.no_grad():
         expected, actual = model(ids).logits, fused(ids).logits
     torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-5)
-    assert all(g._input is None and g._pending == (None,) * len(g.sizes) for g in _groups(fused)), \
+    assert all(g._state.input is None and g._state.slices == (None,) * len(g.sizes) for g in _groups(fused)), \
         "no tensor may outlive the forward"
 
 
@@ -217,7 +217,7 @@ def test_compiled_layers_share_one_graph_and_match_eager():
         for layer in model.model.layers:
             torch.testing.assert_close(compiled(layer, x), run_layer(layer, x))
     assert counter.frame_count == 1
-    assert all(g._input is None for g in _groups(model))
+    assert all(g._state.input is None for g in _groups(model))
 
 
 @pytest.mark.gpu
@@ -264,4 +264,4 @@ def test_gpu_fused_kernels_match_in_eager_compiled_and_graphed_forwards(kind):
         static_x.copy_(torch.randn_like(x))
         graph.replay()
         torch.testing.assert_close(static_out, run_layer(layer, static_x), rtol=1e-2, atol=1e-2)
-    assert all(g._input is None for g in _groups(fused))
+    assert all(g._state.input is None for g in _groups(fused))
