@@ -345,9 +345,13 @@ def quality_section(name: str, data: dict) -> list[str]:
 
 def plot_lines(data: dict) -> list[str]:
     """An image link to the report's plot (``plot``: a path from the repository root; the docs' link
-    test checks that it resolves), if the data name one."""
+    test checks that it resolves) and what to know of it (``plot_note``), if the data name one."""
     plot = data.get("plot")
-    return [] if plot is None else ["", f"![{Path(plot).stem}: metric against speed, from compress evaluate](../../{plot})"]
+    if plot is None:
+        return []
+    note = data.get("plot_note")
+    return ["", f"![{Path(plot).stem}: metric against speed, from compress evaluate](../../{plot})"] + \
+        (["", note] if note else [])
 
 
 def smollm2_section(name: str, data: dict) -> list[str]:

@@ -88,7 +88,8 @@ def root(tmp_path):
     files = {"kernels-h100.json": kernel_report("GPU A"), "kernels-h200.json": kernel_report("GPU B"),
              "decode-h100.json": decode_report("GPU A"), "decode-h200.json": decode_report("GPU B"),
              "sst2-h100.json": sst2_data(), "wikitext-h100.json": wikitext_data(),
-             "smollm2-h100.json": {**wikitext_data(), "family": "smollm2", "plot": "benchmarks/results/smollm2.png"},
+             "smollm2-h100.json": {**wikitext_data(), "family": "smollm2", "plot": "benchmarks/results/smollm2.png",
+                                   "plot_note": "The plot's runs are older."},
              "smollm2-post-training-cpu.json": post_training_data(), "generate-smollm2-h100.json": generate_data(),
              "generate-llama2-7b-h100.json": generate_data()}
     for name, data in files.items():
@@ -145,6 +146,7 @@ EXPECTED_LINES = [
     ("smollm2.md", "## Recipes: fine-tune, compress, export"),
     ("smollm2.md", "| w8a8-qat | 0 | 206.00 | +3.0% | 100 |"),
     ("smollm2.md", "![smollm2: metric against speed, from compress evaluate](../../benchmarks/results/smollm2.png)"),
+    ("smollm2.md", "The plot's runs are older."),
     ("smollm2.md", "| w4a16-g32 | 0.75 | met |"),
     ("smollm2.md", "| smollm2 | 1 | fp16 | 30.0 | 1.00x | 200.0 | 1.00x | 600.0 | 1.00x | 0.33x |"),
 ]
