@@ -1,8 +1,8 @@
 """The decode benchmark's harness: greedy decoding with a static KV cache, compiled, captured and timed.
 
 The decode loop is the one ``compress.eval.generate`` runs behind ``model.generate``
-(:class:`compress.eval.decode_loop.GreedyDecoder`: our own loop over the model's parts with a
-``StaticCache``, static buffers, one compiled decoder layer shared by all layers, and one CUDA graph
+(:class:`compress.eval.decode_loop.GreedyDecoder`: our own loop over the model's parts with its own
+static KV cache, static buffers, one compiled decoder layer shared by all layers, and one CUDA graph
 per step). Here it decodes a seeded random prompt.
 
 Timing (:func:`bench_batch`): ``repeats`` runs, each after a fresh prefill, of
