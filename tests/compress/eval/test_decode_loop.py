@@ -10,10 +10,11 @@ from compress.eval.decode_loop import GreedyDecoder, prefill_length, supports
 transformers = pytest.importorskip("transformers")
 
 
-def tiny_llama() -> torch.nn.Module:
+def tiny_llama(layers: int = 2) -> torch.nn.Module:
+    """A seeded random Llama (hidden 64, 4 heads / 2 KV heads, vocabulary 256); test_generate.py's too."""
     torch.manual_seed(0)
     config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_attention_heads=4,
-                                      num_key_value_heads=2, num_hidden_layers=2, vocab_size=256,
+                                      num_key_value_heads=2, num_hidden_layers=layers, vocab_size=256,
                                       max_position_embeddings=64)
     return transformers.LlamaForCausalLM(config).eval()
 

@@ -13,17 +13,10 @@ import torch
 import compress
 from compress.eval.generate import compile_for_generate, uncompile_for_generate
 from compress.nn.modules import INFERENCE_MODULES
+from tests.compress.eval.test_decode_loop import tiny_llama
 
 transformers = pytest.importorskip("transformers")
 GREEDY = dict(do_sample=False, pad_token_id=0)
-
-
-def tiny_llama(layers: int = 2) -> torch.nn.Module:
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_attention_heads=4,
-                                      num_key_value_heads=2, num_hidden_layers=layers, vocab_size=256,
-                                      max_position_embeddings=64)
-    return transformers.LlamaForCausalLM(config).eval()
 
 
 def test_compiled_generate_gives_the_eager_tokens_and_compiles_one_graph():
