@@ -192,6 +192,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--layers", type=int, default=None,
                         help=f"llama2-7b decoder layers (default {DEFAULT_LLAMA_LAYERS}; 2 with --tiny)")
     parser.add_argument("--repeats", type=int, default=3, help="timed generate calls per figure (median)")
+    parser.add_argument("--eager-rounds", type=int, default=None,
+                        help="rounds of eager generate against fp16 per compressed variant (median ratio; 9; "
+                             "1 tiny): eager calls are host-bound, and single calls of the same work vary by 2x")
     parser.add_argument("--no-harness", dest="harness", action="store_false", help="skip the decode harness")
     parser.add_argument("--no-host-overhead", dest="host_overhead", action="store_false",
                         help="skip the per-call host time of the modules")
@@ -225,13 +228,13 @@ def finish_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> ar
         parser.error("--device cuda: no CUDA device is available")
     on_cuda = args.device.type == "cuda"
     defaults = dict(batches=([1, 2], [1, 8]), new_tokens=(3, 64), prompt_len=(4, 16),
-                    layers=(2, DEFAULT_LLAMA_LAYERS), host_overhead_calls=(3, 200))
+                    layers=(2, DEFAULT_LLAMA_LAYERS), host_overhead_calls=(3, 200), eager_rounds=(1, 9))
     for name, (tiny, full) in defaults.items():
         if getattr(args, name) is None:
             setattr(args, name, tiny if args.tiny else full)
     args.compile_backend = args.compile_backend or ("inductor" if on_cuda else "aot_eager")
     args.fullgraph = args.fullgraph and on_cuda  # on the CPU the BSR reference builds sparse tensors: breaks
-    for name in ("new_tokens", "prompt_len", "layers", "repeats", "host_overhead_calls"):
+    for name in ("new_tokens", "prompt_len", "layers", "repeats", "host_overhead_calls", "eager_rounds"):
         if getattr(args, name) <= 0:
             parser.error(f"--{name.replace('_', '-')}: expected a positive int, got {getattr(args, name)}")
     if not args.tiny and not on_cuda:

@@ -25,8 +25,8 @@ batch * T / time (the prefill included, as a user sees it).
 
 * eager (:func:`bench_eager`): ``transformers``' default (a dynamic cache), after one warm-up call of
   the timed length (Triton compiles the kernels there, and the launch plans of every input layout
-  are recorded); a variant other than fp16 is timed in rounds against the fp16 model kept by its
-  source (:func:`paired_generates`: ``vs_fp16_paired``, the ratio the report uses);
+  are recorded); a variant other than fp16 is timed in ``eager_rounds`` rounds against the fp16 model
+  kept by its source (:func:`paired_generates`: ``vs_fp16_paired``, the ratio the report uses);
 * compiled (:func:`bench_compiled`): :func:`compress.eval.generate.compile_for_generate` with
   ``compiled_loop``: ``"graphed"`` (its default: these greedy calls run our loop, one CUDA graph
   replay per token) or ``"transformers"`` (a static cache, transformers' loop around its compiled,
@@ -173,7 +173,7 @@ def bench_eager(model: nn.Module, prompt: torch.Tensor, args,
         figures, out = timed_generates(model, prompt, args.new_tokens, args.repeats)
     else:
         generate(reference, prompt, args.new_tokens)  # its warm-up for this prompt's shape
-        figures, out = paired_generates(model, reference, prompt, args.new_tokens, args.repeats)
+        figures, out = paired_generates(model, reference, prompt, args.new_tokens, args.eager_rounds)
     return dict(figures, warmup_s=warmup_s), out
 
 
