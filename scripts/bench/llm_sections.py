@@ -78,7 +78,8 @@ def generate_section(name: str, data: dict) -> list[str]:
     lines = [f"## Generate: {', '.join(config['models'])}", "",
              f"Greedy `model.generate` of {config['new_tokens']} tokens after a {config['prompt_len']}-token prompt, "
              f"median of {config['repeats']} calls; eager = transformers' dynamic cache (a variant's ratio: the median "
-             "over rounds that time fp16 then the variant, as the host's speed drifts between runs), compiled = "
+             f"over {config.get('eager_rounds', config['repeats'])} rounds that time fp16 then the variant, as the "
+             "host's speed drifts between runs), compiled = "
              + _compiled(config.get("compiled_loop", "transformers")) + ", "
              "harness = the decode benchmark's own loop on the same model; " + _fusion(config.get("fuse"))
              + (f"; the Llama-2-7B shape with {config['layers']} decoder layers" if "llama2-7b" in config["models"]
