@@ -94,7 +94,8 @@ def test_ratios_and_targets_from_figures():
 
 
 @pytest.mark.parametrize("argv", [["--variants", "fp32"], ["--models", "gpt2"], ["--modes", "graph"],
-                                  ["--batches", "0"], ["--new-tokens", "-1"], ["--layers", "0"]])
+                                  ["--batches", "0"], ["--new-tokens", "-1"], ["--layers", "0"],
+                                  ["--eager-rounds", "0"]])
 def test_bad_arguments_are_rejected(argv):
     with pytest.raises(SystemExit):
         bench.parse_args(["--tiny", "--device", "cpu", *argv])

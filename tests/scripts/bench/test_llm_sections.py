@@ -48,5 +48,9 @@ def test_generate_section_gives_figures_ratios_failures_and_verdicts():
     assert "- eager generate no slower than fp16: **not met**" in text and "- 7b w4a16 >= 2x: not measured" in text
     assert "Not run: smollm2 w8a8 batch 8 (time budget spent)." in text
     assert "Failed: smollm2 w4a16 batch 1 compiled: RuntimeError: boom" in text and "more" not in text
+    assert "median over 3 rounds" in text  # a report from before --eager-rounds: its rounds were --repeats
+    nine_rounds = generate_data()
+    nine_rounds["config"]["eager_rounds"] = 9
+    assert "median over 9 rounds" in "\n".join(generate_section("g.json", nine_rounds))
     with_code = {**generate_data(), "provenance": {"commit": "abc1234", "note": "before the fix"}}
     assert "Code: commit `abc1234`; before the fix." in "\n".join(generate_section("g.json", with_code))
