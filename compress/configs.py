@@ -48,8 +48,11 @@ W4_GROUP_SIZES = (32, 64, 128)
 SCALE_BLOCKS = (128,)  # W8A8Block: the kernels' scale block (compress_kernels.reference.SCALE_BLOCK)
 W8_GROUP_SIZES = (128,)  # W8A16: the kernel's group of input channels (compress_kernels.reference.W8A16_GROUP_SIZE)
 BLOCK_SIZES = (32,)
-BLOCK_SCORES = ("magnitude", "l2", "movement", "fisher")
+BLOCK_SCORES = ("magnitude", "l2", "movement", "fisher")  # the scores gradual pruning computes
 GRADIENT_SCORES = ("movement", "fisher")  # scores summed from gradients over training steps
+CALIBRATED_SCORES = ("activation",)  # scores from calibration inputs (one-shot pruning only)
+PRUNING_ALGORITHMS = ("score", "obs")  # prune the lowest-scoring blocks, or by second-order (OBS) cost
+OBS_DEFAULTS = {"obs_damping": 0.01, "obs_rounds": 8}
 ALGORITHMS = ("rtn", "gptq")  # how weights are rounded: to nearest, or GPTQ's error-compensating sweep
 GPTQ_DEFAULTS = {"gptq_damping": 0.01, "gptq_act_order": None, "gptq_block": 128}
 
@@ -216,16 +219,28 @@ class W8A8BlockConfig(_ConfigMixin):
 class BlockSparseConfig(_ConfigMixin):
     """Prune ``sparsity`` (fraction in [0, 1)) of the ``block`` x ``block`` weight blocks.
 
-    ``score``: ``"magnitude"`` (mean |w| of the block), ``"l2"`` (Frobenius norm of the block) or
-    ``"movement"`` (``-sum W * dL/dW`` over training steps) or ``"fisher"`` (the mean over steps of
-    ``(sum over the block of W * dL/dW)^2``); only gradual pruning during training,
+    ``algorithm="score"`` (the default) prunes the lowest-scoring blocks by ``score``: ``"magnitude"``
+    (mean |w| of the block), ``"l2"`` (Frobenius norm of the block), ``"movement"`` (``-sum W * dL/dW``
+    over training steps), ``"fisher"`` (the mean over steps of ``(sum over the block of W * dL/dW)^2``)
+    or ``"activation"`` (mean of ``|w_ij| * ||x_j||`` over the block, ``||x_j||`` the norm of input
+    channel j over the calibration data). Only gradual pruning during training,
     :class:`compress.schedule.PruningSchedule` (also inside the Lightning ``BlockPruning`` callback),
-    can compute the last two.
+    computes the gradient scores; ``"activation"`` needs calibration data (one-shot pruning).
+
+    ``algorithm="obs"``: second-order one-shot pruning (:mod:`compress.core.obs`) on calibration data,
+    layer by layer in the forward's order: whole blocks ranked by the loss their removal adds (from the
+    inverse Hessian of the layer's inputs), the kept weights of their rows updated to compensate.
+    ``obs_damping`` (fraction of the Hessian's mean diagonal added to it, in (0, 1]) and ``obs_rounds``
+    (selection rounds, each re-scoring after the last one's updates) are its knobs; ``score`` is not
+    used and must keep its default.
     """
 
     sparsity: float = 0.5
     block: int = 32
     score: str = "magnitude"
+    algorithm: str = "score"
+    obs_damping: float = 0.01
+    obs_rounds: int = 8
 
     def __post_init__(self):
         _check_type("BlockSparseConfig.sparsity", self.sparsity, (int, float))
@@ -233,7 +248,27 @@ class BlockSparseConfig(_ConfigMixin):
             raise ValueError(f"BlockSparseConfig.sparsity: expected a fraction in [0, 1), got {self.sparsity}")
         _check_type("BlockSparseConfig.block", self.block, (int,))
         _check_choice("BlockSparseConfig.block", self.block, BLOCK_SIZES)
-        _check_choice("BlockSparseConfig.score", self.score, BLOCK_SCORES)
+        _check_choice("BlockSparseConfig.score", self.score, BLOCK_SCORES + CALIBRATED_SCORES)
+        _check_choice("BlockSparseConfig.algorithm", self.algorithm, PRUNING_ALGORITHMS)
+        _check_type("BlockSparseConfig.obs_damping", self.obs_damping, (int, float))
+        if not 0.0 < self.obs_damping <= 1.0:
+            raise ValueError(f"BlockSparseConfig.obs_damping: expected a fraction in (0, 1], got {self.obs_damping}")
+        _check_type("BlockSparseConfig.obs_rounds", self.obs_rounds, (int,))
+        if self.obs_rounds < 1:
+            raise ValueError(f"BlockSparseConfig.obs_rounds: expected a positive int, got {self.obs_rounds}")
+        if self.algorithm == "obs" and self.score != "magnitude":
+            raise ValueError(f"BlockSparseConfig.score: not used with algorithm='obs' (blocks are ranked by their "
+                             f"second-order cost); expected the default 'magnitude', got {self.score!r}")
+        if self.algorithm != "obs":
+            for knob, default in OBS_DEFAULTS.items():
+                if getattr(self, knob) != default:
+                    raise ValueError(f"BlockSparseConfig.{knob}: only used with algorithm='obs', got "
+                                     f"{knob}={getattr(self, knob)!r} with algorithm={self.algorithm!r}")
+
+    @property
+    def needs_calibration(self) -> bool:
+        """Whether pruning reads calibration inputs (OBS, or the activation score)."""
+        return self.algorithm == "obs" or self.score in CALIBRATED_SCORES
 
 
 QuantConfig = Union[W8A8Config, W4A16Config, W8A16Config, W8A8BlockConfig]

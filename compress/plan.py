@@ -20,8 +20,10 @@ GPT-2's ``lm_head``) and any ``Conv1D`` whose weight another module holds too, w
 weight, a new Parameter in the (out, in) layout, and its own bias (:mod:`compress.nn.conv1d`: build
 optimizers after ``prepare``); after that nothing treats it apart, except that a layer exported dense
 is a ``Conv1D`` again. ``convert(model)`` swaps every ``CompressedLinear`` for its inference module;
-``convert(model, plan, calibration_data=...)`` is the post-training path: prepare, prune one-shot,
-calibrate (SmoothQuant and static scales), GPTQ where a config says ``algorithm="gptq"``, then swap.
+``convert(model, plan, calibration_data=...)`` is the post-training path: prepare, prune one-shot by
+weight scores, calibrate (SmoothQuant and static scales), then layer by layer on calibration inputs
+OBS or activation-aware pruning where a ``BlockSparseConfig`` says ``algorithm="obs"`` or
+``score="activation"`` and GPTQ where a quantization config says ``algorithm="gptq"``, then swap.
 
 Calibration (observers, SmoothQuant, static scales) and GPTQ live in :mod:`compress.calibration`.
 
@@ -49,7 +51,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from compress.calibration import calibrate, gptq_layers, run_gptq
+from compress.calibration import calibrate, gptq_layers, hessian_layers, run_hessian_passes
 from compress.configs import BlockSparseConfig, W4A16Config, W8A8BlockConfig, W8A8Config, W8A16Config, is_config
 from compress.core.sharding import is_sharded
 from compress.core.sparsity import block_mask
@@ -446,13 +448,14 @@ def _layer_step(name: str, step: str, function, *args):
 
 # ---- post-training steps -------------------------------------------------------------------------
 def prune_one_shot(model: nn.Module, keep_weights=()) -> None:
-    """Give every sparse layer whose mask is still full its final mask (magnitude/L2 blocks).
+    """Give every sparse layer whose mask is still full its final mask (magnitude/L2 blocks); layers whose
+    config reads calibration inputs (OBS, the activation score) are left to the Hessian passes.
 
     Layers named in ``keep_weights`` keep their pruned weights (masked in the forward) for GPTQ,
     which starts from them and zeroes them itself."""
     for name, layer in compressed_layers(model).items():
         config = layer.sparse_config
-        if config is None or config.sparsity == 0 or not bool(layer.mask.all()):
+        if config is None or config.sparsity == 0 or config.needs_calibration or not bool(layer.mask.all()):
             continue
         mask = block_mask(layer.weight, config.sparsity, config.block, config.score)
         layer.set_mask(mask, zero_weights=name not in keep_weights)
@@ -532,16 +535,17 @@ def _convert(model: nn.Module, plan, calibration_data, rollback: _Rollback) -> N
     if not layers:
         raise ValueError("convert: the model has no prepared layers; call compress.prepare(model, plan) "
                          "first or pass a plan")
-    gptq = gptq_layers(model)
-    if gptq and calibration_data is None:
-        raise ValueError(f"convert: {len(gptq)} layers with algorithm='gptq' (e.g. {next(iter(gptq))!r}) need "
-                         "calibration_data (an iterable of batches or a callable(model))")
+    gptq, second_order = gptq_layers(model), hessian_layers(model)
+    if second_order and calibration_data is None:
+        raise ValueError(f"convert: {len(second_order)} layers with algorithm='gptq', algorithm='obs' or "
+                         f"score='activation' (e.g. {next(iter(second_order))!r}) need calibration_data (an "
+                         "iterable of batches or a callable(model))")
     needs_calibration = any(
         isinstance(m.quant_config, W8A8Config) and (
             (m.quant_config.static and not m.calibrated)
             or (m.quant_config.smoothquant_alpha is not None and m.smoothing() is None and plan is not None))
         for m in layers.values())
-    if needs_calibration and gptq and isinstance(calibration_data, Iterable) and not isinstance(
+    if needs_calibration and second_order and isinstance(calibration_data, Iterable) and not isinstance(
             calibration_data, (list, tuple)):
         calibration_data = list(calibration_data)  # read once, run by calibration and by GPTQ
     # Pruning zeroes weights and calibration rewrites scales (SmoothQuant also folds into the norms
@@ -554,8 +558,8 @@ def _convert(model: nn.Module, plan, calibration_data, rollback: _Rollback) -> N
     for name, layer in layers.items():
         config = layer.sparse_config
         to_prune = config is not None and config.sparsity != 0 and bool(layer.mask.all())
-        if to_prune or needs_calibration or name in gptq:
-            rollback.keep_values(layer, parameters=to_prune or smoothing or name in gptq)
+        if to_prune or needs_calibration or name in second_order:
+            rollback.keep_values(layer, parameters=to_prune or smoothing or name in second_order)
             if to_prune and isinstance(layer, ExpertLinear):  # its weight is a view of the block's Parameter
                 rollback.keep_values(model.get_submodule(experts_module_name(name)))
     if smoothing:
@@ -564,9 +568,10 @@ def _convert(model: nn.Module, plan, calibration_data, rollback: _Rollback) -> N
             if own and not isinstance(module, CompressedLinear) and all(p.dim() == 1 for p in own):
                 rollback.keep_values(module)
     prune_one_shot(model, keep_weights=gptq)
-    if needs_calibration:
+    if needs_calibration:  # OBS first, so that static scales and SmoothQuant see the pruned model
+        run_hessian_passes(model, calibration_data, gptq=False)
         calibrate(model, calibration_data)
-    run_gptq(model, calibration_data)
+    run_hessian_passes(model, calibration_data)
     # Build every inference module before swapping any, so an export failure swaps nothing.
     exported = {name: _layer_step(name, "convert", export_module, name, layer) for name, layer in layers.items()}
     for name, module in exported.items():

@@ -50,7 +50,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import nn
 
-from compress.calibration import calibrate, gptq_layers
+from compress.calibration import calibrate, calibrated_pruning_layers, gptq_layers
 from compress.checkpoint import save_compressed
 from compress.configs import W4A16Config, W8A8BlockConfig, W8A8Config, W8A16Config
 from compress.core.sharding import fsdp_modules
@@ -59,7 +59,7 @@ from compress.nn.experts import CompressedExperts, ExpertLinear
 from compress.nn.qat import CompressedLinear, compressed_layers
 from compress.plan import convert
 from compress.schedule import CalibrationSchedule, PruningSchedule, QuantizationSchedule, distributed
-from compress.schedule.calibration import run_gptq_on_all_ranks
+from compress.schedule.calibration import run_hessian_passes_on_all_ranks
 from compress.schedule.fsdp import gather_full_model
 
 
@@ -108,10 +108,10 @@ class BlockPruning(pl.Callback):
     def __init__(self, sparsity: float = 0.5, start_step: int = 0, end_step: int = 100, frequency: int = 10,
                  score: str = "magnitude", plan: Optional[dict[str, float]] = None,
                  exclude: Optional[list[str]] = None, allocation: str = "layer", spread: float = 0.5,
-                 reorder_neurons: bool = False):
+                 reorder_neurons: bool = False, algorithm: str = "score"):
         super().__init__()
         self.schedule = PruningSchedule(sparsity, start_step, end_step, frequency, score, plan, exclude, allocation,
-                                        spread, reorder_neurons)
+                                        spread, reorder_neurons, algorithm)
         self._hooks = []
 
     @property
@@ -125,6 +125,10 @@ class BlockPruning(pl.Callback):
     def setup(self, trainer, pl_module, stage):
         check_strategy(getattr(trainer, "strategy", None), type(self).__name__)
         self.schedule.prepare(target_model(pl_module))
+        calibrated = any(isinstance(callback, Calibration) for callback in trainer.callbacks)
+        if self.schedule.algorithm == "obs" and stage == "fit" and not calibrated:
+            raise ValueError("BlockPruning: algorithm='obs' prunes one-shot on calibration batches when training "
+                             "starts; it needs a compress.lightning.callbacks.Calibration callback in the same run")
 
     def on_train_start(self, trainer, pl_module):
         self.schedule.bind(trained_model(trainer, pl_module, type(self).__name__))
@@ -211,6 +215,11 @@ class Calibration(pl.Callback):
     A run without training steps (``trainer.max_steps: 0``, the post-training path in a recipe) is
     calibrated at fit start instead, on the first ``num_batches`` training batches (see ``on_fit_start``).
 
+    OBS (a ``BlockPruning`` callback with ``algorithm="obs"``): when training starts (``on_train_start``,
+    before the first step), the first ``num_batches`` training batches are run layer stage by stage
+    (eval mode, no gradients) and each layer is pruned one-shot by second-order block costs, its kept
+    weights compensated (:mod:`compress.core.obs`); training then fine-tunes the pruned model.
+
     GPTQ (layers whose config says ``algorithm="gptq"``: W8A8, W4A16 or W8A16): at the end of training
     (``on_train_end``, before :class:`Export` converts in ``on_fit_end``), the first ``num_batches``
     batches of the training dataloader are run once more (eval mode, no gradients) to collect each
@@ -230,7 +239,12 @@ class Calibration(pl.Callback):
         check_strategy(getattr(trainer, "strategy", None), type(self).__name__)
 
     def on_train_start(self, trainer, pl_module):
-        self.schedule.bind(trained_model(trainer, pl_module, type(self).__name__))
+        model = trained_model(trainer, pl_module, type(self).__name__)
+        waiting = calibrated_pruning_layers(model)
+        if waiting:
+            done = run_hessian_passes_on_all_ranks(model, self._calibration_batches(trainer, pl_module), gptq=False)
+            rank_zero_info(f"Calibration: pruned {done} layers one-shot on {self.num_batches} training batches")
+        self.schedule.bind(model)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         self.schedule.batch_done()
@@ -238,11 +252,12 @@ class Calibration(pl.Callback):
     def on_fit_start(self, trainer, pl_module):
         """A run without training steps (the post-training path: ``trainer.max_steps: 0``) is calibrated
         here, on the first ``num_batches`` training batches, as :func:`compress.convert` does with
-        ``calibration_data``: SmoothQuant and static W8A8 scales, then GPTQ."""
+        ``calibration_data``: OBS pruning, SmoothQuant and static W8A8 scales, then GPTQ."""
         if not no_training_steps(trainer):
             return
         model = target_model(pl_module)
         batches = self._calibration_batches(trainer, pl_module)
+        run_hessian_passes_on_all_ranks(model, batches, gptq=False)  # OBS before the scales see the model
         was_training = model.training
         model.eval()
         with torch.no_grad():
@@ -267,7 +282,7 @@ class Calibration(pl.Callback):
         return [trainer.strategy.batch_to_device(batch) for batch in itertools.islice(loader, self.num_batches)]
 
     def _run_gptq(self, model, batches) -> None:
-        rounded = run_gptq_on_all_ranks(model, batches)
+        rounded = run_hessian_passes_on_all_ranks(model, batches)
         if rounded:
             rank_zero_info(f"Calibration: GPTQ quantized {rounded} layers on {self.num_batches} training batches")
 

@@ -13,9 +13,12 @@ SmoothQuant checks each fold by running one batch: the inputs of the model's lat
 training mode, recorded by a forward pre-hook during the ``"smooth"`` phase (so any loop works; the
 hook is removed once smoothing is done).
 
-GPTQ (:func:`run_gptq_on_all_ranks`): the layers whose config says ``algorithm="gptq"`` are rounded
-once training is over, stage by stage, from Hessians collected on calibration batches and summed
-over ranks; rank 0's result is broadcast after each stage (:func:`compress.calibration.run_gptq`).
+GPTQ and OBS (:func:`run_hessian_passes_on_all_ranks`): the layers whose config says
+``algorithm="gptq"`` are rounded once training is over, and those whose ``BlockSparseConfig`` prunes
+from calibration inputs (``algorithm="obs"``, ``score="activation"``) are pruned one-shot when training
+starts (the Lightning ``Calibration`` callback), stage by stage, from Hessians collected on
+calibration batches and summed over ranks; rank 0's result is broadcast after each stage
+(:func:`compress.calibration.run_hessian_passes`).
 Under FSDP2 each rank rounds its own rows of each weight from the same summed Hessian, and nothing is
 broadcast but a scale buffer, which every rank gathers whole
 (:meth:`compress.nn.qat.CompressedLinear.set_quantized_weight`).
@@ -28,7 +31,14 @@ from typing import Optional
 import torch
 from torch import nn
 
-from compress.calibration import gptq_layers, run_gptq
+from compress.calibration import (
+    calibrated_pruning_layers,
+    check_observed,
+    freeze_observers,
+    gptq_layers,
+    hessian_layers,
+    run_hessian_passes,
+)
 from compress.configs import OBSERVERS, W8A8Config
 from compress.core.sharding import is_sharded
 from compress.core.smoothquant import apply_smoothquant
@@ -128,6 +138,7 @@ class CalibrationSchedule:
                              "the model in training mode was seen while observing; call the model itself "
                              "(model(...)) in the training step")
         args, kwargs = inputs
+        check_observed(self.layers)
         placement = apply_smoothquant(self.model, self.layers, self.smoothquant_alpha,
                                       lambda model: model(*args, **kwargs))
         distributed.broadcast_floating_state_(self.model)  # fold decisions may differ per batch: rank 0's win
@@ -139,8 +150,7 @@ class CalibrationSchedule:
             layer.observe(True)
 
     def _freeze(self) -> None:
-        for layer in self.layers.values():
-            layer.freeze_observer()
+        freeze_observers(self.layers)
         static = sum(1 for m in self.layers.values() if m.quant_config.static)
         distributed.info(logger, f"calibration: froze the observers of {len(self.layers)} W8A8 layers "
                                  f"({static} static scales)")
@@ -157,20 +167,25 @@ class CalibrationSchedule:
         self.phase, self.batches_seen = phase, state_dict.get("batches_seen", 0)
 
 
-def run_gptq_on_all_ranks(model: nn.Module, calibration_data) -> int:
-    """GPTQ on every layer whose config says ``algorithm="gptq"`` (and not yet rounded), stage by stage:
-    Hessians summed over ranks, rank 0's weights and scales broadcast before the next stage's pass;
-    returns the number of layers rounded."""
-    if not gptq_layers(model):
+def run_hessian_passes_on_all_ranks(model: nn.Module, calibration_data, gptq: bool = True) -> int:
+    """OBS / activation-aware pruning and (``gptq``) GPTQ on every layer that still needs them
+    (:func:`compress.calibration.hessian_layers`), stage by stage: Hessians summed over ranks, rank 0's
+    weights, masks and scales broadcast before the next stage's pass; returns the number of layers done."""
+    todo = hessian_layers(model) if gptq else calibrated_pruning_layers(model)
+    if not todo:
         return 0
     layers = compressed_layers(model)
 
     def publish(names):
         for name in names:
-            if not is_sharded(layers[name].weight):  # FSDP2: each rank rounded its own rows (module docstring)
-                distributed.broadcast_(layers[name].weight.data)
-                distributed.broadcast_(layers[name].weight_scale.data)
+            layer = layers[name]
+            if not is_sharded(layer.weight):  # FSDP2: each rank rounded its own rows (module docstring)
+                distributed.broadcast_(layer.weight.data)
+                if layer.weight_scale is not None:
+                    distributed.broadcast_(layer.weight_scale.data)
+            if layer.mask is not None:
+                distributed.broadcast_(layer.mask)
 
     with torch.no_grad():
-        results = run_gptq(model, calibration_data, sync=distributed.sum_over_ranks, publish=publish)
-    return len(results)
+        run_hessian_passes(model, calibration_data, sync=distributed.sum_over_ranks, publish=publish, gptq=gptq)
+    return len(todo)

@@ -23,6 +23,11 @@ the schedule's sparsity while each layer stays within ``[(1 - spread) s, s + spr
 blocks (:func:`compress.core.sparsity.global_block_masks`); where some layer has no gradient sum yet,
 every layer is scored by magnitude, so the ranking compares one kind of score.
 
+``algorithm="obs"``: the masks come from second-order one-shot pruning on calibration data before the
+first step (:mod:`compress.core.obs`; the Lightning ``Calibration`` callback runs it when training
+starts, a plain loop passes ``calibration_data`` to :class:`compress.schedule.CompressionSchedule`), and
+training then keeps them: the schedule re-scores nothing, its steps and ``score`` are not used.
+
 ``reorder_neurons``: before the layers are swapped, list each MLP's hidden neurons by importance so weak
 neurons share blocks (:func:`compress.core.neuron_order.reorder_mlp_neurons`; the function is unchanged).
 
@@ -92,7 +97,7 @@ class PruningSchedule:
     def __init__(self, sparsity: float = 0.5, start_step: int = 0, end_step: int = 100, frequency: int = 10,
                  score: str = "magnitude", plan: Optional[dict[str, float]] = None,
                  exclude: Optional[list[str]] = None, allocation: str = "layer", spread: float = 0.5,
-                 reorder_neurons: bool = False):
+                 reorder_neurons: bool = False, algorithm: str = "score"):
         if score not in BLOCK_SCORES:
             raise ValueError(f"score: expected one of {BLOCK_SCORES}, got {score!r}")
         if allocation not in ALLOCATIONS:
@@ -101,7 +106,7 @@ class PruningSchedule:
             raise ValueError("allocation='global' ranks all layers against one sparsity; expected plan=None, "
                              f"got plan={plan!r}")
         allocation_bounds(sparsity, spread)  # validates spread
-        BlockSparseConfig(sparsity=sparsity, score=score)  # validates sparsity
+        BlockSparseConfig(sparsity=sparsity, score=score, algorithm=algorithm)  # validates sparsity, algorithm
         check_step("start_step", start_step)
         check_step("end_step", end_step)
         if end_step < start_step:
@@ -110,10 +115,11 @@ class PruningSchedule:
         if not isinstance(reorder_neurons, bool):
             raise ValueError(f"reorder_neurons: expected a bool, got {reorder_neurons!r}")
         rules = {"*": sparsity} if plan is None else dict(plan)
-        self.plan = Plan({p: BlockSparseConfig(sparsity=s, score=score) for p, s in rules.items()},
+        self.plan = Plan({p: BlockSparseConfig(sparsity=s, score=score, algorithm=algorithm) for p, s in rules.items()},
                          exclude=DEFAULT_EXCLUDE if exclude is None else tuple(exclude))
         self.sparsity, self.start_step, self.end_step, self.frequency = sparsity, start_step, end_step, frequency
         self.score, self.allocation, self.spread, self.reorder_neurons = score, allocation, spread, reorder_neurons
+        self.algorithm = algorithm
         self.last_pruned_step: Optional[int] = None
         self.gradient_scores: dict[str, torch.Tensor] = {}  # movement or Fisher sums: name -> (N/32, K/32) float32
         self.layers: dict[str, CompressedLinear] = {}  # the matched layers (bind)
@@ -174,6 +180,9 @@ class PruningSchedule:
 
     def prune_if_due(self, step: int) -> bool:
         """Re-score and install the masks for ``step`` if the schedule says so; True if it did."""
+        if self.algorithm == "obs":
+            self._check_pruned_one_shot()
+            return False
         if not self.due(step):
             return False
         if self.model is not None:
@@ -184,10 +193,19 @@ class PruningSchedule:
             self._prune_each_layer(step)
         return True
 
+    def _check_pruned_one_shot(self) -> None:
+        """RuntimeError unless every layer with ``algorithm="obs"`` got its mask from the one-shot pass."""
+        waiting = [name for name, layer in self.layers.items()
+                   if layer.sparse_config.sparsity > 0 and bool(layer.mask.all())]
+        if waiting:
+            raise RuntimeError(f"pruning: algorithm='obs' prunes from calibration data before training, but "
+                               f"{len(waiting)} layers (e.g. {waiting[0]!r}) are not pruned yet: add the Calibration "
+                               "callback (Lightning) or pass calibration_data to CompressionSchedule")
+
     def finish(self, step: int) -> None:
         """Give every layer its final mask now if the schedule has not reached ``end_step`` (training
         ended at ``step``, earlier): one last re-scoring at the final sparsity."""
-        if self.done:
+        if self.done or self.algorithm == "obs":
             return
         distributed.info(logger, f"pruning: training ended at step {step}, before end_step {self.end_step}; "
                                  "pruning to the final sparsity now")

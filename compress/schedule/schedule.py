@@ -41,9 +41,9 @@ from typing import Optional
 import torch
 from torch import nn
 
-from compress.calibration import gptq_layers
+from compress.calibration import calibrated_pruning_layers, gptq_layers
 from compress.schedule import distributed
-from compress.schedule.calibration import CalibrationSchedule, run_gptq_on_all_ranks
+from compress.schedule.calibration import CalibrationSchedule, run_hessian_passes_on_all_ranks
 from compress.schedule.pruning import PruningSchedule
 from compress.schedule.quantization import QUANT_CONFIGS, QuantizationSchedule
 
@@ -65,11 +65,13 @@ class CompressionSchedule:
     ``pruning``: a :class:`PruningSchedule` or None. ``quantization``: a :class:`QuantizationSchedule`,
     or a W8A8 / W4A16 / W8A16 config or ``{pattern: config}`` (fake quantization from step 0), or None.
     ``calibration``: a :class:`CalibrationSchedule` (needed by static W8A8 scales; counts one batch per
-    step) or None. The parts are applied in that order at each step.
+    step) or None. The parts are applied in that order at each step. ``calibration_data`` (batches or a
+    callable(model), as :func:`compress.convert` takes): needed when the pruning schedule says
+    ``algorithm="obs"``; its layers are pruned one-shot on it (OBS) before step 0.
     """
 
     def __init__(self, model: nn.Module, *, pruning: Optional[PruningSchedule] = None, quantization=None,
-                 calibration: Optional[CalibrationSchedule] = None):
+                 calibration: Optional[CalibrationSchedule] = None, calibration_data=None):
         if not isinstance(model, nn.Module):
             raise TypeError(f"model: expected an nn.Module, got {type(model).__name__}")
         if pruning is not None and not isinstance(pruning, PruningSchedule):
@@ -91,7 +93,19 @@ class CompressionSchedule:
             if part is not None:
                 part.prepare(model)
         self._bind()
+        self._prune_one_shot(calibration_data)
         self._set_up_step()
+
+    def _prune_one_shot(self, calibration_data) -> None:
+        """OBS on ``calibration_data`` for the layers whose sparse config reads calibration inputs."""
+        waiting = calibrated_pruning_layers(self.model)
+        if not waiting:
+            return
+        if calibration_data is None:
+            raise ValueError(f"CompressionSchedule: {len(waiting)} layers prune one-shot from calibration inputs "
+                             f"(algorithm='obs', e.g. {next(iter(waiting))!r}); expected calibration_data=batches")
+        run_hessian_passes_on_all_ranks(self.model, calibration_data, gptq=False)
+        distributed.info(logger, f"schedule: pruned {len(waiting)} layers one-shot on calibration data")
 
     def _bind(self) -> None:
         for part in (self.pruning, self.quantization, self.calibration):
@@ -151,7 +165,7 @@ class CompressionSchedule:
             raise ValueError(f"CompressionSchedule.finish: {len(gptq)} layers with algorithm='gptq' (e.g. "
                              f"{next(iter(gptq))!r}) need calibration_data (an iterable of batches or a callable(model))")
         self._finish_schedules()
-        rounded = run_gptq_on_all_ranks(self.model, calibration_data)
+        rounded = run_hessian_passes_on_all_ranks(self.model, calibration_data)
         if rounded:
             distributed.info(logger, f"schedule: GPTQ rounded {rounded} layers")
         self.finished = True

@@ -104,7 +104,7 @@ def test_each_stage_sees_the_earlier_stages_quantized(monkeypatch):
 
     monkeypatch.setattr(calibration, "gptq_layer", gptq_layer)
     batches = _batches()
-    calibration.run_gptq(model, batches)
+    calibration.run_hessian_passes(model, batches)
     block = model.blocks[0]
     inputs = []
     handle = block.down.register_forward_pre_hook(lambda module, args: inputs.append(args[0]))
@@ -129,7 +129,7 @@ def test_a_pass_stops_at_its_stage_unless_the_batches_are_a_callable(as_callable
     model = _prepared(Stack())
     batches = _batches()
     data = (lambda m: [m(x) for x in batches]) if as_callable else batches
-    results = calibration.run_gptq(model, data)
+    results = calibration.run_hessian_passes(model, data)
     assert len(results) == 14
     # one forward of the first batch records the order (a callable runs all of them), then one pass per
     # stage (4 roles), each stopped before the head unless the batches are a callable
@@ -147,6 +147,109 @@ def test_convert_with_gptq_in_stages_matches_a_float_layer_by_layer_reference():
     with torch.no_grad():
         hidden = torch.relu(reference[0](torch.cat(batches)))
     q2, scale2 = calibration.gptq_layer(compressed_layers(reference)["2"], _hessian_of(hidden), 48)
-    results = calibration.run_gptq(_prepared(model, W4A16Config(32, algorithm="gptq")), batches)
+    results = calibration.run_hessian_passes(_prepared(model, W4A16Config(32, algorithm="gptq")), batches)
     assert torch.equal(results["0"][0], q) and torch.equal(results["2"][0], q2)
     torch.testing.assert_close(results["2"][1], scale2)
+
+
+# ---- one-shot pruning on calibration inputs (OBS, activation scores) and degenerate calibration data ----
+def _calibration(count=8, rows=64):
+    generator = torch.Generator().manual_seed(2)
+    scales = torch.logspace(-1, 1, 64)[torch.randperm(64, generator=generator)]
+    return [torch.randn(rows, 64, generator=generator) * scales for _ in range(count)]
+
+
+def _output_error(plan, batches):
+    reference = Stack()
+    model = compress.convert(copy.deepcopy(reference), plan, calibration_data=batches)
+    test = _calibration(2)
+    with torch.no_grad():
+        return sum(float((model(x) - reference(x)).pow(2).mean()) for x in test)
+
+
+def test_obs_one_shot_keeps_the_outputs_closer_than_magnitude_and_activation_scores():
+    from compress.configs import BlockSparseConfig
+
+    batches = _calibration()
+    obs = _output_error({"blocks.*": BlockSparseConfig(0.5, algorithm="obs")}, batches)
+    activation = _output_error({"blocks.*": BlockSparseConfig(0.5, score="activation")}, batches)
+    magnitude = _output_error({"blocks.*": BlockSparseConfig(0.5)}, batches)
+    assert obs < activation < magnitude
+
+
+@pytest.mark.parametrize("quant, module", [("W8A8Config", "BSRW8A8Linear"), ("W4A16Config", "W4A16Linear")])
+def test_obs_then_gptq_of_the_survivors_exports_block_sparse_modules(quant, module):
+    from compress import configs
+    from compress.core.sparsity import expand_mask
+    from compress.nn import modules
+
+    config = getattr(configs, quant)(algorithm="gptq")
+    plan = {"blocks.*": [configs.BlockSparseConfig(0.5, algorithm="obs"), config]}
+    model = compress.prepare(Stack(), plan)
+    layers = compressed_layers(model)
+    results = calibration.run_hessian_passes(model, _calibration())
+    assert set(results) == set(layers)
+    for name, layer in layers.items():
+        assert int((~layer.mask).sum()) == layer.mask.numel() // 2
+        q = results[name][0]
+        pruned = ~expand_mask(layer.mask, (layer.out_features, layer.in_features), 32)
+        assert bool((q[:, :layer.in_features][pruned] == 0).all())
+    compress.convert(model)
+    assert isinstance(model.blocks[0].down, getattr(modules, module))
+
+
+def test_obs_without_calibration_data_is_refused_and_leaves_the_model():
+    from compress.configs import BlockSparseConfig
+
+    model = Stack()
+    before = copy.deepcopy(model.state_dict())
+    with pytest.raises(ValueError, match=r"algorithm='obs'.*need calibration_data"):
+        compress.convert(model, {"blocks.*": BlockSparseConfig(0.5, algorithm="obs")})
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+@pytest.mark.parametrize("batches, message", [
+    ([], "expected at least one batch, got none"),
+    ([torch.full((64, 64), float("nan"))], "non-finite values"),
+    ([torch.full((64, 64), 1e30)], "non-finite values"),  # the block's LayerNorm turns it into NaN
+    ([torch.zeros(64, 64)], "inputs were all zero"),
+    ([torch.randn(64, 48)], r"shapes cannot be multiplied|mat1 and mat2|size"),
+])
+@pytest.mark.parametrize("config", ["obs", "activation", "gptq"])
+def test_degenerate_calibration_data_is_refused_and_leaves_the_model(batches, message, config):
+    from compress.configs import BlockSparseConfig
+
+    plan = {"obs": BlockSparseConfig(0.5, algorithm="obs"), "activation": BlockSparseConfig(0.5, score="activation"),
+            "gptq": W4A16Config(32, algorithm="gptq")}[config]
+    model = Stack()
+    before = copy.deepcopy(model.state_dict())
+    with pytest.raises((ValueError, RuntimeError), match=message):
+        compress.convert(model, {"blocks.*": plan}, calibration_data=batches)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_fewer_tokens_than_input_channels_are_named_in_a_warning(caplog):
+    from compress.configs import BlockSparseConfig
+
+    with caplog.at_level("WARNING", logger="compress.calibration"):
+        compress.convert(Stack(), {"blocks.*": BlockSparseConfig(0.5, algorithm="obs")},
+                         calibration_data=[torch.randn(1, 64)])
+    assert "layer 'blocks.0.q' saw 1 calibration tokens, fewer than its 64 input channels" in caplog.text
+
+
+@pytest.mark.parametrize("batches, message", [
+    ([torch.zeros(64, 64)], "inputs were all zero"),
+    ([torch.full((64, 64), float("nan"))], "NaN or Inf"),
+])
+def test_static_scales_refuse_degenerate_data_instead_of_a_scale_of_one(batches, message):
+    from compress.configs import W8A8Config
+
+    with pytest.raises(ValueError, match=f"layer 'blocks.0.q'.*{message}"):
+        compress.convert(Stack(), {"blocks.*": W8A8Config(activation="static")}, calibration_data=batches)
+
+
+def test_inputs_that_overflow_when_squared_are_named():
+    xtx = torch.eye(64)
+    xtx[3, 3] = float("inf")
+    with pytest.raises(ValueError, match="overflow float32 when squared"):
+        calibration.check_layer_inputs("q", xtx, 100)

@@ -389,7 +389,7 @@ def _nan_batches():
 
 
 @pytest.mark.parametrize("data, error", [
-    (None, r"3 layers with algorithm='gptq' \(e.g. '0'\) need calibration_data"),
+    (None, r"3 layers with algorithm='gptq', algorithm='obs' or score='activation' \(e.g. '0'\) need calibration_data"),
     ([], "expected at least one batch, got none"),
     (lambda model: model[0](torch.randn(4, 64)), r"no calibration input reached layers \['2', '4'\]"),
     (_nan_batches(), r"layer '0': GPTQ: non-finite values"),
@@ -465,7 +465,7 @@ def test_convert_with_gptq_failing_on_a_later_layer_leaves_the_model_as_it_was(m
             return real(weight, *args, **kwargs)
 
         monkeypatch.setattr(calibration_module, "gptq_quantize", gptq_quantize)
-        error = r"GPTQ: layer '4': GPTQ: the damped Hessian is not positive definite"
+        error = r"calibration: layer '4': GPTQ: the damped Hessian is not positive definite"
     else:
         real = plan_module.export_module
 

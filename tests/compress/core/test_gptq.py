@@ -32,7 +32,7 @@ from compress.core.quant import (
 )
 from compress.core.sparsity import block_mask, expand_mask
 from compress.nn.modules import is_inference_module
-from compress.calibration import run_gptq
+from compress.calibration import run_hessian_passes
 from compress.nn.qat import compressed_layers
 
 
@@ -220,7 +220,7 @@ def _layer_and_batches(k, n=24, seed=0):
 def test_exported_w4a16_dequantizes_to_gptqs_weights_bit_for_bit(group_size, act_order, k):
     model, batches = _layer_and_batches(k)
     compress.prepare(model, W4A16Config(group_size, algorithm="gptq", gptq_act_order=act_order, gptq_block=64))
-    q, scale = run_gptq(model, batches)["0"]  # (N, Kp), (N, Kp/G)
+    q, scale = run_hessian_passes(model, batches)["0"]  # (N, Kp), (N, Kp/G)
     g = q.shape[1] if group_size is None else group_size
     gptq = dequantize_groupwise(q, scale, g)[:, :k]
     x = torch.cat(batches)
@@ -242,7 +242,7 @@ def test_exported_w8a8_holds_gptqs_int8_weight_and_the_original_row_scales(act_o
     model, batches = _layer_and_batches(96)
     original = model[0].weight.detach().clone()
     compress.prepare(model, W8A8Config(algorithm="gptq", gptq_act_order=act_order))
-    q, scale = run_gptq(model, batches)["0"]
+    q, scale = run_hessian_passes(model, batches)["0"]
     compress.convert(model)
     assert torch.equal(model[0].w_q, q) and torch.equal(model[0].w_scale, scale)
     assert torch.equal(scale, per_channel_scale(original))
@@ -256,7 +256,7 @@ def test_half_precision_weights_still_export_gptqs_integers(dtype, config):
     (for int8 in bfloat16 the rounding moves w / s by less than 0.5)."""
     model, batches = _layer_and_batches(128)
     compress.prepare(model.to(dtype), config)
-    q, scale = run_gptq(model, [x.to(dtype) for x in batches])["0"]
+    q, scale = run_hessian_passes(model, [x.to(dtype) for x in batches])["0"]
     compress.convert(model)
     exported_q = model[0].w_q if isinstance(config, W8A8Config) else unpack_int4(model[0].qweight).T
     assert torch.equal(exported_q, q)
@@ -266,7 +266,7 @@ def test_learnable_scale_takes_gptqs_scales():
     model, batches = _layer_and_batches(128)
     compress.prepare(model, W4A16Config(32, learnable_scale=True, algorithm="gptq"))
     layer = compressed_layers(model)["0"]
-    _, scale = run_gptq(model, batches)["0"]
+    _, scale = run_hessian_passes(model, batches)["0"]
     assert isinstance(layer.weight_scale, nn.Parameter) and torch.equal(layer.weight_scale.detach(), scale)
     layer.enable_fake_quant(True)  # must not re-initialise the scale from the weight
     assert torch.equal(layer.weight_scale.detach(), scale)
