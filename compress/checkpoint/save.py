@@ -123,6 +123,6 @@ def save_compressed(model: nn.Module, path, overwrite: bool = False, *, format: 
         write = lambda directory: compressed_tensors_save.write_directory(model, contents, directory, tokenizer)  # noqa: E731
     else:
         write = lambda directory: _write_directory(model, directory)  # noqa: E731
-    replace_directory(target, write)
+    replace_directory(target, write, overwrite)
     logger.info("saved compressed model to %s (format %s)", target, format)
     return target
