@@ -71,7 +71,7 @@ def test_model_from_a_saved_float_dir_keeps_its_weights(tmp_path):
     import compress
 
     first = SequenceClassificationTask(config=TINY_BERT, num_labels=10)
-    saved = compress.save_compressed(first.model, tmp_path / "float")
+    saved = compress.save_compressed(first.model, tmp_path / "float", float_model=True)
     task = SequenceClassificationTask(model_name_or_path=str(saved), num_labels=10)
     assert task.model.training, "a model to fine-tune must come back in train mode (dropout on)"
     for name, tensor in first.model.state_dict().items():
