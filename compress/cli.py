@@ -234,8 +234,10 @@ def eval_options(options: CompressOptions, datamodule) -> "EvalOptions":
 
 def save_float_model(model, path: Path) -> Path:
     """Save a plain (uncompressed) model dir with ``compress.save_compressed`` (crash safe, checksummed);
-    the ``float/`` of an earlier run into the same output dir is replaced, nothing else is."""
-    path = compress.save_compressed(model, path, overwrite=True)
+    the ``float/`` of an earlier run into the same output dir is replaced, nothing else is. Its
+    ``config.json`` has no ``quantization_config`` (a GGUF source's is dropped): a plain float checkpoint
+    that ``transformers`` and llm-compressor load as such."""
+    path = compress.save_compressed(model, path, overwrite=True, float_model=True)
     log.info("saved the float model to %s", path)
     return path
 

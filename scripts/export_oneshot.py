@@ -47,7 +47,8 @@ def main(argv: list[str] | None = None) -> None:
     unknown = sorted(set(names) - set(SCHEMES))
     if unknown:
         parser.error(f"--schemes: unknown {unknown}; expected a subset of {sorted(SCHEMES)}")
-    compress.save_compressed(load(args.model, args.num_labels).eval(), args.out / "dense", overwrite=True)
+    compress.save_compressed(load(args.model, args.num_labels).eval(), args.out / "dense", overwrite=True,
+                             float_model=True)
     for name in names:
         model = compress.convert(load(args.model, args.num_labels).eval(), SCHEMES[name])
         compress.save_compressed(model, args.out / name, overwrite=True)

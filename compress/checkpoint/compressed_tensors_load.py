@@ -9,8 +9,10 @@ compressed-tensors library (llm-compressor) or by anything else that follows the
    a sparsity or a transform config is refused; so is every config group whose scheme we do not run
    (:func:`~compress.checkpoint.compressed_tensors_format.layer_config` lists what is supported).
 2. The tensors come from ``model.safetensors`` or the shards that ``model.safetensors.index.json``
-   lists (safetensors only, never a pickle). An export of ours (``compress-export.json``) has each
-   file's sha256 verified first.
+   lists (safetensors only, never a pickle); each shard must hold exactly the tensors the index maps to
+   it. Every file is read as a regular file, its header's sizes checked against the file first
+   (:mod:`compress.checkpoint.files`). An export of ours (``compress-export.json``) has each file's
+   sha256 verified first.
 3. The model is the ``transformers`` class ``architectures`` names (a ``PreTrainedModel`` subclass),
    built from the config without weight init; the config's ``quantization_config`` is dropped (the
    model runs our modules now, and a later save writes its own).
@@ -24,15 +26,15 @@ compressed-tensors library (llm-compressor) or by anything else that follows the
 """
 from __future__ import annotations
 
-import json
+import os
 import pathlib
 import re
 
 import torch
-from safetensors.torch import load_file
 from torch import nn
 
 from compress.checkpoint.compressed_tensors_format import MIXED, QUANT_METHOD, layer_config, module_from
+from compress.checkpoint.files import NotRegularFileError, read_json, read_safetensors
 from compress.checkpoint.manifest import (
     CT_EXPORT_MARKER,
     MODEL_CONFIG,
@@ -41,16 +43,19 @@ from compress.checkpoint.manifest import (
     file_sha256,
     is_our_compressed_tensors_export,
 )
-from compress.checkpoint.rebuild import aligned, skip_weight_init, transformers_model_class
+from compress.checkpoint.rebuild import skip_weight_init, transformers_model_class
 from compress.plan import replace_submodule
 
 TENSOR_INDEX = "model.safetensors.index.json"
 
 
 def quantization_config_of(directory: pathlib.Path) -> dict | None:
-    """``config.json``'s ``quantization_config`` when it is a compressed-tensors one, else None."""
+    """``config.json``'s ``quantization_config`` when it is a compressed-tensors one, else None (also when
+    ``config.json`` is missing or not JSON); a ``config.json`` that is not a regular file is refused."""
     try:
-        config = json.loads((directory / MODEL_CONFIG).read_text(encoding="utf-8"))
+        config = read_json(directory / MODEL_CONFIG)
+    except NotRegularFileError:
+        raise
     except (OSError, ValueError):
         return None
     found = config.get("quantization_config") if isinstance(config, dict) else None
@@ -128,43 +133,68 @@ def _targeted_layers(model: nn.Module, configs: dict, ignore: list[str], where: 
 
 def _verify_export(directory: pathlib.Path) -> None:
     """The sha256 of each file an export of ours lists (``compress-export.json``)."""
-    files = json.loads((directory / CT_EXPORT_MARKER).read_text())["files"]
+    files = read_json(directory / CT_EXPORT_MARKER)["files"]
     for name, expected in files.items():
         path = directory / name
-        if pathlib.Path(name).name != name or not path.is_file():
-            raise CheckpointError(f"{directory}: missing {name} (listed in {CT_EXPORT_MARKER})")
-        if file_sha256(path) != expected:
+        try:
+            if pathlib.Path(name).name != name:
+                raise FileNotFoundError(name)
+            actual = file_sha256(path)
+        except FileNotFoundError:
+            raise CheckpointError(f"{directory}: missing {name} (listed in {CT_EXPORT_MARKER})") from None
+        if actual != expected:
             raise CheckpointError(f"{path}: checksum mismatch (listed in {CT_EXPORT_MARKER}): the file is damaged "
                                   "or was changed")
 
 
-def _tensor_files(directory: pathlib.Path) -> list[pathlib.Path]:
-    if (directory / TENSORS).is_file():
-        return [directory / TENSORS]
+def _weight_map(directory: pathlib.Path) -> dict[str, str]:
+    """{tensor name: shard file} from ``model.safetensors.index.json``, each file a .safetensors file in
+    ``directory``."""
     index_path = directory / TENSOR_INDEX
-    if not index_path.is_file():
-        raise CheckpointError(f"{directory}: expected {TENSORS} or {TENSOR_INDEX} (safetensors weights; pickled "
-                              "weights are never loaded), got neither")
-    try:
-        weight_map = json.loads(index_path.read_text(encoding="utf-8"))["weight_map"]
-        names = sorted(set(weight_map.values()))
-    except (ValueError, KeyError, TypeError, AttributeError) as error:
-        raise CheckpointError(f"{index_path}: expected JSON with a 'weight_map' {{tensor: file}} ({error!r})") from None
-    for name in names:
+    index = read_json(index_path)
+    weight_map = index.get("weight_map") if isinstance(index, dict) else None
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise CheckpointError(f"{index_path}: expected JSON with a non-empty 'weight_map' {{tensor: file}}, got "
+                              f"{type(weight_map).__name__ if weight_map is not None else 'none'}")
+    for name in weight_map.values():
         if not isinstance(name, str) or pathlib.Path(name).name != name or not name.endswith(".safetensors"):
             raise CheckpointError(f"{index_path}: field 'weight_map': expected .safetensors file names in the "
                                   f"directory, got {name!r}")
-    return [directory / name for name in names]
+    return weight_map
+
+
+def _load_shards(directory: pathlib.Path, weight_map: dict[str, str]) -> dict[str, torch.Tensor]:
+    """Every tensor of the shards the index lists; CheckpointError naming the shard when it holds a tensor
+    the index does not map to it, or lacks one the index does (a stale or edited index would otherwise
+    load whichever copy comes last)."""
+    tensors = {}
+    for shard in sorted(set(weight_map.values())):
+        stored = _read(directory / shard)
+        listed = {name for name, file in weight_map.items() if file == shard}
+        unlisted, absent = sorted(set(stored) - listed), sorted(listed - set(stored))
+        if unlisted or absent:
+            raise CheckpointError(f"{directory / shard}: its tensors differ from what {TENSOR_INDEX} maps to it: "
+                                  f"not listed there {unlisted[:5]}, listed but absent {absent[:5]}")
+        tensors.update(stored)
+    return tensors
+
+
+def _read(path: pathlib.Path) -> dict[str, torch.Tensor]:
+    try:
+        return read_safetensors(path)
+    except FileNotFoundError:
+        raise CheckpointError(f"{path.parent}: missing {path.name}") from None
 
 
 def _load_tensors(directory: pathlib.Path) -> dict[str, torch.Tensor]:
-    tensors = {}
-    for path in _tensor_files(directory):
-        try:
-            tensors.update(load_file(str(path)))
-        except Exception as error:  # safetensors raises its own error type for a truncated or foreign file
-            raise CheckpointError(f"{path}: not a readable safetensors file ({type(error).__name__}: {error})") from None
-    return aligned(tensors)
+    """The tensors of ``model.safetensors``, else of the shards ``model.safetensors.index.json`` lists
+    (safetensors only: pickled weights are never loaded)."""
+    if os.path.lexists(directory / TENSORS):
+        return _read(directory / TENSORS)
+    if not os.path.lexists(directory / TENSOR_INDEX):
+        raise CheckpointError(f"{directory}: expected {TENSORS} or {TENSOR_INDEX} (safetensors weights; pickled "
+                              "weights are never loaded), got neither")
+    return _load_shards(directory, _weight_map(directory))
 
 
 def _build_model(directory: pathlib.Path) -> nn.Module:

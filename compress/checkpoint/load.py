@@ -10,9 +10,13 @@ block-sparse layer's indices are checked. Every failure is a :class:`CheckpointE
 and the field or layer. No code runs: tensors come from safetensors, never from a pickle.
 
 :func:`load_model_dir` loads any saved model directory: such a compressed one, a compressed-tensors
-one (its quantized layers as our modules), or a plain ``transformers`` one (``save_pretrained``). A directory that looks compressed (our packed tensor names
-in ``model.safetensors``, or ``.NAME.tmp-*`` / ``.NAME.old-*`` siblings) but has no ``manifest.json``
-is refused rather than loaded as plain, which would re-initialise its compressed layers at random.
+one (its quantized layers as our modules), or a plain ``transformers`` one (``save_pretrained``). A
+directory that looks compressed (quantized-layer tensor names or integer weights in a ``*.safetensors``
+file, the ``compress-export.json`` marker, or ``.NAME.tmp-*`` / ``.NAME.old-*`` siblings) but has neither
+``manifest.json`` nor a compressed-tensors ``quantization_config`` is refused rather than loaded as plain,
+which would re-initialise its compressed layers at random. A directory holding a pipe, socket or device
+is refused before any file is opened; every file the loaders read themselves is opened as a regular file
+only (:mod:`compress.checkpoint.files`).
 """
 from __future__ import annotations
 
@@ -23,12 +27,20 @@ import pathlib
 import re
 
 import torch
-from safetensors.torch import load_file
 from torch import nn
 
 from compress.checkpoint.compressed_tensors_load import load_compressed_tensors, quantization_config_of
-from compress.checkpoint.manifest import MANIFEST, TENSORS, CheckpointError, read_manifest, verify_files
-from compress.checkpoint.rebuild import aligned, skip_weight_init, transformers_model_class
+from compress.checkpoint.files import check_regular_entries, read_safetensors, read_safetensors_header
+from compress.checkpoint.manifest import (
+    CT_EXPORT_MARKER,
+    MANIFEST,
+    MODEL_CONFIG,
+    TENSORS,
+    CheckpointError,
+    read_manifest,
+    verify_files,
+)
+from compress.checkpoint.rebuild import skip_weight_init, transformers_model_class
 from compress.checkpoint.safe_write import checkpoint_path, recover
 from compress.configs import config_from_dict
 from compress.nn.experts import QuantizedExperts
@@ -44,10 +56,7 @@ def _load_tensors(directory: pathlib.Path, manifest: dict) -> dict[str, torch.Te
     with names, dtypes and shapes equal to the manifest's."""
     verify_files(directory, manifest)
     tensor_path = directory / TENSORS
-    try:
-        tensors = load_file(str(tensor_path))
-    except Exception as error:  # safetensors raises its own error type for a truncated or foreign file
-        raise CheckpointError(f"{tensor_path}: not a readable safetensors file ({type(error).__name__}: {error})") from None
+    tensors = read_safetensors(tensor_path)
     expected = manifest["tensors"]
     if set(tensors) != set(expected):
         raise CheckpointError(f"{tensor_path}: tensor names differ from the manifest "
@@ -56,7 +65,6 @@ def _load_tensors(directory: pathlib.Path, manifest: dict) -> dict[str, torch.Te
         got = {"dtype": str(tensors[name].dtype).removeprefix("torch."), "shape": list(tensors[name].shape)}
         if got != spec:
             raise CheckpointError(f"{tensor_path}: tensor {name!r}: expected {spec}, got {got}")
-    tensors = aligned(tensors)
     for alias, stored in manifest.get("aliases", {}).items():
         tensors[alias] = tensors[stored]
     return tensors
@@ -171,12 +179,15 @@ def _check_block_sparse_indices(directory: pathlib.Path, model: nn.Module) -> No
 
 def _recovered(path) -> pathlib.Path:
     """``path`` after :func:`recover`; a repair that the filesystem refuses (a read-only parent) is
-    logged, and the directory is then loaded as it is."""
+    logged, and the directory is then loaded as it is. A directory holding a pipe, socket or device is
+    refused (:func:`~compress.checkpoint.files.check_regular_entries`): a loader opening it could block
+    forever."""
     directory = checkpoint_path(path)
     try:
         recover(directory)
     except OSError as error:
         logger.warning("%s: could not repair an interrupted save (%s); loading it as it is", directory, error)
+    check_regular_entries(directory)
     return directory
 
 
@@ -189,7 +200,7 @@ def load_compressed(path, model: nn.Module | None = None) -> nn.Module:
     W4A16 layers into our modules (:mod:`compress.checkpoint.compressed_tensors_load`).
     """
     directory = _recovered(path)
-    if not (directory / MANIFEST).is_file() and quantization_config_of(directory) is not None:
+    if not os.path.lexists(directory / MANIFEST) and quantization_config_of(directory) is not None:
         if model is not None:
             raise ValueError(f"load_compressed: {directory} is a compressed-tensors directory, rebuilt from its "
                              "config.json; model= (a skeleton for our own format) is not used there: leave it out")
@@ -221,30 +232,42 @@ def load_compressed(path, model: nn.Module | None = None) -> nn.Module:
     return model.eval()
 
 
-# Leaf names of the buffers only our inference modules hold (compress/nn/modules.py): a
-# model.safetensors carrying them was written by save_compressed, whatever else is in the directory.
+# Leaf names of tensors that only quantized layers hold: our inference modules' buffers
+# (compress/nn/modules.py) and the compressed-tensors format's (compressed_tensors_format.py, and what
+# the compressed-tensors library writes for other schemes).
 COMPRESSED_TENSOR_NAMES = frozenset({"qweight", "w_q", "w_scale", "crow_indices", "col_indices", "input_smoothing"})
+QUANTIZED_TENSOR_NAMES = COMPRESSED_TENSOR_NAMES | {
+    "weight_scale", "weight_packed", "weight_shape", "weight_zero_point", "weight_g_idx", "weight_global_scale",
+    "input_scale", "input_zero_point", "input_global_scale"}
+
+
+def _quantized_tensors(tensor_path: pathlib.Path) -> list[str]:
+    """Names of the tensors in ``tensor_path`` that only a quantized layer holds: a name of
+    :data:`QUANTIZED_TENSOR_NAMES`, or a ``weight`` that is not floating point. Reads the header only; an
+    unreadable file says nothing about who wrote it (empty list)."""
+    try:
+        header = read_safetensors_header(tensor_path)
+    except (OSError, CheckpointError):
+        return []
+    return sorted(name for name, (dtype, _) in header.items()
+                  if name.rpartition(".")[2] in QUANTIZED_TENSOR_NAMES
+                  or (name.rpartition(".")[2] == "weight" and not dtype.is_floating_point))
 
 
 def _compressed_traces(path: pathlib.Path) -> list[str]:
-    """Signs that ``path`` was written by :func:`save_compressed` (empty when there are none).
+    """Signs that ``path`` holds a compressed model (empty when there are none).
 
-    Two kinds: tensor names in ``model.safetensors`` that only our inference modules produce, and
+    Three kinds: tensors in any ``*.safetensors`` file that only quantized layers hold (ours or the
+    compressed-tensors format's), the ``compress-export.json`` marker of a compressed-tensors export, and
     hidden ``.NAME.tmp-*`` / ``.NAME.old-*`` siblings that only an interrupted save leaves behind.
     """
     traces = []
-    tensor_path = path / TENSORS
-    if tensor_path.is_file():
-        from safetensors import safe_open
-
-        try:
-            with safe_open(str(tensor_path), framework="pt") as handle:
-                names = list(handle.keys())
-        except Exception:  # an unreadable file says nothing about who wrote it
-            names = []
-        ours = sorted(n for n in names if n.rpartition(".")[2] in COMPRESSED_TENSOR_NAMES)
-        if ours:
-            traces.append(f"{TENSORS} holds compressed-layer tensors such as {ours[:3]}")
+    for tensor_path in sorted(path.glob("*.safetensors")):
+        quantized = _quantized_tensors(tensor_path)
+        if quantized:
+            traces.append(f"{tensor_path.name} holds quantized-layer tensors such as {quantized[:3]}")
+    if os.path.lexists(path / CT_EXPORT_MARKER):
+        traces.append(f"{CT_EXPORT_MARKER}, the marker of a compressed-tensors export, is present")
     pattern = re.compile(rf"^\.{re.escape(path.name)}\.(tmp|old)-")
     try:
         hidden = sorted(name for name in os.listdir(path.parent) if pattern.match(name))
@@ -259,21 +282,23 @@ def load_model_dir(path: str | pathlib.Path) -> nn.Module:
     """A model from a saved directory: compressed (``compress.save_compressed``, either format; or any
     compressed-tensors directory) or plain ``transformers``.
 
-    A directory that looks compressed (see :func:`_compressed_traces`) but has no ``manifest.json``
-    is refused with :class:`CheckpointError`: loading it as a plain ``transformers`` model would
-    re-initialise every compressed layer at random (their tensors match no dense weight name) and
-    an evaluation would report the accuracy of noise instead of failing.
+    A directory that looks compressed (see :func:`_compressed_traces`) but has neither ``manifest.json``
+    nor a compressed-tensors ``quantization_config`` in ``config.json`` is refused with
+    :class:`CheckpointError`: loading it as a plain ``transformers`` model would re-initialise every
+    compressed layer at random (their tensors match no dense weight name) and an evaluation would report
+    the accuracy of noise instead of failing.
     """
     path = _recovered(path)
     if not path.is_dir():
         raise FileNotFoundError(f"model dir: expected a directory, got {path}")
-    if (path / MANIFEST).is_file() or quantization_config_of(path) is not None:
+    if os.path.lexists(path / MANIFEST) or quantization_config_of(path) is not None:
         return load_compressed(path)
     traces = _compressed_traces(path)
     if traces:
         raise CheckpointError(f"{path}: looks like a compressed-model directory ({'; '.join(traces)}) but has no "
-                              f"{MANIFEST}; refusing to load it as a plain model, which would re-initialise "
-                              "its compressed layers at random (re-export it with save_compressed)")
+                              f"{MANIFEST} and no compressed-tensors quantization_config in {MODEL_CONFIG}; refusing "
+                              "to load it as a plain model, which would re-initialise its compressed layers at random "
+                              "(restore the missing file, or re-export the model with save_compressed)")
     return _load_plain_transformers(path)
 
 

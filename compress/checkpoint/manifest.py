@@ -39,6 +39,7 @@ import re
 
 from torch import nn
 
+from compress.checkpoint.files import CheckpointError, NotRegularFileError, read_json, regular_file
 from compress.configs import config_from_dict
 from compress.nn.experts import QuantizedExperts
 from compress.nn.modules import (INFERENCE_MODULES, BSRLinear, BSRW8A8Linear, W4A16Linear, W8A8BlockLinear, W8A8Linear,
@@ -55,13 +56,12 @@ MANIFEST_MODULES = {**INFERENCE_MODULES, "QuantizedExperts": QuantizedExperts}  
 CT_EXPORT_MARKER = "compress-export.json"
 
 
-class CheckpointError(ValueError):
-    """A compressed-model directory is damaged, incomplete or does not match what it claims."""
 
 
 def file_sha256(path: pathlib.Path) -> str:
+    """sha256 of the regular file ``path`` (:func:`compress.checkpoint.files.regular_file`)."""
     digest = hashlib.sha256()
-    with open(path, "rb") as handle:
+    with regular_file(path) as handle:
         for chunk in iter(lambda: handle.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
@@ -93,13 +93,15 @@ def layer_entry(module: nn.Module) -> dict:
 
 def is_our_checkpoint(path) -> bool:
     """Whether ``path`` is a directory holding a manifest of ours (any format_version), or a
-    compressed-tensors export of ours (:data:`CT_EXPORT_MARKER`)."""
+    compressed-tensors export of ours (:data:`CT_EXPORT_MARKER`). A manifest or marker that is a pipe,
+    socket or device is a :class:`~compress.checkpoint.files.NotRegularFileError`, never read."""
     if is_our_compressed_tensors_export(path):
         return True
-    manifest_path = pathlib.Path(path) / MANIFEST
     try:
-        manifest = json.loads(manifest_path.read_text())
-    except (OSError, ValueError):
+        manifest = read_json(pathlib.Path(path) / MANIFEST)
+    except NotRegularFileError:
+        raise
+    except (OSError, ValueError):  # missing or not JSON
         return False
     if not isinstance(manifest, dict):
         return False
@@ -111,8 +113,10 @@ def is_our_checkpoint(path) -> bool:
 def is_our_compressed_tensors_export(path) -> bool:
     """Whether ``path`` holds the marker that ``save_compressed(format="compressed-tensors")`` writes last."""
     try:
-        marker = json.loads((pathlib.Path(path) / CT_EXPORT_MARKER).read_text())
-    except (OSError, ValueError):
+        marker = read_json(pathlib.Path(path) / CT_EXPORT_MARKER)
+    except NotRegularFileError:
+        raise
+    except (OSError, ValueError):  # missing or not JSON
         return False
     return isinstance(marker, dict) and marker.get("written_by") == "compress" and isinstance(marker.get("files"), dict)
 
@@ -122,12 +126,10 @@ def read_manifest(path) -> dict:
     (:func:`_check_manifest`); :func:`verify_files` then checks the digest and the files."""
     directory = pathlib.Path(path)
     manifest_path = directory / MANIFEST
-    if not manifest_path.is_file():
-        raise CheckpointError(f"{directory}: not a complete compressed-model directory (no {MANIFEST})")
     try:
-        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise CheckpointError(f"{manifest_path}: damaged manifest, expected UTF-8 JSON ({error})") from None
+        manifest = read_json(manifest_path, "manifest")
+    except FileNotFoundError:
+        raise CheckpointError(f"{directory}: not a complete compressed-model directory (no {MANIFEST})") from None
     if not isinstance(manifest, dict):
         raise CheckpointError(f"{manifest_path}: expected a JSON object, got a JSON {_json_kind(manifest)}")
     version = manifest.get("format_version")
@@ -152,9 +154,10 @@ def verify_files(directory: pathlib.Path, manifest: dict) -> None:
         files = manifest["files"]
     for name, expected in files.items():
         path = directory / name
-        if not path.is_file():
-            raise CheckpointError(f"{directory}: missing {name} (listed in {MANIFEST})")
-        actual = file_sha256(path)
+        try:
+            actual = file_sha256(path)
+        except FileNotFoundError:
+            raise CheckpointError(f"{directory}: missing {name} (listed in {MANIFEST})") from None
         if actual != expected:
             raise CheckpointError(f"{path}: checksum mismatch (manifest sha256 {expected[:12]}..., file "
                                   f"{actual[:12]}...): the file is damaged or was changed")

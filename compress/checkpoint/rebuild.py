@@ -4,16 +4,15 @@
   is a ``PreTrainedModel`` subclass (a name such as ``pipeline`` must never make a loader call it).
 * :func:`skip_weight_init`: transformers' context that builds a model without initialising weights
   that the saved tensors overwrite anyway.
-* :func:`aligned`: tensors that safetensors handed out at unaligned file offsets, copied to aligned
-  memory, so a reloaded model computes bit for bit what the saved one did (CPU kernels pick their
-  code path by alignment).
+* :data:`ALIGNMENT`: the byte alignment every loaded tensor gets (CPU kernels pick their code path by
+  alignment, so a reloaded model computes bit for bit what the saved one did):
+  :func:`compress.checkpoint.files.read_safetensors` copies a tensor stored at an unaligned offset.
 """
 from __future__ import annotations
 
 import contextlib
 import importlib
 
-import torch
 
 ALIGNMENT = 64  # bytes: the CPU allocator's alignment
 
@@ -43,7 +42,3 @@ def skip_weight_init():
             return module.no_init_weights()
     return contextlib.nullcontext()
 
-
-def aligned(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """``tensors`` with each one at an unaligned address replaced by an aligned copy."""
-    return {name: t if t.data_ptr() % ALIGNMENT == 0 else t.clone() for name, t in tensors.items()}

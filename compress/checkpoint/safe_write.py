@@ -17,8 +17,13 @@ them puts the old directory back at once. A crash at any point (a kill leaves no
 is repaired by :func:`recover` on the next save or load of that path: the path missing and a
 ``.NAME.old-*`` backup present -> the backup (the newest whole one) is put back; the path present ->
 backups are dropped; ``.NAME.tmp-*`` entries are removed. Entries of another process that is still
-alive (the pid in the name) are left alone; saving one path from two processes at once is not
-supported. After a successful save or recovery no hidden ``.NAME.*`` entry remains.
+alive (the pid in the name) are left alone. After a successful save or recovery no hidden ``.NAME.*``
+entry remains.
+
+Saves racing for one path: without ``overwrite`` the new checkpoint is put in place by one ``rename``,
+which the kernel refuses when the path has meanwhile become a non-empty directory or a file, so of two
+processes saving one new path the first to finish wins and the other gets ``FileExistsError`` (its
+temporary removed, the winner's checkpoint untouched). With ``overwrite=True`` the last to finish wins.
 
 Modes are the usual ones: directories ``0o777 & ~umask``, files ``0o666 & ~umask`` (the temporary
 directory is made with ``os.mkdir``, not ``tempfile.mkdtemp``, whose 0700 would stay on the result;
@@ -211,9 +216,29 @@ def recover(path) -> pathlib.Path:
 
 
 
-def replace_directory(target: pathlib.Path, write: Callable[[pathlib.Path], None]) -> None:
+def _rename_unless_taken(source: pathlib.Path, target: pathlib.Path, overwrite: bool) -> bool:
+    """Rename the directory ``source`` to ``target`` unless ``target`` holds something by now: the kernel
+    does this atomically (a directory replaces only a missing path or an empty directory). False when
+    ``target`` is a non-empty directory and ``overwrite`` allows a swap; else FileExistsError."""
+    try:
+        os.rename(source, target)
+        return True
+    except OSError as error:
+        if error.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR):
+            raise
+        if overwrite and error.errno != errno.ENOTDIR:
+            return False
+        found = "a file" if error.errno == errno.ENOTDIR else "a non-empty directory (another save's, most likely)"
+    raise FileExistsError(f"{target}: {found} appeared there while this save was writing (the path was new or "
+                          f"empty when checked); refusing to replace it{'' if overwrite else ' without overwrite=True'}"
+                          "; this model was not saved")
+
+
+def replace_directory(target: pathlib.Path, write: Callable[[pathlib.Path], None], overwrite: bool = False) -> None:
     """Put the directory that ``write(temporary)`` fills at ``target`` (checked by
-    :func:`check_save_target`), crash safe (see the module docstring)."""
+    :func:`check_save_target`), crash safe (see the module docstring). Without ``overwrite`` the target is
+    claimed atomically: if another save put a checkpoint there meanwhile, this one raises FileExistsError
+    and that checkpoint stays."""
     target.parent.mkdir(parents=True, exist_ok=True)
     temporary = _new_hidden_dir(target, "tmp")  # the new checkpoint; after an exchange, the old one
     backup = None  # the fallback's ``.NAME.old-*``: the old checkpoint while the path is empty
@@ -221,8 +246,7 @@ def replace_directory(target: pathlib.Path, write: Callable[[pathlib.Path], None
         write(temporary)
         _normal_file_modes(temporary)
         fsync_path(temporary)
-        if not target.exists():
-            os.rename(temporary, target)
+        if (not overwrite or not target.exists()) and _rename_unless_taken(temporary, target, overwrite):
             temporary = None
         elif not _exchange_directories(temporary, target):
             backup = _hidden_name(target, "old")

@@ -40,6 +40,7 @@ teacher is a whole copy of the model on every rank, taken from the sharded stude
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 from typing import Any, Optional
 
@@ -94,7 +95,7 @@ def build_model(auto_class, model_name_or_path: str | None, config: dict | None,
 def _saved_float_model(path: str, model_kwargs: dict):
     """The model of a ``compress.save_compressed`` dir holding float weights (e.g. a run's ``float/``,
     to compress a model fine-tuned earlier), or None when ``path`` is not such a dir."""
-    if not (Path(path) / MANIFEST).is_file():
+    if not os.path.lexists(Path(path) / MANIFEST):  # a manifest that is a pipe is refused by load_compressed
         return None
     model = load_compressed(path)
     compressed = [name for name, module in model.named_modules() if is_inference_module(module)]

@@ -112,6 +112,23 @@ def test_float_model_dir_holds_the_pruned_float_weights(sparse_w8a8_run):
     assert torch.allclose(weight, dequantized, atol=float(weight.abs().max()) / 127)
 
 
+def test_the_float_model_dir_is_a_plain_float_checkpoint(tmp_path):
+    """A GGUF source leaves quantization_config (quant_method gguf) on the model's config; the float/ dir
+    must not keep it, or transformers and llm-compressor refuse the directory."""
+    from transformers import AutoModelForSequenceClassification
+
+    from compress.cli import save_float_model
+
+    model = SequenceClassificationTask(config=TINY_BERT, num_labels=10).model.eval()
+    model.config.quantization_config = {"quant_method": "gguf"}
+    path = save_float_model(model, tmp_path / "out" / "float")
+    config = json.loads((path / "config.json").read_text())
+    assert "quantization_config" not in config and config["architectures"] == ["BertForSequenceClassification"]
+    theirs = AutoModelForSequenceClassification.from_pretrained(str(path)).eval()
+    assert all(torch.equal(theirs.state_dict()[n], t) for n, t in model.state_dict().items())
+    assert save_float_model(model, path) == path  # the float/ of an earlier run is replaced
+
+
 def test_export_from_the_lightning_checkpoint_matches_the_export_callback(sparse_w8a8_run):
     root, recipe = sparse_w8a8_run
     checkpoints = sorted((root / "out").rglob("*.ckpt"))

@@ -9,6 +9,7 @@ fake quantization scales tokens by max|x| / 127.5, our kernels and vLLM's by max
 1.2%). See test_compressed_tensors_save.py for the measurements.
 """
 import json
+import re
 
 import pytest
 import torch
@@ -182,4 +183,48 @@ def test_pickled_weights_are_never_loaded_and_a_skeleton_is_refused(tmp_path):
     (path / TENSORS).unlink()
     with pytest.raises(CheckpointError, match=r"expected model\.safetensors or model\.safetensors\.index\.json "
                                               r"\(safetensors weights; pickled weights are never loaded\)"):
+        compress.load_compressed(path)
+
+
+def _sharded_library_dir(tmp_path):
+    """A W4A16 per-channel directory the library wrote in shards, and its index's weight map."""
+    pytest.importorskip("compressed_tensors")
+    scheme = _schemes()["W4A16-per-channel-sharded"][0]
+    path = library_directory(tmp_path / "library", scheme, tiny_llama(), max_shard_size="100KB")
+    return path, json.loads((path / "model.safetensors.index.json").read_text())["weight_map"]
+
+
+def test_a_shard_holding_a_tensor_the_index_maps_elsewhere_is_refused(tmp_path):
+    """Loaded silently, whichever copy came last would win: the index says which one is meant."""
+    path, weight_map = _sharded_library_dir(tmp_path)
+    name = "model.layers.1.mlp.down_proj.weight_scale"
+    home = weight_map[name]
+    other = sorted(set(weight_map.values()) - {home})[0]
+    stray = load_file(str(path / other))
+    stray[name] = load_file(str(path / home))[name] * 2  # a stale copy of another scale
+    save_file(stray, str(path / other), metadata={"format": "pt"})
+    with pytest.raises(CheckpointError, match=rf"{re.escape(other)}: its tensors differ from what "
+                                              rf"model\.safetensors\.index\.json maps to it: not listed there "
+                                              rf"\['{re.escape(name)}'\], listed but absent \[\]"):
+        compress.load_compressed(path)
+
+
+def test_an_index_mapping_a_tensor_to_a_shard_without_it_is_refused(tmp_path):
+    path, weight_map = _sharded_library_dir(tmp_path)
+    name = "model.layers.1.mlp.down_proj.weight_scale"
+    other = sorted(set(weight_map.values()) - {weight_map[name]})[0]
+    weight_map[name] = other
+    (path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    with pytest.raises(CheckpointError, match=rf"{re.escape(other)}: .*listed but absent \['{re.escape(name)}'\]"):
+        compress.load_compressed(path)
+
+
+def test_an_index_naming_a_missing_shard_or_no_weights_is_refused(tmp_path):
+    path, weight_map = _sharded_library_dir(tmp_path)
+    index = path / "model.safetensors.index.json"
+    index.write_text(json.dumps({"weight_map": {**weight_map, "extra": "model-absent.safetensors"}}))
+    with pytest.raises(CheckpointError, match=r"library: missing model-absent\.safetensors"):
+        compress.load_compressed(path)
+    index.write_text(json.dumps({"weight_map": {}}))
+    with pytest.raises(CheckpointError, match=r"index\.json: expected JSON with a non-empty 'weight_map'"):
         compress.load_compressed(path)

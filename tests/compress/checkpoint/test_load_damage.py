@@ -7,6 +7,8 @@ the manifest would), which the structure checks and the cross-checks against the
 import json
 import logging
 import os
+import re
+import stat
 
 import pytest
 import torch
@@ -15,7 +17,14 @@ from torch import nn
 import compress
 from compress import BlockSparseConfig, CheckpointError, W4A16Config, W8A8Config
 from compress.checkpoint import MANIFEST, MODEL_CONFIG, TENSORS, load_model_dir
-from tests.compress.checkpoint.helpers import rewrite_tensors, tiny_bert_classifier, write_sealed
+from tests.compress.checkpoint.helpers import (
+    library_directory,
+    rewrite_tensors,
+    tiny_bert_classifier,
+    tiny_llama,
+    write_sealed,
+)
+from tests.compress.checkpoint.test_files import fails_instead_of_hanging
 
 
 def test_compressed_dir_without_manifest_is_refused_not_loaded_as_plain(tmp_path):
@@ -242,3 +251,85 @@ def test_a_format_version_1_directory_loads_with_a_warning(tmp_path, caplog):
         loaded = compress.load_compressed(path, model=_skeleton())
     assert torch.equal(loaded[0].w_q, _converted_mlp()[0].w_q)
     assert "format_version 1" in caplog.text and "not the manifest" in caplog.text
+
+
+# ---- files that are not regular files; compressed-tensors directories that lost their config ----------
+def _llama_w8a8(tmp_path, name="ct"):
+    """A compressed-tensors export of ours (W8A8 layers, a dense lm_head)."""
+    model = compress.convert(tiny_llama(), {f"model.layers.{i}.mlp.down_proj": W8A8Config() for i in range(2)})
+    return compress.save_compressed(model, tmp_path / name, format="compressed-tensors")
+
+
+def _replace_with_pipe(path):
+    path.unlink()
+    os.mkfifo(path)
+
+
+@pytest.mark.parametrize("name", [MANIFEST, MODEL_CONFIG, TENSORS])
+def test_a_pipe_in_our_directory_is_refused_by_load_and_save_without_blocking(tmp_path, name):
+    path = compress.save_compressed(_converted_mlp(), tmp_path / "c")
+    _replace_with_pipe(path / name) if (path / name).exists() else os.mkfifo(path / name)
+    refusal = rf"c/{re.escape(name)}: expected a regular file, got a named pipe"
+    with fails_instead_of_hanging():
+        with pytest.raises(CheckpointError, match=refusal):
+            compress.load_compressed(path, model=_skeleton())
+        with pytest.raises(CheckpointError, match=refusal):
+            load_model_dir(path)
+        if name == MANIFEST:  # the save reads it to tell whether the directory is ours: refused, kept
+            with pytest.raises(CheckpointError, match=refusal):
+                compress.save_compressed(_converted_mlp(), path, overwrite=True)
+            assert stat.S_ISFIFO(os.stat(path / name).st_mode)
+        else:  # a checkpoint of ours, replaced whole with overwrite=True (the pipe is never opened)
+            compress.save_compressed(_converted_mlp(), path, overwrite=True)
+            assert torch.equal(compress.load_compressed(path, model=_skeleton())[0].w_q, _converted_mlp()[0].w_q)
+
+
+@pytest.mark.parametrize("name", [MODEL_CONFIG, TENSORS, "compress-export.json", "generation_config.json"])
+def test_a_pipe_in_a_compressed_tensors_or_plain_directory_is_refused_without_blocking(tmp_path, name):
+    for path in (_llama_w8a8(tmp_path), _plain_bert(tmp_path)):
+        if (path / name).exists():
+            _replace_with_pipe(path / name)
+        else:
+            os.mkfifo(path / name)
+        with fails_instead_of_hanging(), pytest.raises(CheckpointError, match=rf"{re.escape(name)}: expected a "
+                                                                              "regular file, got a named pipe"):
+            load_model_dir(path)
+
+
+def _plain_bert(tmp_path):
+    tiny_bert_classifier().save_pretrained(tmp_path / "plain")
+    return tmp_path / "plain"
+
+
+def _without_quantization_config(path):
+    config = json.loads((path / MODEL_CONFIG).read_text())
+    del config["quantization_config"]
+    (path / MODEL_CONFIG).write_text(json.dumps(config))
+
+
+@pytest.mark.parametrize("marker", [True, False], ids=["export-marker-kept", "export-marker-gone"])
+def test_a_compressed_tensors_dir_without_its_quantization_config_is_refused(tmp_path, marker):
+    """Loaded as plain, its int8 down_proj weights would be re-initialised at random."""
+    path = _llama_w8a8(tmp_path)
+    _without_quantization_config(path)
+    if not marker:
+        (path / "compress-export.json").unlink()
+    fragment = r"compress-export\.json, the marker" if marker else (
+        r"model\.safetensors holds quantized-layer tensors such as \['model\.layers\.0\.mlp\.down_proj\.weight', "
+        r"'model\.layers\.0\.mlp\.down_proj\.weight_scale'")
+    with pytest.raises(CheckpointError, match=rf"ct: looks like a compressed-model directory \(.*{fragment}.*\) but "
+                                              r"has no manifest\.json and no compressed-tensors quantization_config"):
+        load_model_dir(path)
+
+
+def test_a_sharded_library_dir_without_its_quantization_config_is_refused(tmp_path):
+    pytest.importorskip("compressed_tensors")
+    from compressed_tensors.quantization import preset_name_to_scheme
+
+    path = library_directory(tmp_path / "library", preset_name_to_scheme("W4A16", ["Linear"]), tiny_llama(),
+                             max_shard_size="100KB")
+    _without_quantization_config(path)
+    assert not (path / TENSORS).exists()
+    with pytest.raises(CheckpointError, match=r"model-\d+-of-\d+\.safetensors holds quantized-layer tensors such "
+                                              r"as \[.*weight_packed"):
+        load_model_dir(path)

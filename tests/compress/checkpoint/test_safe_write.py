@@ -343,3 +343,77 @@ def test_when_putting_the_old_checkpoint_back_fails_too_the_backup_is_kept_for_r
     assert backup.startswith(".c.old-")  # the only copy of the old checkpoint: kept
     monkeypatch.setattr(os, "rename", real_rename)
     assert _assert_old_or_new_and_clean(tmp_path, tmp_path / "c") == "old"
+
+
+# ---- saves racing for one path -----------------------------------------------------------------
+def _save_in_child(model, path, overwrite=False, start=None) -> int:
+    """Fork a process that saves ``model`` to ``path`` (after a byte on the pipe ``start``, when given);
+    returns its pid. Exit codes: 0 saved, 3 FileExistsError, 4 anything else."""
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover (child)
+        code = 4
+        try:
+            if start is not None:
+                os.read(start, 1)
+            compress.save_compressed(model, path, overwrite=overwrite)
+            code = 0
+        except FileExistsError:
+            code = 3
+        finally:
+            os._exit(code)
+    return pid
+
+
+def _exit_code(pid) -> int:
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+
+
+def _another_save_while_writing(monkeypatch, path, existing_empty=False, overwrite=False):
+    """Save OLD to ``path``; while it writes its temporary, another process saves NEW there (overwrite=False)
+    and finishes first."""
+    real_write = save_module._write_directory
+    raced = []
+
+    def write(model, directory):
+        if not raced:
+            raced.append(True)
+            assert _exit_code(_save_in_child(NEW, path)) == 0
+        real_write(model, directory)
+
+    if existing_empty:
+        path.mkdir()
+    monkeypatch.setattr(save_module, "_write_directory", write)
+    return compress.save_compressed(OLD, path, overwrite=overwrite)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+@pytest.mark.parametrize("existing_empty", [False, True], ids=["new-path", "empty-directory"])
+def test_the_second_of_two_saves_to_a_new_path_fails_and_the_first_is_kept(tmp_path, monkeypatch, existing_empty):
+    with pytest.raises(FileExistsError, match=r"c: a non-empty directory \(another save's, most likely\) appeared "
+                                              r"there while this save was writing .*without overwrite=True; this "
+                                              r"model was not saved"):
+        _another_save_while_writing(monkeypatch, tmp_path / "c", existing_empty)
+    assert _same_state(compress.load_compressed(tmp_path / "c", model=_skeleton()), NEW)
+    assert _hidden(tmp_path) == []
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_with_overwrite_the_last_of_two_saves_wins(tmp_path, monkeypatch):
+    _another_save_while_writing(monkeypatch, tmp_path / "c", overwrite=True)
+    assert _same_state(compress.load_compressed(tmp_path / "c", model=_skeleton()), OLD)
+    assert _hidden(tmp_path) == []
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_of_two_processes_saving_one_new_path_at_once_exactly_one_succeeds(tmp_path):
+    for attempt in range(3):
+        path = tmp_path / f"{attempt}" / "c"
+        read_end, write_end = os.pipe()
+        pids = [_save_in_child(model, path, start=read_end) for model in (OLD, NEW)]
+        os.write(write_end, b"go")  # one byte each: both start at once
+        codes = sorted(_exit_code(pid) for pid in pids)
+        os.close(read_end), os.close(write_end)
+        assert codes == [0, 3], codes
+        loaded = compress.load_compressed(path, model=_skeleton())
+        assert _same_state(loaded, OLD) or _same_state(loaded, NEW)
+        assert _hidden(path.parent) == []

@@ -181,7 +181,7 @@ def test_resume_keeps_the_snapshot_instead_of_taking_a_new_one(tmp_path):
 def test_teacher_loaded_from_a_saved_model(tmp_path):
     torch.manual_seed(1)
     dense = SequenceClassificationTask(config=TINY_BERT, num_labels=10).model
-    compress.save_compressed(dense, tmp_path / "float")
+    compress.save_compressed(dense, tmp_path / "float", float_model=True)
     task = _task(alpha=0.5, temperature=2.0, teacher=str(tmp_path / "float"))
     assert isinstance(task.teacher, Teacher) and bool(task.teacher.ready)
     for name, tensor in dense.state_dict().items():

@@ -71,13 +71,28 @@ def test_model_from_a_saved_float_dir_keeps_its_weights(tmp_path):
     import compress
 
     first = SequenceClassificationTask(config=TINY_BERT, num_labels=10)
-    saved = compress.save_compressed(first.model, tmp_path / "float")
+    saved = compress.save_compressed(first.model, tmp_path / "float", float_model=True)
     task = SequenceClassificationTask(model_name_or_path=str(saved), num_labels=10)
     assert task.model.training, "a model to fine-tune must come back in train mode (dropout on)"
     for name, tensor in first.model.state_dict().items():
         assert torch.equal(task.model.state_dict()[name], tensor), name
     with pytest.raises(ValueError, match="num_labels=3"):
         SequenceClassificationTask(model_name_or_path=str(saved), num_labels=3)
+
+
+def test_a_float_dir_whose_manifest_is_a_pipe_is_refused_without_blocking(tmp_path):
+    import os
+
+    import compress
+    from tests.compress.checkpoint.test_files import fails_instead_of_hanging
+
+    saved = compress.save_compressed(SequenceClassificationTask(config=TINY_BERT, num_labels=10).model,
+                                     tmp_path / "float", float_model=True)
+    (saved / "manifest.json").unlink()
+    os.mkfifo(saved / "manifest.json")
+    with fails_instead_of_hanging(), pytest.raises(compress.CheckpointError, match=r"float/manifest\.json: expected "
+                                                                                   "a regular file, got a named pipe"):
+        SequenceClassificationTask(model_name_or_path=str(saved), num_labels=10)
 
 
 def test_model_from_a_compressed_dir_is_refused(tmp_path):

@@ -123,7 +123,7 @@ def test_the_float_snapshot_of_a_prepared_gpt2_saves_and_loads_as_gpt2(tmp_path)
     expected = _logits(model, ids)  # fake quantization off: the pruned float model
     snapshot = strip_training_modules(copy.deepcopy(model))
     assert all(is_conv1d(snapshot.get_submodule(name)) for name in CONV1D_NAMES)
-    compress.save_compressed(snapshot, tmp_path / "float")
+    compress.save_compressed(snapshot, tmp_path / "float", float_model=True)
     loaded = compress.load_compressed(tmp_path / "float")
     torch.testing.assert_close(_logits(loaded, ids), expected, atol=1e-5, rtol=1e-5)
 
