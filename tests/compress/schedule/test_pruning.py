@@ -61,6 +61,6 @@ def test_restored_sums_of_another_shape_are_refused():
     model = two_layers()
     pruning = PruningSchedule(score="movement")
     pruning.prepare(model)
-    pruning.load_state_dict({"last_pruned_step": 0, "gradient_scores": {"0": torch.zeros(3, 3)}})
+    pruning.load_state_dict({"last_pruned_step": 0, "gradient_scores": {"0": torch.zeros(3, 3), "2": torch.zeros(2, 2)}})
     with pytest.raises(ValueError, match=r"expected shape \(2, 2\), got \(3, 3\)"):
         pruning.bind(model)
