@@ -131,7 +131,7 @@ class PruningSchedule:
         self._reordered = False
         self._current_step: Optional[int] = None  # the step of the latest prune_if_due call
         self._summed_at: dict[str, int] = {}  # layer name -> the step whose gradients were last summed into it
-        self._restored: Optional[tuple] = None  # (saved layers, saved score names) loaded before bind, to check there
+        self._restored: Optional[tuple] = None  # (saved layers, saved score shapes) loaded before bind, checked there
 
     # ---- set-up ----------------------------------------------------------------------------------
     def prepare(self, model: nn.Module) -> None:
@@ -352,14 +352,21 @@ class PruningSchedule:
                              f"last_pruned_step={last}; state from a run with another start_step?")
         scores = _saved_scores(state_dict)
         if self.model is not None:
-            self._check_layers(state_dict.get("layers"), set(scores))
+            self._check_layers(state_dict.get("layers"), _shapes(scores))
 
-    def _check_layers(self, saved_layers, score_names: set[str]) -> None:
-        """The saved layers (and the layers of the saved gradient sums, if any) must be the bound ones."""
+    def _check_layers(self, saved_layers, score_shapes: dict[str, tuple]) -> None:
+        """The saved layers must be the bound ones, with their configs; so must the layers of the saved
+        gradient sums (if any), each the shape of its layer's block grid."""
         where = "PruningSchedule.load_state_dict"
         check_saved_layers(where, self.layer_configs(), saved_layers)
-        if score_names:
-            check_saved_layer_names(where, set(self.layers), score_names)
+        if not score_shapes:
+            return
+        check_saved_layer_names(where, set(self.layers), set(score_shapes))
+        for name, shape in score_shapes.items():
+            grid = tuple(self.layers[name].mask.shape)
+            if shape != grid:
+                raise ValueError(f"{where}: {self.score} scores of {name!r}: expected shape {grid}, got {shape} "
+                                 "(state from another model?)")
 
     def load_state_dict(self, state_dict: dict) -> None:
         """Restore :meth:`state_dict`'s output (call :meth:`bind` after it to put the sums on the layers'
@@ -371,11 +378,15 @@ class PruningSchedule:
         self.last_pruned_step = state_dict.get("last_pruned_step")
         self.gradient_scores = {name: t.detach().cpu().float() for name, t in scores.items()}
         self._summed_at = {}
-        self._restored = None if self.model is not None else (state_dict.get("layers"), set(scores))
+        self._restored = None if self.model is not None else (state_dict.get("layers"), _shapes(scores))
 
 
 def _config_dict(config) -> Optional[dict]:
     return None if config is None else config.to_dict()
+
+
+def _shapes(tensors: dict) -> dict[str, tuple]:
+    return {name: tuple(t.shape) for name, t in tensors.items()}
 
 
 def _saved_scores(state_dict: dict) -> dict:
