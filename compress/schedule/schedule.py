@@ -213,6 +213,9 @@ class CompressionSchedule:
             if saved is None and name == "quantization":
                 continue
             has = name in (state_dict if saved is None else saved)
+            if has and name not in state_dict:
+                raise ValueError(f"CompressionSchedule.load_state_dict: expected the {name} state that its "
+                                 f"'parts' list names, got keys {sorted(map(str, state_dict))}")
             part = getattr(self, name)
             if (part is None) == has:
                 raise ValueError(f"CompressionSchedule.load_state_dict: the saved schedule "

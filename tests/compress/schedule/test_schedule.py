@@ -276,6 +276,8 @@ def test_a_later_part_refused_leaves_the_earlier_parts_as_they_were():
     (dict(finished="no"), "expected a bool 'finished', got 'no'"),
     (dict(parts=["pruning"]), "the saved schedule has no quantization state, this one has a QuantizationSchedule"),
     (dict(parts="pruning"), "expected 'parts' as a list of"),
+    (dict(parts=["pruning", "quantization", "calibration"]),
+     "expected the calibration state that its 'parts' list names, got keys"),
     (dict(global_step=1), r"expected the pruning schedule's last re-scoring at global_step \(1\) or before, got "
                           r"last_pruned_step=2"),
 ])
