@@ -24,7 +24,10 @@ What stays here is Lightning's side: where the model is (:func:`target_model`), 
 
 Layers are swapped in ``setup()``, before Lightning restores a checkpoint, so masks, observer
 statistics and scales (module buffers) come back with the model's ``state_dict``; the schedules'
-positions are each callback's own ``state_dict``. Under DDP every rank ends with the same masks
+positions, with the settings and layers they were made with, are each callback's own ``state_dict``:
+resuming with other settings (a changed sparsity, score, step counts, configs) or another model is
+refused with a ``ValueError`` naming what differs (settings when the checkpoint is restored, layers
+in ``on_train_start``; :mod:`compress.schedule.state`). Under DDP every rank ends with the same masks
 (broadcast from rank 0) and the same scales (observer statistics all-reduced with max)
 (:mod:`compress.schedule.distributed`).
 
@@ -144,7 +147,7 @@ class BlockPruning(pl.Callback):
         self._hooks = []
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer):
-        self.schedule.accumulate(optimizer)
+        self.schedule.accumulate(optimizer, step=trainer.global_step)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         self.schedule.prune_if_due(trainer.global_step)
@@ -200,6 +203,12 @@ class QuantizationAware(pl.Callback):
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         self.schedule.start_if_due(trainer.global_step)
+
+    def state_dict(self):
+        return self.schedule.state_dict()
+
+    def load_state_dict(self, state_dict):
+        self.schedule.load_state_dict(state_dict)
 
 
 class Calibration(pl.Callback):

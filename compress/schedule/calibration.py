@@ -22,6 +22,11 @@ calibration batches and summed over ranks; rank 0's result is broadcast after ea
 Under FSDP2 each rank rounds its own rows of each weight from the same summed Hessian, and nothing is
 broadcast but a scale buffer, which every rank gathers whole
 (:meth:`compress.nn.qat.CompressedLinear.set_quantized_weight`).
+
+The state (:meth:`CalibrationSchedule.state_dict`): the phase and the batches seen in it, with the
+settings (``num_batches``, ``observer``, ``smoothquant_alpha``) and the W8A8 layers it was made with;
+loading a state made with others raises a ``ValueError`` naming what differs
+(:mod:`compress.schedule.state`).
 """
 from __future__ import annotations
 
@@ -45,6 +50,7 @@ from compress.core.smoothquant import apply_smoothquant
 from compress.nn.experts import ExpertLinear
 from compress.nn.qat import CompressedLinear, compressed_layers
 from compress.schedule import distributed
+from compress.schedule.state import check_mapping, check_saved_layers, check_saved_settings, check_saved_step
 from compress.schedule.validation import check_positive_int
 
 logger = logging.getLogger(__name__)
@@ -81,10 +87,15 @@ class CalibrationSchedule:
         self.layers: dict[str, CompressedLinear] = {}
         self._recorder = None  # the forward pre-hook recording the latest training inputs ("smooth" phase)
         self._latest_inputs: Optional[tuple] = None
+        self._restored_layers: Optional[dict] = None  # layers of a state loaded before bind, checked there
 
     def bind(self, model: nn.Module) -> None:
-        """Start (or, after :meth:`load_state_dict`, resume) the current phase on ``model``'s W8A8 layers."""
+        """Start (or, after :meth:`load_state_dict`, resume) the current phase on ``model``'s W8A8 layers;
+        a state loaded before is checked against them here."""
         self.model, self.layers = model, w8a8_layers(model)
+        if self._restored_layers is not None:
+            check_saved_layers("CalibrationSchedule.load_state_dict", self.layer_configs(), self._restored_layers)
+            self._restored_layers = None
         self.stop_recording()
         if self.phase == "done":
             for layer in self.layers.values():
@@ -156,15 +167,52 @@ class CalibrationSchedule:
                                  f"({static} static scales)")
         self.phase = "done"
 
+    # ---- state ---------------------------------------------------------------------------------------
+    def settings(self) -> dict:
+        """The settings that define this run, recorded in :meth:`state_dict` and checked on load."""
+        return {"num_batches": self.num_batches, "observer": self.observer, "smoothquant_alpha": self.smoothquant_alpha}
+
+    def layer_configs(self) -> dict[str, dict]:
+        """``{name: W8A8 config dict}`` of the bound layers."""
+        return {name: layer.quant_config.to_dict() for name, layer in self.layers.items()}
+
     def state_dict(self) -> dict:
-        return {"phase": self.phase, "batches_seen": self.batches_seen}
+        """The phase and the batches seen in it, with the :meth:`settings` and, once bound (or loaded), the
+        W8A8 layers with their configs."""
+        state = {"settings": self.settings(), "phase": self.phase, "batches_seen": self.batches_seen}
+        layers = self.layer_configs() if self.model is not None else self._restored_layers
+        if layers is not None:
+            state["layers"] = layers
+        return state
+
+    def check_state_dict(self, state_dict: dict) -> None:
+        """ValueError unless :meth:`load_state_dict` accepts ``state_dict`` (it changes nothing): the same
+        settings, a phase this schedule has, ``batches_seen`` in [0, num_batches] and, once bound, the
+        same W8A8 layers with the same configs."""
+        where = "CalibrationSchedule.load_state_dict"
+        check_mapping(where, state_dict)
+        check_saved_settings(where, self.settings(), state_dict.get("settings"))
+        phase = state_dict.get("phase", self.phase)
+        phases = PHASES if self.smoothquant_alpha is not None else PHASES[1:]
+        if phase not in phases:
+            raise ValueError(f"{where}: expected a phase in {phases}, got {phase!r}"
+                             f"{' (smoothing needs smoothquant_alpha)' if phase == 'smooth' else ''}")
+        seen = state_dict.get("batches_seen", 0)
+        check_saved_step(where, "batches_seen", seen)
+        if seen > self.num_batches:
+            raise ValueError(f"{where}: expected at most num_batches={self.num_batches} batches seen, got "
+                             f"batches_seen={seen}; state from a run with another num_batches?")
+        if self.model is not None:
+            check_saved_layers(where, self.layer_configs(), state_dict.get("layers"))
 
     def load_state_dict(self, state_dict: dict) -> None:
-        """Restore :meth:`state_dict`'s output; :meth:`bind` then resumes the phase on the model."""
-        phase = state_dict.get("phase", self.phase)
-        if phase not in PHASES:
-            raise ValueError(f"calibration state: expected a phase in {PHASES}, got {phase!r}")
-        self.phase, self.batches_seen = phase, state_dict.get("batches_seen", 0)
+        """Restore :meth:`state_dict`'s output once :meth:`check_state_dict` accepts it (the layers are
+        checked at :meth:`bind` when not bound yet); :meth:`bind` then resumes the phase on the model.
+        A state without ``"settings"`` or ``"layers"`` (written before they were recorded) is not
+        checked on those."""
+        self.check_state_dict(state_dict)
+        self.phase, self.batches_seen = state_dict.get("phase", self.phase), state_dict.get("batches_seen", 0)
+        self._restored_layers = None if self.model is not None else state_dict.get("layers")
 
 
 def run_hessian_passes_on_all_ranks(model: nn.Module, calibration_data, gptq: bool = True) -> int:

@@ -36,8 +36,10 @@ Under FSDP2 (``fully_shard`` applied after :meth:`PruningSchedule.prepare`) each
 of each weight: the block sums of its rows are summed over the ranks (:mod:`compress.schedule.block_scores`),
 so every rank scores the whole weight, the masks (whole on every rank) come out the same and rank 0's
 are installed; each rank then zeroes its own rows of the pruned blocks after every optimizer step.
-The state (last re-scoring, gradient sums as CPU tensors) is :meth:`PruningSchedule.state_dict`; the
-masks themselves are module buffers, in the model's ``state_dict``.
+The state (last re-scoring, gradient sums as CPU tensors, the settings and the layers it was made
+with) is :meth:`PruningSchedule.state_dict`; the masks themselves are module buffers, in the model's
+``state_dict``. Loading a state made with other settings (a changed sparsity, score, step counts) or
+for other layers raises a ``ValueError`` naming what differs (:mod:`compress.schedule.state`).
 """
 from __future__ import annotations
 
@@ -63,6 +65,13 @@ from compress.nn.qat import CompressedLinear
 from compress.plan import DEFAULT_EXCLUDE, Plan, prepare
 from compress.schedule import distributed
 from compress.schedule.block_scores import gradient_block_scores, weight_block_scores
+from compress.schedule.state import (
+    check_mapping,
+    check_saved_layer_names,
+    check_saved_layers,
+    check_saved_settings,
+    check_saved_step,
+)
 from compress.schedule.validation import check_positive_int, check_step
 
 logger = logging.getLogger(__name__)
@@ -120,11 +129,15 @@ class PruningSchedule:
         self.sparsity, self.start_step, self.end_step, self.frequency = sparsity, start_step, end_step, frequency
         self.score, self.allocation, self.spread, self.reorder_neurons = score, allocation, spread, reorder_neurons
         self.algorithm = algorithm
+        self.has_plan = plan is not None
         self.last_pruned_step: Optional[int] = None
         self.gradient_scores: dict[str, torch.Tensor] = {}  # movement or Fisher sums: name -> (N/32, K/32) float32
         self.layers: dict[str, CompressedLinear] = {}  # the matched layers (bind)
         self.model: Optional[nn.Module] = None  # the bound model (bind)
         self._reordered = False
+        self._current_step: Optional[int] = None  # the step of the latest prune_if_due call
+        self._summed_at: dict[str, int] = {}  # layer name -> the step whose gradients were last summed into it
+        self._restored: Optional[tuple] = None  # (saved layers, saved score shapes) loaded before bind, checked there
 
     # ---- set-up ----------------------------------------------------------------------------------
     def prepare(self, model: nn.Module) -> None:
@@ -143,8 +156,12 @@ class PruningSchedule:
         prepare(model, self.plan)
 
     def bind(self, model: nn.Module) -> None:
-        """Find the plan's (prepared) layers; gradient sums restored on their devices, else zeros."""
+        """Find the plan's (prepared) layers; gradient sums restored on their devices, else zeros. A state
+        loaded before (:meth:`load_state_dict`) is checked against these layers here."""
         self.model, self.layers = model, self.plan.prepared_layers(model)
+        if self._restored is not None:
+            self._check_layers(*self._restored)
+            self._restored = None
         if self.score in GRADIENT_SCORES:
             self.gradient_scores = {name: self._initial_sum(name, layer) for name, layer in self.layers.items()}
 
@@ -179,7 +196,9 @@ class PruningSchedule:
         return step - self.last_pruned_step >= self.frequency
 
     def prune_if_due(self, step: int) -> bool:
-        """Re-score and install the masks for ``step`` if the schedule says so; True if it did."""
+        """Re-score and install the masks for ``step`` if the schedule says so; True if it did. ``step`` is
+        also the step :meth:`accumulate` sums for by default."""
+        self._current_step = step
         if self.algorithm == "obs":
             self._check_pruned_one_shot()
             return False
@@ -212,20 +231,38 @@ class PruningSchedule:
         self.prune_if_due(self.end_step)
 
     @torch.no_grad()
-    def accumulate(self, optimizer: Optional[torch.optim.Optimizer] = None) -> None:
+    def accumulate(self, optimizer: Optional[torch.optim.Optimizer] = None, step: Optional[int] = None) -> None:
         """Add this step's movement or Fisher block scores from the layers' ``weight.grad`` (after the
-        backward, before the optimizer step; only the layers ``optimizer`` updates, when given)."""
+        backward, before the optimizer step; only the layers ``optimizer`` updates, when given).
+
+        ``step``: the optimizer step these gradients belong to (default: the step of the latest
+        :meth:`prune_if_due`). A layer's gradients are summed once per step: a second call for the same
+        step that would sum a layer again raises ``RuntimeError`` instead of counting the step twice."""
         if not self.reads_gradients:
             return
         updated = None if optimizer is None else {id(p) for group in optimizer.param_groups for p in group["params"]}
         layers = {name: layer for name, layer in self.layers.items()
                   if layer.weight_grad() is not None and (updated is None or id(layer.weight_parameter) in updated)}
-        steps = gradient_block_scores(layers, self.score)
-        if not steps:
+        step = self._current_step if step is None else step
+        self._check_not_summed(layers, step)
+        contributions = gradient_block_scores(layers, self.score)
+        if step is not None:
+            self._summed_at.update({name: step for name in layers})
+        if not contributions:
             return
-        finite = torch.stack([step.isfinite().all() for step in steps.values()]).all()
-        for name, step in steps.items():
-            self.gradient_scores[name].add_(torch.where(finite, step, torch.zeros_like(step)))
+        finite = torch.stack([c.isfinite().all() for c in contributions.values()]).all()
+        for name, contribution in contributions.items():
+            self.gradient_scores[name].add_(torch.where(finite, contribution, torch.zeros_like(contribution)))
+
+    def _check_not_summed(self, layers: dict, step: Optional[int]) -> None:
+        """RuntimeError if the gradients of ``step`` were already summed into one of ``layers``."""
+        again = sorted(name for name in layers if step is not None and self._summed_at.get(name) == step)
+        if again:
+            more = f" and {len(again) - 1} more layers" if len(again) > 1 else ""
+            raise RuntimeError(f"PruningSchedule.accumulate: the {self.score} scores of step {step} were already "
+                               f"summed for {again[0]!r}{more}; before_optimizer_step() (on_before_optimizer_step) "
+                               "reads the gradients once per optimizer step, after the backward and before "
+                               "optimizer.step(); step() (after optimizer.step()) must run before the next call")
 
     def apply_masks(self) -> None:
         """Write exact zeros into the pruned weights (after every optimizer step)."""
@@ -292,13 +329,89 @@ class PruningSchedule:
                 total.zero_()
 
     # ---- state ---------------------------------------------------------------------------------------
+    def settings(self) -> dict:
+        """The settings that define this run, recorded in :meth:`state_dict` and checked on load
+        (``sparsity`` when every layer has it; with a ``plan`` each layer's config holds its own)."""
+        settings = {"start_step": self.start_step, "end_step": self.end_step, "frequency": self.frequency,
+                    "score": self.score, "allocation": self.allocation, "spread": self.spread,
+                    "algorithm": self.algorithm}
+        return settings if self.has_plan else {"sparsity": self.sparsity, **settings}
+
+    def layer_configs(self) -> dict[str, Optional[dict]]:
+        """``{name: sparse config dict}`` of the bound layers."""
+        return {name: _config_dict(layer.sparse_config) for name, layer in self.layers.items()}
+
     def state_dict(self) -> dict:
-        return {"last_pruned_step": self.last_pruned_step,
-                "gradient_scores": {name: t.detach().cpu().clone() for name, t in self.gradient_scores.items()}}
+        """The position (last re-scoring, gradient sums as CPU tensors) with the :meth:`settings` and, once
+        bound, the layers it belongs to (``"layers"``: ``{name: config dict}``)."""
+        state = {"settings": self.settings(), "last_pruned_step": self.last_pruned_step,
+                 "gradient_scores": {name: t.detach().cpu().clone() for name, t in self.gradient_scores.items()}}
+        layers = self._recorded_layers()
+        if layers is not None:
+            state["layers"] = layers
+        return state
+
+    def _recorded_layers(self) -> Optional[dict]:
+        """The bound layers' configs; before :meth:`bind`, those of a loaded state (None if unknown)."""
+        if self.model is not None:
+            return self.layer_configs()
+        return None if self._restored is None else self._restored[0]
+
+    def check_state_dict(self, state_dict: dict) -> None:
+        """ValueError unless :meth:`load_state_dict` accepts ``state_dict`` (it changes nothing): the same
+        settings, a non-negative ``last_pruned_step`` from ``start_step`` on, and, once bound, the same
+        layers with the same configs."""
+        where = "PruningSchedule.load_state_dict"
+        check_mapping(where, state_dict)
+        check_saved_settings(where, self.settings(), state_dict.get("settings"))
+        last = state_dict.get("last_pruned_step")
+        check_saved_step(where, "last_pruned_step", last, allow_none=True)
+        if last is not None and last < self.start_step:
+            raise ValueError(f"{where}: expected a last re-scoring at start_step ({self.start_step}) or later, got "
+                             f"last_pruned_step={last}; state from a run with another start_step?")
+        scores = _saved_scores(state_dict)
+        if self.model is not None:
+            self._check_layers(state_dict.get("layers"), _shapes(scores))
+
+    def _check_layers(self, saved_layers, score_shapes: dict[str, tuple]) -> None:
+        """The saved layers must be the bound ones, with their configs; so must the layers of the saved
+        gradient sums (if any), each the shape of its layer's block grid."""
+        where = "PruningSchedule.load_state_dict"
+        check_saved_layers(where, self.layer_configs(), saved_layers)
+        if not score_shapes:
+            return
+        check_saved_layer_names(where, set(self.layers), set(score_shapes))
+        for name, shape in score_shapes.items():
+            grid = tuple(self.layers[name].mask.shape)
+            if shape != grid:
+                raise ValueError(f"{where}: {self.score} scores of {name!r}: expected shape {grid}, got {shape} "
+                                 "(state from another model?)")
 
     def load_state_dict(self, state_dict: dict) -> None:
         """Restore :meth:`state_dict`'s output (call :meth:`bind` after it to put the sums on the layers'
-        devices). ``movement_scores`` is the key older Lightning checkpoints used for the sums."""
+        devices), once :meth:`check_state_dict` accepts it; the layers are checked here when bound, else at
+        :meth:`bind`. ``movement_scores`` is the key older Lightning checkpoints used for the sums; states
+        without ``"settings"`` or ``"layers"`` (written before they were recorded) load unchecked on those."""
+        self.check_state_dict(state_dict)
+        scores = _saved_scores(state_dict)
         self.last_pruned_step = state_dict.get("last_pruned_step")
-        saved = state_dict.get("gradient_scores", state_dict.get("movement_scores", {}))
-        self.gradient_scores = {name: t.detach().cpu().float() for name, t in saved.items()}
+        self.gradient_scores = {name: t.detach().cpu().float() for name, t in scores.items()}
+        self._summed_at = {}
+        self._restored = None if self.model is not None else (state_dict.get("layers"), _shapes(scores))
+
+
+def _config_dict(config) -> Optional[dict]:
+    return None if config is None else config.to_dict()
+
+
+def _shapes(tensors: dict) -> dict[str, tuple]:
+    return {name: tuple(t.shape) for name, t in tensors.items()}
+
+
+def _saved_scores(state_dict: dict) -> dict:
+    """The saved gradient sums (``movement_scores`` in older Lightning checkpoints), checked to be tensors."""
+    scores = state_dict.get("gradient_scores", state_dict.get("movement_scores", {}))
+    if not isinstance(scores, dict) or not all(isinstance(t, torch.Tensor) for t in scores.values()):
+        raise ValueError("PruningSchedule.load_state_dict: expected gradient_scores as {layer name: tensor}, got "
+                         f"{type(scores).__name__}")
+    return scores

@@ -10,6 +10,10 @@ Under FSDP2 the forward sees whole weights and scales (FSDP gathers them); an LS
 shard like its weight, and each rank initialises the scales of its own rows (a row's scale depends
 on that row only; block-scaled W8A8's 128 x 128 block scales come from block maxima taken over every
 rank's rows), so the gathered scale is the one a single process would start from.
+
+Its state (:meth:`QuantizationSchedule.state_dict`) is no position, only what the run was made with:
+``start_step`` and, once bound, each layer's quantization config; loading a state made with others
+raises a ``ValueError`` naming what differs (:mod:`compress.schedule.state`).
 """
 from __future__ import annotations
 
@@ -24,6 +28,7 @@ from compress.core.sharding import reshard_
 from compress.nn.qat import CompressedLinear
 from compress.plan import DEFAULT_EXCLUDE, Plan, prepare
 from compress.schedule import distributed
+from compress.schedule.state import check_mapping, check_saved_layers, check_saved_settings
 from compress.schedule.validation import check_step
 
 logger = logging.getLogger(__name__)
@@ -56,6 +61,7 @@ class QuantizationSchedule:
         self.start_step = start_step
         self.layers: dict[str, CompressedLinear] = {}
         self.model: Optional[nn.Module] = None
+        self._restored_layers: Optional[dict] = None  # layers of a state loaded before bind, checked there
 
     @property
     def configs(self) -> list:
@@ -75,8 +81,11 @@ class QuantizationSchedule:
         prepare(model, self.plan)
 
     def bind(self, model: nn.Module) -> None:
-        """Find the plan's (prepared) layers."""
+        """Find the plan's (prepared) layers; a state loaded before is checked against them here."""
         self.model, self.layers = model, self.plan.prepared_layers(model)
+        if self._restored_layers is not None:
+            check_saved_layers("QuantizationSchedule.load_state_dict", self.layer_configs(), self._restored_layers)
+            self._restored_layers = None
 
     def start_if_due(self, step: int) -> None:
         """Switch fake quantization on for every layer still off once ``step >= start_step``."""
@@ -89,3 +98,37 @@ class QuantizationSchedule:
             layer.enable_fake_quant(True)
         if switched:
             distributed.info(logger, f"quantization: fake quantization on for {len(switched)} layers at step {step}")
+
+    # ---- state ---------------------------------------------------------------------------------------
+    def settings(self) -> dict:
+        """The settings that define this run, recorded in :meth:`state_dict` and checked on load."""
+        return {"start_step": self.start_step}
+
+    def layer_configs(self) -> dict[str, Optional[dict]]:
+        """``{name: quantization config dict}`` of the bound layers."""
+        return {name: None if layer.quant_config is None else layer.quant_config.to_dict()
+                for name, layer in self.layers.items()}
+
+    def state_dict(self) -> dict:
+        """The :meth:`settings` and, once bound (or loaded), the layers with their configs."""
+        state = {"settings": self.settings()}
+        layers = self.layer_configs() if self.model is not None else self._restored_layers
+        if layers is not None:
+            state["layers"] = layers
+        return state
+
+    def check_state_dict(self, state_dict: dict) -> None:
+        """ValueError unless :meth:`load_state_dict` accepts ``state_dict`` (it changes nothing): the same
+        ``start_step`` and, once bound, the same layers with the same configs."""
+        where = "QuantizationSchedule.load_state_dict"
+        check_mapping(where, state_dict)
+        check_saved_settings(where, self.settings(), state_dict.get("settings"))
+        if self.model is not None:
+            check_saved_layers(where, self.layer_configs(), state_dict.get("layers"))
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Check ``state_dict`` (:meth:`check_state_dict`; the layers at :meth:`bind` when not bound yet).
+        A state without ``"settings"`` or ``"layers"`` (written before they were recorded) is not checked
+        on those. Nothing else to restore: call :meth:`start_if_due` for the resumed step."""
+        self.check_state_dict(state_dict)
+        self._restored_layers = None if self.model is not None else state_dict.get("layers")

@@ -26,7 +26,10 @@ final, fake quantization on, observers frozen, GPTQ applied) its forward is the 
 Resuming: build the model and the schedule as before, load the model's ``state_dict`` (masks, observer
 statistics, scales and weights are module buffers and Parameters), then
 ``schedule.load_state_dict(saved)``: the step, the pruning schedule's position and gradient sums and the
-calibration phase; the run then continues as the uninterrupted one would.
+calibration phase; the run then continues as the uninterrupted one would. The state also records the
+parts, their settings and their layers: a state from another model, from a run with other settings (a
+changed sparsity, score, step counts, quantization configs) or with a negative step is refused with a
+``ValueError`` naming what differs, and the schedule is left as it was (:mod:`compress.schedule.state`).
 
 Under ``torch.distributed`` (DDP from any launcher) the ranks stay identical: masks and SmoothQuant's
 folds from rank 0, observer statistics all-reduced with max, GPTQ's Hessians summed
@@ -46,8 +49,10 @@ from compress.schedule import distributed
 from compress.schedule.calibration import CalibrationSchedule, run_hessian_passes_on_all_ranks
 from compress.schedule.pruning import PruningSchedule
 from compress.schedule.quantization import QUANT_CONFIGS, QuantizationSchedule
+from compress.schedule.state import check_mapping, check_saved_step
 
 logger = logging.getLogger(__name__)
+PARTS = ("pruning", "quantization", "calibration")
 
 
 def _as_quantization(quantization) -> Optional[QuantizationSchedule]:
@@ -126,10 +131,13 @@ class CompressionSchedule:
 
     def before_optimizer_step(self, optimizer: Optional[torch.optim.Optimizer] = None) -> None:
         """After the backward, before ``optimizer.step()``: movement / Fisher pruning scores read the
-        gradients (of the layers ``optimizer`` updates, when given). Needed with those scores only."""
+        gradients (of the layers ``optimizer`` updates, when given). Needed with those scores only.
+
+        Once per optimizer step (once per optimizer, with several): a second call in the same step that
+        would sum a layer's gradients again raises ``RuntimeError``; :meth:`step` must run in between."""
         self._check_open("before_optimizer_step")
         if self.pruning is not None:
-            self.pruning.accumulate(optimizer)
+            self.pruning.accumulate(optimizer, step=self.global_step)
         self._gradients_read = True
 
     def step(self) -> None:
@@ -177,30 +185,66 @@ class CompressionSchedule:
         if self.quantization is not None:
             self.quantization.start_if_due(max(self.global_step, self.quantization.start_step))
 
+    def _parts(self) -> dict:
+        """``{name: part}`` of the parts this schedule has, in :data:`PARTS` order."""
+        parts = dict(zip(PARTS, (self.pruning, self.quantization, self.calibration)))
+        return {name: part for name, part in parts.items() if part is not None}
+
     def state_dict(self) -> dict:
         """The schedule's position (plain Python values and CPU tensors; ``torch.save`` it beside the
-        model's and the optimizer's ``state_dict``)."""
-        state = {"global_step": self.global_step, "finished": self.finished}
-        if self.pruning is not None:
-            state["pruning"] = self.pruning.state_dict()
-        if self.calibration is not None:
-            state["calibration"] = self.calibration.state_dict()
+        model's and the optimizer's ``state_dict``), with the parts it has and each part's state (which
+        records its settings and layers)."""
+        state = {"global_step": self.global_step, "finished": self.finished, "parts": list(self._parts())}
+        state.update({name: part.state_dict() for name, part in self._parts().items()})
         return state
 
-    def load_state_dict(self, state_dict: dict) -> None:
-        """Continue from :meth:`state_dict`'s output (load the model's ``state_dict`` too, before or after)."""
-        if not isinstance(state_dict, Mapping) or "global_step" not in state_dict:
-            raise ValueError("CompressionSchedule.load_state_dict: expected the mapping state_dict() returns, with "
-                             f"'global_step', got {type(state_dict).__name__}"
-                             f"{' with keys ' + str(sorted(state_dict)) if isinstance(state_dict, Mapping) else ''}")
-        for name, part in (("pruning", self.pruning), ("calibration", self.calibration)):
-            if (part is None) != (name not in state_dict):
+    def check_state_dict(self, state_dict: dict) -> None:
+        """ValueError unless :meth:`load_state_dict` accepts ``state_dict`` (it changes nothing): a
+        non-negative int ``global_step``, the same parts, and each part's state made with this part's
+        settings and layers (:meth:`PruningSchedule.check_state_dict` and the others')."""
+        where = "CompressionSchedule.load_state_dict"
+        check_mapping(where, state_dict, required=("global_step",))
+        check_saved_step(where, "global_step", state_dict["global_step"])
+        if not isinstance(state_dict.get("finished", False), bool):
+            raise ValueError(f"{where}: expected a bool 'finished', got {state_dict['finished']!r}")
+        self._check_saved_parts(state_dict)
+        for name, part in self._parts().items():
+            if name in state_dict:
+                part.check_state_dict(state_dict[name])
+        last = state_dict["pruning"].get("last_pruned_step") if self.pruning is not None else None
+        if last is not None and last > state_dict["global_step"] and not state_dict.get("finished", False):
+            raise ValueError(f"{where}: expected the pruning schedule's last re-scoring at global_step "
+                             f"({state_dict['global_step']}) or before, got last_pruned_step={last}")
+
+    def _check_saved_parts(self, state_dict: dict) -> None:
+        """The saved schedule must have the parts this one has. A state written before ``"parts"`` was
+        recorded tells them by its keys, and had no quantization state: that part is not checked there."""
+        saved = state_dict.get("parts")
+        if saved is not None and not (isinstance(saved, (list, tuple)) and set(saved) <= set(PARTS)):
+            raise ValueError(f"CompressionSchedule.load_state_dict: expected 'parts' as a list of {PARTS}, "
+                             f"got {saved!r}")
+        for name in PARTS:
+            if saved is None and name == "quantization":
+                continue
+            has = name in (state_dict if saved is None else saved)
+            if has and name not in state_dict:
+                raise ValueError(f"CompressionSchedule.load_state_dict: expected the {name} state that its "
+                                 f"'parts' list names, got keys {sorted(map(str, state_dict))}")
+            part = getattr(self, name)
+            if (part is None) == has:
                 raise ValueError(f"CompressionSchedule.load_state_dict: the saved schedule "
-                                 f"{'has' if name in state_dict else 'has no'} {name} state, this one "
+                                 f"{'has' if has else 'has no'} {name} state, this one "
                                  f"{'has none' if part is None else 'has a ' + type(part).__name__}")
-            if part is not None:
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Continue from :meth:`state_dict`'s output (load the model's ``state_dict`` too, before or
+        after), once :meth:`check_state_dict` accepts it: a refused state leaves the schedule as it was.
+        States written before the parts, settings and layers were recorded load unchecked on those."""
+        self.check_state_dict(state_dict)
+        for name, part in self._parts().items():
+            if name in state_dict:
                 part.load_state_dict(state_dict[name])
-        self.global_step, self.finished = int(state_dict["global_step"]), bool(state_dict.get("finished", False))
+        self.global_step, self.finished = state_dict["global_step"], state_dict.get("finished", False)
         self._gradients_read = False
         self._bind()
         if self.finished:

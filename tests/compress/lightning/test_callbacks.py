@@ -262,6 +262,45 @@ def test_resume_restores_schedule_and_masks(tmp_path):
     assert mask_sparsity(resumed_task.model.up.mask) == pytest.approx(0.5)
 
 
+def _checkpoint_of(callbacks, tmp_path, max_steps=4):
+    """Train ``callbacks`` for ``max_steps`` and save a Lightning checkpoint; returns its path."""
+    trainer = _trainer(callbacks, max_steps=max_steps)
+    trainer.fit(TinyTask(), loader())
+    ckpt = tmp_path / "mid.ckpt"
+    trainer.save_checkpoint(ckpt)
+    return ckpt
+
+
+def test_resuming_with_another_sparsity_is_refused(tmp_path):
+    ckpt = _checkpoint_of([BlockPruning(0.5, end_step=8, frequency=2)], tmp_path)
+    resumed = _trainer([BlockPruning(0.7, end_step=8, frequency=2)], max_steps=10)
+    with pytest.raises(ValueError, match=r"PruningSchedule.load_state_dict: the saved state was made with "
+                                         r"sparsity=0\.5, this schedule has sparsity=0\.7"):
+        resumed.fit(TinyTask(), loader(), ckpt_path=ckpt)
+    assert resumed.global_step == 0
+
+
+def test_resuming_with_another_quantization_config_is_refused(tmp_path):
+    ckpt = _checkpoint_of([QuantizationAware(W4A16Config(32))], tmp_path)
+    stored = torch.load(ckpt, weights_only=True)["callbacks"]
+    assert [s["layers"]["up"]["group_size"] for s in stored.values()] == [32]
+    resumed = _trainer([QuantizationAware(W4A16Config(64))], max_steps=10)
+    with pytest.raises(ValueError, match="layer 'up': saved with group_size=32, this schedule has group_size=64"):
+        resumed.fit(TinyTask(), loader(), ckpt_path=ckpt)
+    assert resumed.global_step == 4  # refused in on_train_start, before any step
+
+
+def test_a_second_on_before_optimizer_step_in_one_step_is_refused():
+    pruning = BlockPruning(0.5, end_step=8, score="movement")
+
+    class CallsTwice(pl.Callback):
+        def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+            pruning.on_before_optimizer_step(trainer, pl_module, optimizer)
+
+    with pytest.raises(RuntimeError, match="scores of step 0 were already summed"):
+        _trainer([pruning, CallsTwice()], max_steps=2).fit(TinyTask(), loader())
+
+
 class DirectionTask(pl.LightningModule):
     """Loss ``sum(W * D)`` through ``proj``'s (masked) forward, so the gradient of ``proj.weight``
     is ``D`` (kept blocks) whatever the batch: SGD moves each block along ``-D``."""

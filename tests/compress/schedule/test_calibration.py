@@ -81,3 +81,47 @@ def test_a_model_without_w8a8_layers_warns_and_is_done():
     with pytest.warns(UserWarning, match="nothing to do"):
         calibration.bind(model)
     assert calibration.phase == "done"
+
+
+def test_the_state_records_the_settings_and_the_w8a8_layers():
+    calibration = CalibrationSchedule(num_batches=3, observer="percentile", smoothquant_alpha=0.5)
+    calibration.bind(prepared())
+    state = calibration.state_dict()
+    assert state["settings"] == {"num_batches": 3, "observer": "percentile", "smoothquant_alpha": 0.5}
+    assert state["layers"] == {"1": W8A8Config(activation="static").to_dict()}
+    assert (state["phase"], state["batches_seen"]) == ("smooth", 0)
+
+
+@pytest.mark.parametrize("change, fragment", [
+    (dict(num_batches=4), "made with num_batches=3, this schedule has num_batches=4"),
+    (dict(observer="absmax"), "made with observer='percentile', this schedule has observer='absmax'"),
+])
+def test_a_state_made_with_other_settings_is_refused(change, fragment):
+    calibration = CalibrationSchedule(num_batches=3, observer="percentile")
+    calibration.bind(prepared())
+    changed = CalibrationSchedule(**{"num_batches": 3, "observer": "percentile", **change})
+    with pytest.raises(ValueError, match=fragment):
+        changed.load_state_dict(calibration.state_dict())
+    assert (changed.phase, changed.batches_seen) == ("observe", 0)
+
+
+@pytest.mark.parametrize("state, fragment", [
+    ({"phase": "observe", "batches_seen": -1}, "saved batches_seen: expected a non-negative int, got -1"),
+    ({"phase": "observe", "batches_seen": 5}, "expected at most num_batches=3 batches seen, got batches_seen=5"),
+    ({"phase": "smooth", "batches_seen": 0}, r"expected a phase in \('observe', 'done'\), got 'smooth' \(smoothing "
+                                             r"needs smoothquant_alpha\)"),
+])
+def test_a_bad_position_is_refused(state, fragment):
+    with pytest.raises(ValueError, match=fragment):
+        CalibrationSchedule(num_batches=3).load_state_dict(state)
+
+
+def test_the_state_of_other_w8a8_layers_is_refused_at_bind():
+    calibration = CalibrationSchedule(num_batches=3)
+    calibration.bind(prepared())
+    dynamic = prepared(activation="dynamic")
+    restored = CalibrationSchedule(num_batches=3)
+    restored.load_state_dict(calibration.state_dict())
+    with pytest.raises(ValueError, match="layer '1': saved with activation='static', this schedule has "
+                                         "activation='dynamic'"):
+        restored.bind(dynamic)

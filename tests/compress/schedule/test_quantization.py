@@ -42,3 +42,46 @@ def test_fake_quantization_switches_on_from_the_start_step_and_stays_on():
     schedule.start_if_due(3)
     schedule.start_if_due(4)
     assert model[0].fake_quant_enabled
+
+
+def bound_schedule(plan, start_step=0, model=None):
+    torch.manual_seed(0)
+    model = model if model is not None else nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 64))
+    schedule = QuantizationSchedule(plan, start_step=start_step)
+    schedule.prepare(model)
+    schedule.bind(model)
+    return schedule
+
+
+def test_the_state_records_start_step_and_each_layers_config():
+    state = bound_schedule({"0": W8A8Config(), "2": W4A16Config(32)}, start_step=3).state_dict()
+    assert state["settings"] == {"start_step": 3}
+    assert state["layers"] == {"0": W8A8Config().to_dict(), "2": W4A16Config(32).to_dict()}
+    bound_schedule({"0": W8A8Config(), "2": W4A16Config(32)}, start_step=3).load_state_dict(state)
+
+
+def test_a_state_made_with_another_start_step_is_refused():
+    state = bound_schedule(W8A8Config(), start_step=3).state_dict()
+    with pytest.raises(ValueError, match="made with start_step=3, this schedule has start_step=5"):
+        QuantizationSchedule(W8A8Config(), start_step=5).load_state_dict(state)
+
+
+def test_a_state_made_with_another_config_is_refused_at_bind_naming_the_layer():
+    state = bound_schedule({"0": W8A8Config(), "2": W4A16Config(32)}).state_dict()
+    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 64))
+    changed = QuantizationSchedule({"0": W8A8Config(), "2": W4A16Config(64)})
+    changed.prepare(model)
+    changed.load_state_dict(state)
+    with pytest.raises(ValueError, match="layer '2': saved with group_size=32, this schedule has group_size=64"):
+        changed.bind(model)
+    with pytest.raises(ValueError, match="layer '2': saved with type='W4A16Config', this schedule has "
+                                         "type='W8A8Config'"):
+        bound_schedule(W8A8Config()).load_state_dict(state)
+
+
+def test_the_state_of_another_model_is_refused():
+    state = bound_schedule(W8A8Config()).state_dict()
+    other = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Identity(), nn.Linear(64, 64))
+    with pytest.raises(ValueError, match=r"only in the state: \['2'\]; only in this model: \['3'\]"):
+        bound_schedule(W8A8Config(), model=other).load_state_dict(state)
+    bound_schedule(W8A8Config(), model=other).load_state_dict({})  # written before anything was recorded

@@ -205,3 +205,134 @@ def test_loading_the_state_of_another_schedule_is_refused():
         pruned.load_state_dict(quantized.state_dict())
     with pytest.raises(ValueError, match="'global_step'"):
         pruned.load_state_dict({"step": 3})
+
+
+class RenamedMLP(PreNormMLP):
+    """PreNormMLP's shapes under other layer names (``fc1``, ``fc2``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = self.up, self.down
+        del self.up, self.down
+
+    def forward(self, x):
+        return self.classifier(x + self.fc2(torch.relu(self.fc1(self.norm(x)))))
+
+
+def trained_schedule(until=3, **pruning):
+    model, optimizer = model_and_optimizer()
+    schedule = CompressionSchedule(model, pruning=PruningSchedule(**{"sparsity": 0.5, "end_step": 6, "frequency": 2,
+                                                                     "score": "movement", **pruning}),
+                                   quantization=QuantizationSchedule(W8A8Config(), start_step=2))
+    train(model, optimizer, schedule, batches(), until=until)
+    return schedule
+
+
+def test_the_state_names_its_parts_settings_and_layers():
+    state = trained_schedule().state_dict()
+    assert state["global_step"] == 3 and state["parts"] == ["pruning", "quantization"]
+    assert set(state["pruning"]["layers"]) == set(state["quantization"]["layers"]) == {"up", "down"}
+    assert state["pruning"]["settings"]["sparsity"] == 0.5 and state["quantization"]["settings"]["start_step"] == 2
+
+
+def test_resuming_with_another_sparsity_is_refused_and_changes_nothing():
+    saved = trained_schedule().state_dict()
+    model = PreNormMLP()
+    changed = CompressionSchedule(model, pruning=PruningSchedule(0.7, end_step=6, frequency=2, score="movement"),
+                                  quantization=QuantizationSchedule(W8A8Config(), start_step=2))
+    masks = {name: layer.mask.clone() for name, layer in compressed_layers(model).items()}
+    with pytest.raises(ValueError, match=r"PruningSchedule.load_state_dict: the saved state was made with "
+                                         r"sparsity=0\.5, this schedule has sparsity=0\.7"):
+        changed.load_state_dict(saved)
+    assert changed.global_step == 0 and changed.pruning.last_pruned_step == 0
+    assert all(torch.equal(layer.mask, masks[name]) for name, layer in compressed_layers(model).items())
+
+
+def test_the_state_of_another_model_with_the_same_shapes_is_refused():
+    saved = trained_schedule().state_dict()
+    other = CompressionSchedule(RenamedMLP(), pruning=PruningSchedule(0.5, end_step=6, frequency=2, score="movement"),
+                                quantization=QuantizationSchedule(W8A8Config(), start_step=2))
+    with pytest.raises(ValueError, match=r"expected the state of this model's layers \['fc1', 'fc2'\], got the state "
+                                         r"of layers \['down', 'up'\]"):
+        other.load_state_dict(saved)
+
+
+def test_a_later_part_refused_leaves_the_earlier_parts_as_they_were():
+    saved = trained_schedule().state_dict()
+    saved["quantization"]["settings"]["start_step"] = 5
+    schedule = trained_schedule(until=1)
+    position = (schedule.global_step, schedule.pruning.last_pruned_step,
+                {n: t.clone() for n, t in schedule.pruning.gradient_scores.items()})
+    with pytest.raises(ValueError, match="QuantizationSchedule.load_state_dict: the saved state was made with "
+                                         "start_step=5, this schedule has start_step=2"):
+        schedule.load_state_dict(saved)
+    assert (schedule.global_step, schedule.pruning.last_pruned_step) == position[:2]
+    assert all(torch.equal(schedule.pruning.gradient_scores[n], t) for n, t in position[2].items())
+
+
+@pytest.mark.parametrize("edit, fragment", [
+    (dict(global_step=-1), "saved global_step: expected a non-negative int, got -1"),
+    (dict(global_step=2.0), "saved global_step: expected a non-negative int, got 2.0"),
+    (dict(finished="no"), "expected a bool 'finished', got 'no'"),
+    (dict(parts=["pruning"]), "the saved schedule has no quantization state, this one has a QuantizationSchedule"),
+    (dict(parts="pruning"), "expected 'parts' as a list of"),
+    (dict(parts=["pruning", "quantization", "calibration"]),
+     "expected the calibration state that its 'parts' list names, got keys"),
+    (dict(global_step=1), r"expected the pruning schedule's last re-scoring at global_step \(1\) or before, got "
+                          r"last_pruned_step=2"),
+])
+def test_an_inconsistent_state_is_refused(edit, fragment):
+    saved = {**trained_schedule().state_dict(), **edit}
+    with pytest.raises(ValueError, match=fragment):
+        trained_schedule(until=0).load_state_dict(saved)
+
+
+def test_a_state_written_before_parts_settings_and_layers_were_recorded_still_loads():
+    schedule = trained_schedule()
+    saved = schedule.state_dict()
+    old = {"global_step": saved["global_step"], "finished": False,
+           "pruning": {k: v for k, v in saved["pruning"].items() if k not in ("settings", "layers")}}
+    resumed = trained_schedule(until=0)
+    resumed.load_state_dict(old)
+    assert resumed.global_step == 3 and resumed.pruning.last_pruned_step == 2
+    assert all(torch.equal(resumed.pruning.gradient_scores[n], t) for n, t in schedule.pruning.gradient_scores.items())
+
+
+def test_a_second_before_optimizer_step_in_one_step_is_refused():
+    model, optimizer = model_and_optimizer()
+    schedule = CompressionSchedule(model, pruning=PruningSchedule(0.5, end_step=4, score="movement"))
+    train(model, optimizer, schedule, batches(), until=2)
+    x, y = batches()[2]
+    nn.functional.cross_entropy(model(x), y).backward()
+    schedule.before_optimizer_step(optimizer)
+    summed = {n: t.clone() for n, t in schedule.pruning.gradient_scores.items()}
+    with pytest.raises(RuntimeError, match=r"scores of step 2 were already summed for 'down' and 1 more layers; "
+                                           r"before_optimizer_step\(\).*"
+                                           r"step\(\) \(after optimizer.step\(\)\) must run"):
+        schedule.before_optimizer_step(optimizer)
+    assert all(torch.equal(schedule.pruning.gradient_scores[n], t) for n, t in summed.items())
+    optimizer.step()
+    schedule.step()
+    optimizer.zero_grad()
+    train(model, optimizer, schedule, batches(), until=4)  # the loop goes on as before
+
+
+def test_a_second_before_optimizer_step_without_gradient_scores_is_accepted():
+    model, optimizer = model_and_optimizer()
+    schedule = CompressionSchedule(model, pruning=PruningSchedule(0.5, end_step=4), quantization=W8A8Config())
+    nn.functional.cross_entropy(model(batches()[0][0]), batches()[0][1]).backward()
+    schedule.before_optimizer_step(optimizer)
+    schedule.before_optimizer_step(optimizer)  # magnitude scores read no gradients: nothing to count twice
+    optimizer.step()
+    schedule.step()
+    assert schedule.global_step == 1
+
+
+def test_gradient_sums_of_other_shapes_are_refused_before_anything_changes():
+    saved = trained_schedule().state_dict()
+    torch.manual_seed(0)
+    wider = CompressionSchedule(PreNormMLP(ffn=256), quantization=QuantizationSchedule(W8A8Config(), start_step=2),
+                                pruning=PruningSchedule(0.5, end_step=6, frequency=2, score="movement"))
+    with pytest.raises(ValueError, match=r"movement scores of 'up': expected shape \(8, 2\), got \(4, 2\)"):
+        wider.load_state_dict(saved)
+    assert wider.global_step == 0 and all(not total.any() for total in wider.pruning.gradient_scores.values())
