@@ -3,17 +3,24 @@
 :class:`GreedyDecoder` decodes one batch size into a static KV cache of ``max_len`` positions
 (:class:`LayerKV`, one per layer: keys and values written at the positions the decoder names),
 running the model's parts itself: embedding, rotary embedding, the decoder layers, the final norm,
-``lm_head`` and the argmax. It serves Llama-style decoder-only models
-(:func:`supports`: ``model.model`` with ``embed_tokens``, ``rotary_emb``, ``layers`` and ``norm``,
-each layer's attention with a ``layer_idx``, and ``lm_head``).
+``lm_head`` and the argmax. It serves only what it reproduces exactly, so that its greedy tokens are
+``transformers``' (:func:`unsupported_reason`, an allow-list): the ``transformers`` Llama, Mistral,
+Qwen2 and Qwen3 causal LMs (:data:`ARCHITECTURES`, exact classes, whose model forward is embedding,
+rotary embedding, layers, norm and ``lm_head``) with sdpa or eager attention, a rotary embedding whose
+frequencies do not change with the sequence length, causal attention, in eval mode. Anything else
+(Gemma 3's per-layer rotary embeddings and logit softcapping, flash attention, dynamic rotary
+scaling, a subclass, a new architecture) is refused with the reason, and
+``compress.eval.generate`` hands it to ``transformers``' ``generate``.
 
 * Each decoder layer gets its own :class:`LayerKV` (which ignores the layer index the attention
   passes), so during compilation every attention can be given ``layer_idx = 0``
   (:meth:`GreedyDecoder.shared_layer_index`) and all layers trace to one graph: ``torch.compile``
   compiles one layer, not one per layer. The indices are restored right after.
-* The attention mask comes from the position buffer (key position <= query position, shape
-  (B, 1, T, max_len)), never from ``transformers``' mask code, whose host-side checks a CUDA graph
-  cannot hold.
+* The attention mask comes from the position buffer (key position <= query position, and within
+  the layer's sliding window where it has one: :func:`layer_windows`; shape (B, 1, T, max_len)),
+  never from ``transformers``' mask code, whose host-side checks a CUDA graph cannot hold. It has the
+  form ``transformers`` gives each attention implementation: a bool for sdpa, an additive float for
+  eager (:meth:`GreedyDecoder.masks`).
 * State between tokens lives in device buffers: ``token`` (B, 1) (the last token), ``position`` (1,)
   (where it goes), ``start`` (1,) (the prompt length), ``min_new`` (1,) and ``eos`` (vocab,) bool
   (end-of-sequence logits are set to -inf while fewer than ``min_new`` tokens are out, as
@@ -36,6 +43,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 from typing import Callable
 
 import torch
@@ -44,6 +52,14 @@ from torch import nn
 from compress.eval.timing import GRAPH_WARMUP_MIN, capture_graph
 
 PARTS = ("embed_tokens", "rotary_emb", "layers", "norm")
+CACHE_KEYWORDS = ("cache", "past_key_values", "past_key_value")  # cache_keyword's, newest transformers first
+# architectures the loop reproduces, by class-name prefix: (transformers' model family, how its model reads
+# each layer's sliding window: "full" none, "every_layer" config.sliding_window on every layer when set,
+# "layer_types" config.sliding_window on the layers config.layer_types names "sliding_attention")
+ARCHITECTURES = {"Llama": ("llama", "full"), "Mistral": ("mistral", "every_layer"),
+                 "Qwen2": ("qwen2", "layer_types"), "Qwen3": ("qwen3", "layer_types")}
+ATTENTION_IMPLEMENTATIONS = ("sdpa", "eager")  # each gets the mask transformers builds for it (a bool, a float)
+ROPE_TYPES = ("default", "linear", "llama3", "yarn")  # frequencies fixed at construction (not dynamic, longrope)
 MIN_PREFILL = 16  # the smallest prompt bucket (prefill_length)
 
 
@@ -53,12 +69,99 @@ def prefill_length(length: int, max_len: int) -> int:
     return min(max(MIN_PREFILL, 1 << (length - 1).bit_length()), max_len)
 
 
-def supports(model: nn.Module) -> bool:
-    """True for a Llama-style decoder-only model (module docstring) whose layers this loop can run."""
+def _is_transformers_class(module, family: str, name: str) -> bool:
+    """True when ``module`` is exactly ``transformers``' class ``name`` of model family ``family`` (no subclass:
+    a subclass may change the forward the loop reproduces)."""
+    kind = type(module)
+    return kind.__name__ == name and kind.__module__ == f"transformers.models.{family}.modeling_{family}"
+
+
+def _architecture_reason(model: nn.Module) -> str | None:
+    """Why ``model``'s classes are not those of an architecture in :data:`ARCHITECTURES`; None when they are."""
+    name = type(model).__name__
+    family, _ = ARCHITECTURES.get(name.removesuffix("ForCausalLM"), (None, None))
+    if family is None or not _is_transformers_class(model, family, name):
+        return (f"{type(model).__module__}.{name} is not one of the architectures the loop models "
+                f"({', '.join(prefix + 'ForCausalLM' for prefix in ARCHITECTURES)} of transformers)")
+    prefix = name.removesuffix("ForCausalLM")
     inner = getattr(model, "model", None)
-    if inner is None or not hasattr(model, "lm_head") or not all(hasattr(inner, part) for part in PARTS):
-        return False
-    return all(hasattr(getattr(layer, "self_attn", None), "layer_idx") for layer in inner.layers)
+    if not _is_transformers_class(inner, family, prefix + "Model"):
+        return f"model.model is a {type(inner).__name__}, not the {prefix}Model the loop runs"
+    if not all(hasattr(inner, part) for part in PARTS) or not hasattr(model, "lm_head"):
+        return f"{name} lacks one of model.model.{{{', '.join(PARTS)}}} or lm_head"
+    if len(inner.layers) != model.config.num_hidden_layers:
+        return f"{len(inner.layers)} decoder layers but config.num_hidden_layers {model.config.num_hidden_layers}"
+    for index, layer in enumerate(inner.layers):
+        attention = getattr(layer, "self_attn", None)
+        if not (_is_transformers_class(layer, family, prefix + "DecoderLayer")
+                and _is_transformers_class(attention, family, prefix + "Attention")):
+            return (f"decoder layer {index} is a {type(layer).__name__} with a {type(attention).__name__}, not a "
+                    f"{prefix}DecoderLayer with a {prefix}Attention")
+    if inner.layers and cache_keyword(inner.layers[0]) is None:
+        return f"{prefix}DecoderLayer.forward takes its cache by none of {', '.join(CACHE_KEYWORDS)}"
+    return None
+
+
+def _config_reason(model: nn.Module) -> str | None:
+    """Why ``model``'s settings are not ones the loop models (attention implementation, rotary type, causal
+    attention, sliding windows, inference mode); None when they are."""
+    config = model.config
+    attention = getattr(config, "_attn_implementation", None)
+    if attention not in ATTENTION_IMPLEMENTATIONS:
+        return f"attention implementation {attention!r} (the loop models {', '.join(ATTENTION_IMPLEMENTATIONS)})"
+    rope_type = getattr(model.model.rotary_emb, "rope_type", None)
+    if rope_type not in ROPE_TYPES:
+        return f"rotary embedding type {rope_type!r} (the loop models {', '.join(ROPE_TYPES)})"
+    if getattr(config, "is_causal", True) is not True:
+        return "config.is_causal is not True (the loop models causal attention only)"
+    if model.training:
+        return "the model is in training mode (the loop models inference: call model.eval())"
+    try:
+        layer_windows(model)
+    except ValueError as error:
+        return str(error)
+    return None
+
+
+def unsupported_reason(model: nn.Module) -> str | None:
+    """Why :class:`GreedyDecoder` cannot give ``transformers``' greedy tokens for ``model``; None when it can.
+
+    An allow-list: the exact ``transformers`` classes of :data:`ARCHITECTURES` (the model, its inner model,
+    decoder layers and attentions, whose forwards the loop reproduces), an attention implementation of
+    :data:`ATTENTION_IMPLEMENTATIONS`, a rotary embedding of :data:`ROPE_TYPES` (frequencies fixed at
+    construction), causal attention, eval mode and sliding windows as :func:`layer_windows` reads them.
+    Anything else (another model, a new setting) steps aside to ``transformers``' ``generate``."""
+    if not isinstance(model, nn.Module) or not hasattr(model, "config"):
+        return f"{type(model).__name__} is not a transformers model (no config)"
+    return _architecture_reason(model) or _config_reason(model)
+
+
+def supports(model: nn.Module) -> bool:
+    """True when :class:`GreedyDecoder` gives ``transformers``' greedy tokens for ``model``
+    (:func:`unsupported_reason` says why not)."""
+    return unsupported_reason(model) is None
+
+
+def layer_windows(model: nn.Module) -> tuple[int | None, ...]:
+    """Each decoder layer's sliding window (a query at position p sees keys at positions in (p - window, p]),
+    None for full causal attention, read as the architecture's model does (:data:`ARCHITECTURES`);
+    ValueError for a window setting it does not read that way."""
+    config, layers = model.config, len(model.model.layers)
+    _, rule = ARCHITECTURES[type(model).__name__.removesuffix("ForCausalLM")]
+    window = getattr(config, "sliding_window", None)
+    if rule == "full":
+        return (None,) * layers
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+        raise ValueError(f"config.sliding_window: expected None or a positive int, got {window!r}")
+    if rule == "every_layer":
+        return (window,) * layers
+    types = list(getattr(config, "layer_types", None) or [])
+    if len(types) != layers or not set(types) <= {"full_attention", "sliding_attention"}:
+        raise ValueError(f"config.layer_types: expected {layers} of 'full_attention' / 'sliding_attention', "
+                         f"got {types}")
+    if "sliding_attention" in types and window is None:
+        raise ValueError("config.layer_types has sliding_attention layers but config.sliding_window is None")
+    return tuple(window if kind == "sliding_attention" else None for kind in types)
 
 
 class LayerKV:
@@ -79,10 +182,22 @@ class LayerKV:
         return self.keys, self.values
 
 
-def run_layer(layer, hidden, mask, position_ids, kv, position_embeddings):
-    """One decoder layer on ``hidden`` (B, T, hidden) writing into its cache view ``kv``; the new hidden states."""
-    out = layer(hidden, attention_mask=mask, position_ids=position_ids, past_key_values=kv, use_cache=True,
-                position_embeddings=position_embeddings)
+def cache_keyword(layer: nn.Module) -> str | None:
+    """The keyword ``layer``'s forward takes its cache by (``cache`` in ``transformers`` 5.x, formerly
+    ``past_key_values``, before that ``past_key_value``); None if none. A cache passed by a keyword the
+    layer no longer names would vanish into its ``**kwargs`` and the attention would run without it."""
+    try:
+        parameters = inspect.signature(type(layer).forward).parameters
+    except (TypeError, ValueError):
+        return None
+    return next((name for name in CACHE_KEYWORDS if name in parameters), None)
+
+
+def run_layer(layer, hidden, mask, position_ids, kv, position_embeddings, cache_keyword: str = CACHE_KEYWORDS[0]):
+    """One decoder layer on ``hidden`` (B, T, hidden) writing into its cache view ``kv`` (passed as
+    ``cache_keyword``); the new hidden states."""
+    out = layer(hidden, attention_mask=mask, position_ids=position_ids, use_cache=True,
+                position_embeddings=position_embeddings, **{cache_keyword: kv})
     return out[0] if isinstance(out, tuple) else out
 
 
@@ -90,14 +205,18 @@ class GreedyDecoder:
     """Greedy decoding of ``model`` at one batch size into a static cache of ``max_len`` positions."""
 
     def __init__(self, model: nn.Module, batch: int, max_len: int):
-        if not supports(model):
-            raise TypeError(f"GreedyDecoder: expected a Llama-style decoder-only model (model.model with "
-                            f"{', '.join(PARTS)}; lm_head), got {type(model).__name__}")
+        reason = unsupported_reason(model)
+        if reason is not None:
+            raise TypeError(f"GreedyDecoder: cannot give transformers' greedy tokens for {type(model).__name__}: "
+                            f"{reason}")
         if batch < 1 or max_len < 2:
             raise ValueError(f"GreedyDecoder: expected batch >= 1 and max_len >= 2, got {batch} and {max_len}")
         self.model, self.batch, self.max_len = model, batch, max_len
         self.device = model.lm_head.weight.device
         self.kv = [LayerKV(max_len) for _ in model.model.layers]
+        self.windows = layer_windows(model)
+        self.additive_mask = model.config._attn_implementation == "eager"  # transformers' eager adds its mask
+        self.cache_keyword = cache_keyword(model.model.layers[0])
         vocab, long = model.config.vocab_size, dict(dtype=torch.long, device=self.device)
         self.key_positions = torch.arange(max_len, device=self.device)
         self.token = torch.zeros(batch, 1, **long)
@@ -119,13 +238,29 @@ class GreedyDecoder:
         hidden = inner.embed_tokens(tokens)
         position_ids = positions[None, :].expand(batch, length)
         position_embeddings = inner.rotary_emb(hidden, position_ids)
-        visible = self.key_positions[None, :] <= positions[:, None]  # (T, max_len)
-        mask = visible[None, None].expand(batch, 1, length, self.max_len)
-        for layer, kv in zip(inner.layers, self.kv):
+        masks = self.masks(positions, batch, hidden.dtype)
+        for layer, kv, mask in zip(inner.layers, self.kv, masks):
             kv.positions = positions
-            hidden = layer_fn(layer, hidden, mask, position_ids, kv, position_embeddings)
+            hidden = layer_fn(layer, hidden, mask, position_ids, kv, position_embeddings, self.cache_keyword)
         hidden = hidden[:, -1:] if last is None else hidden.index_select(1, last)
         return self.model.lm_head(inner.norm(hidden))[:, -1]
+
+    def masks(self, positions: torch.Tensor, batch: int, dtype: torch.dtype) -> list[torch.Tensor]:
+        """Each layer's attention mask (B, 1, T, ``max_len``) for queries at ``positions`` (T,), as
+        ``transformers`` builds it for the attention implementation: a query at position p sees the keys at
+        positions <= p (and > p - window for a layer with a sliding window); sdpa takes it as a bool (True:
+        seen), eager adds it (0 seen, the dtype's minimum not)."""
+        keys, queries = self.key_positions[None, :], positions[:, None]
+        by_window = {}
+        for window in dict.fromkeys(self.windows):
+            visible = keys <= queries
+            if window is not None:
+                visible = visible & (keys > queries - window)
+            if self.additive_mask:
+                visible = torch.where(visible, torch.zeros((), dtype=dtype, device=self.device),
+                                      torch.finfo(dtype).min)
+            by_window[window] = visible[None, None].expand(batch, 1, len(positions), self.max_len)
+        return [by_window[window] for window in self.windows]
 
     def _choose(self, logits: torch.Tensor, index: torch.Tensor) -> None:
         """New token ``index`` from ``logits``: end-of-sequence barred below ``min_new``, the argmax kept."""
@@ -152,10 +287,19 @@ class GreedyDecoder:
         bucket = prefill_length(length, self.max_len)
         if self.graph is None:
             self.prefill_step(bucket)
+            self._check_cache_written()
             return
         if bucket not in self.prefill_graphs:
             self.prefill_graphs[bucket], _ = capture_graph([functools.partial(self.prefill_step, bucket)])
         self.prefill_graphs[bucket].replay()
+
+    def _check_cache_written(self) -> None:
+        """RuntimeError unless every layer wrote its keys and values through its :class:`LayerKV` (an attention
+        that ignored the cache would make every later token wrong, not fail)."""
+        unwritten = [index for index, kv in enumerate(self.kv) if kv.keys is None]
+        if unwritten:
+            raise RuntimeError(f"GreedyDecoder: decoder layers {unwritten} never called the cache's update (passed "
+                               f"as {self.cache_keyword!r}); their attention ran without the cache")
 
     def prefill_step(self, bucket: int) -> None:
         """The prompt's ``bucket`` positions through eager layers; new token 0 from position ``start - 1``."""

@@ -24,17 +24,19 @@ which is what the CPU tests use, with ``backend="aot_eager"``.
 That path still runs ``transformers``' loop between two replays: logits processors, stopping
 criteria and a host sync per token, about 1.3 ms a token on an H100 machine's host, nearly a 135M
 model's whole decode step (1.5 ms; docs/journal.md). So with ``loop="graphed"`` (the default) a greedy
-call of a Llama-style model (:func:`compress.eval.decode_loop.supports`) runs our own loop instead
-(:class:`compress.eval.decode_loop.GreedyDecoder`): one CUDA graph replay for the prompt (padded to
-a power-of-two bucket) and one per token, with nothing on the host in between. ``model.generate`` is
-replaced on the instance (as ``transformers`` does for a ``custom_generate``) by
-:func:`graphed_generate`, which takes that loop when the call is plain greedy decoding and hands
-every other call to ``transformers``' own ``generate`` (:func:`greedy_request` says which calls are
-plain greedy). Decoders are kept per batch size and cache length (the prompt plus the new tokens,
+call runs our own loop instead (:class:`compress.eval.decode_loop.GreedyDecoder`): one CUDA graph
+replay for the prompt (padded to a power-of-two bucket) and one per token, with nothing on the host in
+between. ``model.generate`` is replaced on the instance (as ``transformers`` does for a
+``custom_generate``) by :func:`graphed_generate`, which takes that loop when the call is plain greedy
+decoding (:func:`greedy_request`) of a model the loop reproduces exactly
+(:func:`compress.eval.decode_loop.unsupported_reason`, checked on every call, so a later change of
+attention implementation or of train/eval mode is seen), and hands every other call to
+``transformers``' own ``generate``; a model the loop does not reproduce is logged (info level) once
+per reason, with the reason. Decoders are kept per batch size and cache length (the prompt plus the new tokens,
 rounded up to :data:`CACHE_STEP`), each compiled (one decoder layer, ``torch.compile``) and captured
 on its first call (each prompt bucket's prefill on the bucket's first use); all are dropped when
 the model's parameters or buffers are moved or replaced (the graphs read the tensors they were
-captured with).
+captured with), or its attention implementation or sliding windows change (the masks the graphs build).
 """
 from __future__ import annotations
 
@@ -46,7 +48,7 @@ import logging
 import torch
 from torch import nn
 
-from compress.eval.decode_loop import GreedyDecoder, supports
+from compress.eval.decode_loop import GreedyDecoder, layer_windows, unsupported_reason
 
 logger = logging.getLogger(__name__)
 
@@ -62,12 +64,15 @@ GREEDY_FIELDS = {"max_new_tokens", "min_new_tokens", "max_length", "do_sample", 
 
 def compile_for_generate(model: nn.Module, *, backend: str | None = None, mode: str | None = None,
                          fullgraph: bool = True, dynamic: bool = False, loop: str = "graphed") -> nn.Module:
-    """Make ``model.generate(...)`` use a static KV cache and a compiled decode step (module docstring).
+    """Make ``model.generate(...)`` use a static KV cache and a compiled decode step (module docstring),
+    where that step can be one graph (:func:`compiled_step_refusal`; elsewhere ``generate`` stays eager
+    and the reason is logged).
 
     ``backend`` / ``mode``: ``torch.compile``'s; by default ``"inductor"`` everywhere, and
     ``"reduce-overhead"`` (CUDA graphs) on a CUDA model, the default mode elsewhere. ``loop``:
-    ``"graphed"`` also routes greedy calls of Llama-style models through our CUDA-graph loop (other
-    models keep ``transformers``' path, logged); ``"transformers"`` only sets the generation config.
+    ``"graphed"`` also routes greedy calls through our CUDA-graph loop where it reproduces the model
+    (other calls and models keep ``transformers``' path; the reason logged); ``"transformers"`` only
+    sets the generation config.
     Returns ``model`` (changed in place: its ``generation_config`` and, graphed, its ``generate``).
     Undo with :func:`uncompile_for_generate`.
     """
@@ -78,6 +83,18 @@ def compile_for_generate(model: nn.Module, *, backend: str | None = None, mode: 
                         f"got {type(model).__name__}")
     if loop not in LOOPS:
         raise ValueError(f"loop: expected one of {LOOPS}, got {loop!r}")
+    model.__dict__.pop("generate", None)
+    if loop == "graphed":
+        options = dict(backend=backend or CUDA_BACKEND, fullgraph=fullgraph)
+        model.generate = functools.partial(graphed_generate, model, type(model).generate.__get__(model), options)
+        model._graphed_decoders = {}
+        model._graphed_refusal = None
+        loop_refusal(model)
+    refusal = compiled_step_refusal(model)
+    if refusal is not None:
+        logger.info("compile_for_generate: %s keeps transformers' eager decode step: %s", type(model).__name__,
+                    refusal)
+        return model
     on_cuda = next(model.parameters()).device.type == "cuda"
     config = CompileConfig(fullgraph=fullgraph, dynamic=dynamic, backend=backend or CUDA_BACKEND,
                            mode=mode if mode is not None else (CUDA_MODE if on_cuda else None))
@@ -85,24 +102,52 @@ def compile_for_generate(model: nn.Module, *, backend: str | None = None, mode: 
     model.generation_config.cache_implementation = "static"
     model.generation_config.compile_config = config
     model.generation_config.disable_compile = False
-    model.__dict__.pop("generate", None)
-    if loop == "graphed" and supports(model):
-        options = dict(backend=backend or CUDA_BACKEND, fullgraph=fullgraph)
-        model.generate = functools.partial(graphed_generate, model, type(model).generate.__get__(model), options)
-        model._graphed_decoders = {}
-    elif loop == "graphed":
-        logger.info("compile_for_generate: %s is not a Llama-style decoder; transformers' compiled path only",
-                    type(model).__name__)
     return model
+
+
+def compiled_step_refusal(model: nn.Module) -> str | None:
+    """Why ``transformers``' compiled decode step (static cache, ``fullgraph``) cannot be one graph for
+    ``model``, None when it can; :func:`compile_for_generate` then leaves ``generate``'s cache and step as
+    they were (eager), so calls the graphed loop does not take still run. It can be one graph where
+    ``transformers`` says the model compiles whole (``_can_compile_fullgraph``), every layer of its static
+    cache is a full-attention one (a sliding-window cache layer keeps its length in a Python int that
+    dynamo guards on: one recompilation per token, then failure), and no rotary embedding recomputes its
+    frequencies from the positions (dynamic and longrope scaling: a data-dependent branch)."""
+    if not getattr(model, "_can_compile_fullgraph", False):
+        return f"transformers does not mark {type(model).__name__} as compilable in one graph"
+    config = model.config.get_text_config(decoder=True)
+    kinds = getattr(config, "layer_types", None) or [
+        "sliding_attention" if getattr(config, "sliding_window", None) is not None
+        else "chunked_attention" if getattr(config, "attention_chunk_size", None) is not None else "full_attention"]
+    if set(kinds) != {"full_attention"}:
+        return (f"its static cache would hold {sorted(set(kinds) - {'full_attention'})} layers, whose compiled step "
+                f"recompiles at every token")
+    for name, module in model.named_modules():
+        rope_types = getattr(module, "rope_type", None)
+        rope_types = list(rope_types.values()) if isinstance(rope_types, dict) else [rope_types]
+        if any(isinstance(kind, str) and ("dynamic" in kind or kind == "longrope") for kind in rope_types):
+            return f"{name}'s rotary embedding ({', '.join(map(str, rope_types))}) branches on the positions"
+    return None
 
 
 def uncompile_for_generate(model: nn.Module) -> nn.Module:
     """Back to ``transformers``' defaults: a dynamic cache and an eager decode step (the compiled call dropped)."""
     model.generation_config.cache_implementation = None
     model.generation_config.compile_config = None
-    for name in ("_compiled_call", "_last_compile_config", "generate", "_graphed_decoders"):
+    for name in ("_compiled_call", "_last_compile_config", "generate", "_graphed_decoders", "_graphed_refusal"):
         model.__dict__.pop(name, None)
     return model
+
+
+def loop_refusal(model: nn.Module) -> str | None:
+    """Why the graphed loop does not reproduce ``model`` now (:func:`unsupported_reason`), None when it does;
+    each new reason is logged at info level once (repeated calls for the same reason stay quiet)."""
+    reason = unsupported_reason(model)
+    if reason is not None and reason != model.__dict__.get("_graphed_refusal"):
+        logger.info("generate: %s keeps transformers' generate, the graphed loop would not give its tokens: %s",
+                    type(model).__name__, reason)
+    model.__dict__["_graphed_refusal"] = reason
+    return reason
 
 
 def greedy_request(model: nn.Module, inputs, kwargs: dict) -> dict | None:
@@ -151,16 +196,18 @@ def graphed_generate(model: nn.Module, fallback, options: dict, inputs=None, **k
     (:func:`greedy_request`: token ids alone or with an all-ones mask; only the settings of
     :data:`GREEDY_FIELDS`, no sampling, one beam) runs :class:`GreedyDecoder` and returns what
     ``transformers`` returns for it, (B, T + new tokens) ids with the same end-of-sequence handling;
-    any other call goes to ``fallback`` (``transformers``' own ``generate``) unchanged."""
+    any other call, and every call while the loop does not reproduce the model (:func:`loop_refusal`), goes
+    to ``fallback`` (``transformers``' own ``generate``) unchanged."""
     request = greedy_request(model, inputs, kwargs)
-    if request is None:
+    if request is None or loop_refusal(model) is not None:
         return fallback(inputs, **kwargs)
     prompt = request["prompt"]
     batch, length = prompt.shape
     max_len = -(-(length + request["new_tokens"]) // CACHE_STEP) * CACHE_STEP
     tensors = tuple(t.data_ptr() for t in itertools.chain(model.parameters(), model.buffers()))
-    if model._graphed_decoders.get("tensors") != tensors:  # weights moved or replaced: the graphs read the old ones
-        model._graphed_decoders = {"tensors": tensors}
+    state = (tensors, model.config._attn_implementation, layer_windows(model))
+    if model._graphed_decoders.get("state") != state:  # weights moved or replaced, masks changed: graphs are stale
+        model._graphed_decoders = {"state": state}
     decoder = model._graphed_decoders.get((batch, max_len))
     if decoder is None:
         decoder = GreedyDecoder(model, batch, max_len)
