@@ -21,7 +21,9 @@ Subcommands::
 A recipe has LightningCLI's sections (``model``, ``data``, ``trainer`` with ``callbacks``,
 ``seed_everything``) plus a ``compress`` section (:class:`CompressOptions`: output directory and
 evaluation settings). ``--print_config``, dotted overrides (``--trainer.max_epochs=1``) and typed
-validation come from LightningCLI; unknown keys and invalid values fail while parsing. Before any
+validation come from LightningCLI; unknown keys and invalid values fail while parsing, and options are
+never abbreviated (``--trainer.max_epoch`` is refused). Recipe files are read within bounds (at most
+1 MiB of UTF-8 YAML whose aliases expand to at most 10,000 nodes: :mod:`compress.lightning.recipe_yaml`). Before any
 training step, :func:`check_recipe` asks the compression plan of every callback to check the model
 (e.g. a plan that matches no layer).
 
@@ -37,16 +39,21 @@ process group and rank 0 alone goes on (float model, report).
 Errors: a bad input (a path, a recipe value, a damaged checkpoint: ``ValueError``, ``TypeError``,
 ``OSError``, ``ImportError``, ``KeyError``) prints one line, ``compress COMMAND: error: TYPE: message``,
 and exits 1; any other error prints its traceback and then that line, so the line that matters is
-always last. ``COMPRESS_TRACEBACK=1`` prints the traceback for every error. Python callers use
+always last. A value the parser refuses is told by its innermost cause after the keys leading to it
+(``RecipeError: sparsity: expected a fraction in [0, 1), got 1.5``), not by the parser's report of
+every type it failed to be. ``COMPRESS_TRACEBACK=1`` prints the traceback for every error (with that
+full report); any value but 0 or 1 is refused before the command runs. Python callers use
 :func:`run_command`, which raises.
 """
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import logging
 import os
 import pickle
+import re
 import sys
 import traceback
 from dataclasses import dataclass, field
@@ -65,6 +72,7 @@ from compress.checkpoint.save import SAVE_FORMATS
 from compress.configs import BlockSparseConfig, W4A16Config, W8A16Config
 from compress.lightning.callbacks import Export, FloatWeightsSnapshot, target_model
 from compress.lightning.data import load_tokenizer
+from compress.lightning.recipe_yaml import bound_jsonargparse_yaml, check_config_files
 from compress.nn.conv1d import linear_features
 from compress.plan import Plan, linear_layer_names
 
@@ -137,6 +145,22 @@ class CompressCLI(LightningCLI):
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})
         super().__init__(*args, **kwargs)
 
+    def init_parser(self, **kwargs):
+        """LightningCLI's parser (main and subcommands) with :func:`parser_settings`."""
+        return super().init_parser(**{**kwargs, **parser_settings()})
+
+    def parse_arguments(self, parser, args) -> None:
+        """Read the ``--config`` files within bounds (:func:`check_config_files`), then parse
+        (:func:`recipe_errors`)."""
+        if isinstance(args, (list, tuple)):
+            check_config_files(list(args))
+        with recipe_errors():
+            super().parse_arguments(parser, args)
+
+    def instantiate_classes(self) -> None:
+        with recipe_errors():
+            super().instantiate_classes()
+
     def add_arguments_to_parser(self, parser) -> None:
         parser.add_class_arguments(CompressOptions, "compress")
         parser.link_arguments("compress.output_dir", "trainer.default_root_dir")
@@ -155,6 +179,87 @@ def options_from(config) -> CompressOptions:
     if isinstance(section, CompressOptions):
         return section
     return CompressOptions(**dict(vars(section) if hasattr(section, "__dict__") else section))
+
+
+# --- parsing recipes -----------------------------------------------------------------------------
+
+
+class RecipeError(ValueError):
+    """A recipe or command-line option the parser refused, told by the one message that matters."""
+
+
+def parser_settings() -> dict:
+    """Settings of every jsonargparse parser of the CLI (subcommand parsers inherit them): options are
+    never abbreviated (``--trainer.max_epoch`` is refused, not read as ``--trainer.max_epochs``), and a
+    refusal raises (turned into a :class:`RecipeError` by :func:`recipe_errors`) instead of printing the
+    whole usage and exiting. Also makes jsonargparse load YAML within bounds (:mod:`compress.lightning.recipe_yaml`)."""
+    bound_jsonargparse_yaml()
+    return {"allow_abbrev": False, "exit_on_error": False}
+
+
+_PARSER_KEY = re.compile(r'Parser key "([^"]+)"')
+_CLASS_PATH = re.compile(r"Problem with given class_path '([^']+)'")
+
+
+def _causes(error: BaseException) -> list[BaseException]:
+    """``error`` and the chain of exceptions it was raised from (``raise ... from``), outermost first."""
+    chain = [error]
+    while chain[-1].__cause__ is not None and chain[-1].__cause__ not in chain:
+        chain.append(chain[-1].__cause__)
+    return chain
+
+
+def _place(line: str) -> str | None:
+    """The option key (``Parser key "trainer.callbacks"``) or class (``Problem with given class_path
+    'a.b.QuantizationAware'``: ``QuantizationAware``) that a line of a jsonargparse error names, if any."""
+    key = _PARSER_KEY.match(line)
+    if key:
+        return key.group(1)
+    class_path = _CLASS_PATH.match(line)
+    return class_path.group(1).rsplit(".", 1)[-1] if class_path else None
+
+
+def _where(chain: list[BaseException]) -> list[str]:
+    """The option keys and classes a jsonargparse error chain passes through, outermost first."""
+    places = []
+    for error in chain:
+        place = _place(str(error).split("\n", 1)[0])
+        if place and (not places or places[-1] != place):
+            places.append(place)
+    return places
+
+
+def explain_parse_error(error: BaseException) -> str:
+    """The message that matters of a parser error: the innermost cause (e.g. ``sparsity: expected a
+    fraction in [0, 1), got 1.5`` raised by a callback's checks), after the keys and classes that lead
+    to it, instead of jsonargparse's report of every type each value failed to be."""
+    chain = _causes(error)
+    innermost = chain[-1]
+    message = " ".join(str(innermost).split()) or type(innermost).__name__
+    if not isinstance(innermost, (ValueError, TypeError, KeyError, argparse.ArgumentError)):
+        message = f"{type(innermost).__name__}: {message}"
+    where = [place for place in _where(chain) if not message.startswith(place)]
+    return " > ".join([*where, message]) if where else message
+
+
+def _is_user_error(error: BaseException) -> bool:
+    """Whether a parser error comes from the input (a value, an option, a file), not from a bug."""
+    return isinstance(error, (argparse.ArgumentError, *USER_ERRORS))
+
+
+@contextlib.contextmanager
+def recipe_errors():
+    """Parsing or building a recipe: an error whose innermost cause is a bad input (a value, an option,
+    a file) is raised again as a :class:`RecipeError` holding :func:`explain_parse_error`'s message (the
+    full report stays in its ``__cause__``, printed with ``COMPRESS_TRACEBACK=1``); an error that is its
+    own cause is already the message that matters, and a bug's error passes unchanged."""
+    try:
+        yield
+    except Exception as error:  # noqa: BLE001 - sorted below: user errors told in one line, bugs passed on
+        chain = _causes(error)
+        if (len(chain) == 1 and not isinstance(error, argparse.ArgumentError)) or not _is_user_error(chain[-1]):
+            raise
+        raise RecipeError(explain_parse_error(error)) from error
 
 
 # --- recipe checks -------------------------------------------------------------------------------
@@ -455,7 +560,8 @@ def evaluate_parser():
     """Parser of ``compress evaluate``: the recipe's ``data`` and ``compress`` sections + model dirs."""
     from jsonargparse import ActionConfigFile, ArgumentParser
 
-    parser = ArgumentParser(description="Evaluate saved model dirs on a recipe's data; write a report.")
+    parser = ArgumentParser(description="Evaluate saved model dirs on a recipe's data; write a report.",
+                            **parser_settings())
     parser.add_argument("--config", action=ActionConfigFile, help="the recipe (its data and compress sections)")
     parser.add_argument("--models", type=list[str], required=True, help="saved model dirs, baseline first")
     parser.add_argument("--names", type=Optional[list[str]], default=None, help="report names (default: dir names)")
@@ -472,12 +578,15 @@ def evaluate(args: list[str]) -> int:
     names, rest = _split_option(rest, "names")
     parser = evaluate_parser()
     listed = [f"--models={json.dumps(models)}"] + ([f"--names={json.dumps(names)}"] if names else [])
-    config = parser.parse_args([*rest, *listed])
+    check_config_files(rest)
+    with recipe_errors():
+        config = parser.parse_args([*rest, *listed])
     if config.names is not None and len(config.names) != len(config.models):
         raise ValueError(f"--names: expected one name per model ({len(config.models)}), got {len(config.names)}")
     if not config.models:
         raise ValueError("--models: expected at least one model dir")
-    init = parser.instantiate_classes(config)
+    with recipe_errors():
+        init = parser.instantiate_classes(config)
     options = options_from(init)
     labels = config.names or [Path(m).name for m in config.models]
     loaded = [(label, load_model_dir(path), str(path)) for label, path in zip(labels, config.models)]
@@ -523,11 +632,28 @@ def _started_command_line():
 def main(argv: list[str] | None = None) -> int:
     """The ``compress`` command: :func:`run_command`, with errors reported by :func:`_report` (exit 1)."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    command = argv[0] if argv else ""
+    try:
+        show_tracebacks = tracebacks_asked()
+    except ValueError as error:
+        return _report(command, error, show_traceback=False)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
         return run_command(argv)
     except Exception as error:  # noqa: BLE001 - reported, then the exit status says it failed
-        return _report(argv[0] if argv else "", error)
+        return _report(command, error, show_tracebacks)
+
+
+TRACEBACK_VARIABLE = "COMPRESS_TRACEBACK"
+
+
+def tracebacks_asked() -> bool:
+    """``$COMPRESS_TRACEBACK``: ``1`` prints the traceback of every error, ``0`` or unset only of unexpected ones.
+    Any other value is refused (checked before the command runs, not when its first error comes)."""
+    value = os.environ.get(TRACEBACK_VARIABLE, "")
+    if value not in ("", "0", "1"):
+        raise ValueError(f"${TRACEBACK_VARIABLE}={value!r}: expected 0 or 1 (1: print the traceback of every error)")
+    return value == "1"
 
 
 def run_command(argv: list[str]) -> int:
@@ -545,10 +671,10 @@ def run_command(argv: list[str]) -> int:
 USER_ERRORS = (ValueError, TypeError, OSError, ImportError, KeyError)
 
 
-def _report(command: str, error: Exception) -> int:
-    """Print ``error`` for a person: the traceback only for unexpected errors (or with
+def _report(command: str, error: Exception, show_traceback: bool = False) -> int:
+    """Print ``error`` for a person: the traceback only for unexpected errors (or with ``show_traceback``:
     ``COMPRESS_TRACEBACK=1``), then always, as the last line, ``compress COMMAND: error: ...``. Exit 1."""
-    if not isinstance(error, USER_ERRORS) or os.environ.get("COMPRESS_TRACEBACK", "0") not in ("", "0"):
+    if not isinstance(error, USER_ERRORS) or show_traceback:
         traceback.print_exception(error, file=sys.stderr)
     message = " ".join(str(error).split()) or "(no message)"
     sys.stderr.write(f"compress {command}: error: {type(error).__name__}: {message}\n")

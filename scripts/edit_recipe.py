@@ -21,6 +21,8 @@ from pathlib import Path
 
 import yaml
 
+from compress.lightning.recipe_yaml import load_recipe, load_yaml
+
 
 def set_value(recipe: dict, key: str, value) -> None:
     """Set ``key`` (``Callback.arg`` or a dotted path, module docstring) in ``recipe`` in place."""
@@ -51,13 +53,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("out", type=Path)
     parser.add_argument("edits", nargs="*", help="KEY=VALUE")
     args = parser.parse_args(argv)
-    recipe = yaml.safe_load(args.recipe.read_text())
+    try:
+        recipe = load_recipe(args.recipe)
+    except ValueError as error:
+        print(f"scripts.edit_recipe: {error}", file=sys.stderr)
+        return 2
     try:
         for edit in args.edits:
             key, sep, text = edit.partition("=")
             if not sep:
                 raise ValueError(f"{edit!r}: expected KEY=VALUE")
-            set_value(recipe, key, yaml.safe_load(text))
+            set_value(recipe, key, load_yaml(text, f"the value of {key}"))
     except ValueError as error:
         print(f"scripts.edit_recipe: {args.recipe}: {error}", file=sys.stderr)
         return 2

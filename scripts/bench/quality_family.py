@@ -28,9 +28,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-import yaml
-
 from compress.eval.report import read_json
+from compress.lightning.recipe_yaml import load_recipe
 from scripts.bench.decode import write_report
 
 
@@ -38,7 +37,7 @@ def recipe_facts(path: Path) -> tuple[int, int]:
     """(``seed_everything``, ``trainer.max_steps``) of a recipe file."""
     if not path.is_file():
         raise FileNotFoundError(f"expected the recipe {path} (from --recipe-prefix and the report's model name)")
-    recipe = yaml.safe_load(path.read_text())
+    recipe = load_recipe(path)
     return int(recipe.get("seed_everything", 0)), int(recipe.get("trainer", {}).get("max_steps", -1))
 
 

@@ -48,3 +48,17 @@ def test_bad_edits_are_refused_without_writing(tmp_path, capsys, bad, words):
     out = tmp_path / "copy.yaml"
     assert edit.main([str(SPARSE), str(out), bad]) == 2
     assert words in capsys.readouterr().err and not out.exists()
+
+
+def test_a_recipe_beyond_the_bounds_is_refused_naming_it(tmp_path, capsys):
+    """The same bounded reader as the CLI (compress.lightning.recipe_yaml): an alias bomb fails at once."""
+    from tests.compress.lightning.test_recipe_yaml import alias_bomb
+
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text(alias_bomb())
+    out = tmp_path / "copy.yaml"
+    assert edit.main([str(bomb), str(out), "trainer.max_epochs=1"]) == 2
+    assert f"scripts.edit_recipe: {bomb}: expected at most 10000 YAML nodes" in capsys.readouterr().err
+    assert edit.main([str(SPARSE), str(out), f"trainer.max_epochs={alias_bomb()}"]) == 2
+    assert "the value of trainer.max_epochs: expected at most 10000 YAML nodes" in capsys.readouterr().err
+    assert not out.exists()

@@ -45,6 +45,22 @@ def test_sst2_reads_compress_data_dir(tmp_path, monkeypatch):
     assert batch["labels"].tolist() == [1, 0]
 
 
+def test_a_half_copied_local_data_set_is_refused_not_replaced_by_the_hub(tmp_path, monkeypatch):
+    monkeypatch.setenv("COMPRESS_DATA_DIR", str(tmp_path))
+    assert TextClassificationData().local_dir() is None  # no sst2/ there: the hub's copy
+    assert LanguageModelingData().local_file() is None
+    (tmp_path / "sst2").mkdir()
+    (tmp_path / "sst2" / "train.tsv").write_text("sentence\tlabel\n")
+    (tmp_path / "wikitext-2").mkdir()
+    with pytest.raises(FileNotFoundError, match=r"sst2 \(the sst2 data set under \$COMPRESS_DATA_DIR\): expected the "
+                                                r"files \['train.tsv', 'dev.tsv'\], missing \['dev.tsv'\]"):
+        TextClassificationData().local_dir()
+    with pytest.raises(FileNotFoundError, match=r"wikitext-2 data set .* missing \['valid.txt'\]"):
+        LanguageModelingData().local_file()
+    (tmp_path / "wikitext-2" / "valid.txt").write_text("a line\n")
+    assert LanguageModelingData().local_file() == tmp_path / "wikitext-2" / "valid.txt"
+
+
 def test_text_classification_rejects_bad_options(tmp_path):
     with pytest.raises(ValueError, match="max_length"):
         TextClassificationData(max_length=0)

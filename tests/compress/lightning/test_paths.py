@@ -20,6 +20,7 @@ from compress.lightning.paths import (
 
 
 def test_minilm_name_resolves_to_env_then_package(monkeypatch, tmp_path):
+    (tmp_path / "config.json").write_text("{}")
     monkeypatch.setenv("MINILM_DIR", str(tmp_path))
     assert resolve_model_path(MINILM_NAME) == str(tmp_path)
     monkeypatch.delenv("MINILM_DIR")
@@ -113,3 +114,24 @@ def test_gguf_sources_pass_the_file_to_from_pretrained_once_its_readers_are_inst
     _hide_modules(monkeypatch, "gguf")
     with pytest.raises(ImportError, match=r"\['gguf'\].*compress-toolkit\[smollm2\]"):
         source.from_pretrained_kwargs()
+
+
+@pytest.mark.parametrize("variable, expected", [
+    ("MINILM_DIR", "expected a model directory of all-MiniLM-L6-v2 holding config.json"),
+    ("SMOLLM2_DIR", f"expected a directory holding {SMOLLM2_GGUF}"),
+    ("COMPRESS_DATA_DIR", r"expected a directory of data sets \(sst2/, wikitext-2/\)"),
+])
+@pytest.mark.parametrize("setting, found", [("nowhere", "nothing"), ("file", "a file"), ("empty dir", "a directory")])
+def test_an_unusable_environment_variable_is_named_with_its_value(monkeypatch, tmp_path, variable, expected,
+                                                                  setting, found):
+    """Not a hub id, nor a silent fall-back to the hub: the variable, its value and what it should name."""
+    value = {"nowhere": tmp_path / "no-such", "file": tmp_path / "a-file", "empty dir": tmp_path}[setting]
+    (tmp_path / "a-file").write_text("x")
+    monkeypatch.setenv(variable, str(value))
+    resolve = {"MINILM_DIR": lambda: resolve_model_source(MINILM_NAME),
+               "SMOLLM2_DIR": lambda: resolve_model_source(SMOLLM2_NAME), "COMPRESS_DATA_DIR": data_root}[variable]
+    if variable == "COMPRESS_DATA_DIR" and setting == "empty dir":
+        assert resolve() == tmp_path  # a directory is what it names
+        return
+    with pytest.raises(FileNotFoundError, match=rf"^\${variable}='{value}': {expected}, found {found}"):
+        resolve()
