@@ -22,6 +22,10 @@ does not reach every GPTQ layer exactly once (mixture-of-experts layers, a layer
 layers form one stage, their Hessians from the model as it was. On SmolLM2-135M (CPU, W4A16 g128,
 16 x 512 calibration tokens; docs/journal.md): one stage 35.35 perplexity (94 s), a stage per role
 34.94 (167 s), a stage per input group of each block 34.78 (1,273 s), a stage per block 35.32.
+One-shot pruning on calibration inputs (OBS, activation scores; :func:`run_hessian_passes`) uses
+the finer stages, one per input group of each block in forward order: pruning half of a block's
+weights moves the residual stream far more than rounding does, so a later block's Hessian must come
+from the earlier blocks as pruned (SmolLM2, 50% OBS blocks one-shot: per role 1,439 perplexity).
 It runs after SmoothQuant, on the smoothed weights. With block sparsity the pruned weights stay
 exact zeros: they quantize to 0 and their error is spread over the kept ones; one-shot pruning leaves
 the weights of GPTQ layers in place (masked in the forward), so GPTQ also compensates for what
@@ -220,11 +224,14 @@ def collect_hessians(model: nn.Module, layers: dict[str, CompressedLinear], run_
 
 
 @torch.no_grad()
-def gptq_stages(model: nn.Module, layers: dict[str, CompressedLinear], run_one: Callable) -> list[list[str]]:
-    """GPTQ's stages (module docstring): the layers in the order one forward (``run_one``; a callable may
-    run several, each the same sequence) first calls them, grouped by role (:func:`layer_role`) with the
-    roles in the order the forward first reaches them; all layers in one stage when a forward does not
-    call each of them exactly once, or when any is an expert's layer (routing decides which run)."""
+def gptq_stages(model: nn.Module, layers: dict[str, CompressedLinear], run_one: Callable,
+                per_block: bool = False) -> list[list[str]]:
+    """The stages of the Hessian passes (module docstring): the layers in the order one forward
+    (``run_one``; a callable may run several, each the same sequence) first calls them, grouped by role
+    (:func:`layer_role`) with the roles in the order the forward first reaches them, or with
+    ``per_block`` the groups of layers on one input in forward order (each block's roles apart); all
+    layers in one stage when a forward does not call each of them exactly once, or when any is an
+    expert's layer (routing decides which run)."""
     if any(isinstance(layer, ExpertLinear) for layer in layers.values()):
         return [list(layers)]
     calls, stages, last = [], [], [None]
@@ -245,6 +252,8 @@ def gptq_stages(model: nn.Module, layers: dict[str, CompressedLinear], run_one: 
     first = calls[:len(layers)]
     if sorted(first) != sorted(layers) or calls != first * (len(calls) // len(layers)):
         return [list(layers)]
+    if per_block:
+        return stages
     by_role = {}
     for stage in stages:
         by_role.setdefault(layer_role(stage[0]), []).extend(stage)
@@ -331,7 +340,9 @@ def prune_layer(layer: CompressedLinear, xtx: torch.Tensor, tokens: int) -> None
 def run_hessian_passes(model: nn.Module, calibration_data, sync: Callable | None = None,
                        publish: Callable | None = None, gptq: bool = True) -> dict[str, tuple]:
     """OBS / activation-aware pruning and GPTQ on every layer :func:`hessian_layers` lists, stage by
-    stage (:func:`gptq_stages`): one calibration pass per stage collects its layers' ``X^T X``, then
+    stage (:func:`gptq_stages`; when any layer is pruned, a stage per block and input group, so each
+    layer's Hessian comes from the earlier blocks already pruned): one calibration pass per stage
+    collects its layers' ``X^T X``, then
     each layer is pruned (if its sparse config reads calibration inputs) and GPTQ-rounded (if its
     quantization config says so), the same Hessian serving both: GPTQ rounds the survivors of the
     pruning. Later stages see these layers already pruned and rounded. ``gptq=False``: pruning only
@@ -350,7 +361,7 @@ def run_hessian_passes(model: nn.Module, calibration_data, sync: Callable | None
     run_all, run_one = calibration_runner(calibration_data)
     stops_early = not callable(calibration_data) and not fsdp_modules(model)
     results = {}
-    for stage in gptq_stages(model, layers, run_one):
+    for stage in gptq_stages(model, layers, run_one, per_block=bool(to_prune)):
         stats = collect_hessians(model, {name: layers[name] for name in stage}, run_all,
                                  stop_after=stage[-1] if stops_early and len(stage) < len(layers) else None)
         reshard_(model)  # FSDP2: round the shards, not the copy the forward gathered

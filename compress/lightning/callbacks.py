@@ -128,7 +128,7 @@ class BlockPruning(pl.Callback):
     def setup(self, trainer, pl_module, stage):
         check_strategy(getattr(trainer, "strategy", None), type(self).__name__)
         self.schedule.prepare(target_model(pl_module))
-        calibrated = any(isinstance(callback, Calibration) for callback in trainer.callbacks)
+        calibrated = any(isinstance(callback, Calibration) for callback in getattr(trainer, "callbacks", None) or ())
         if self.schedule.algorithm == "obs" and stage == "fit" and not calibrated:
             raise ValueError("BlockPruning: algorithm='obs' prunes one-shot on calibration batches when training "
                              "starts; it needs a compress.lightning.callbacks.Calibration callback in the same run")

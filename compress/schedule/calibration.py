@@ -102,9 +102,12 @@ class CalibrationSchedule:
                 layer.observing = False
             return
         if not self.layers:
-            if not gptq_layers(model):
-                distributed.warn("calibration: no W8A8 or GPTQ layers to calibrate (quantize some layers with a "
-                                 "W8A8Config, or use a config with algorithm='gptq'); nothing to do")
+            pruned_on_data = any(m.sparse_config is not None and m.sparse_config.needs_calibration
+                                 for m in compressed_layers(model).values())
+            if not gptq_layers(model) and not pruned_on_data:
+                distributed.warn("calibration: no W8A8, GPTQ or OBS layers to calibrate (quantize some layers with "
+                                 "a W8A8Config, use a config with algorithm='gptq', or prune with algorithm='obs'); "
+                                 "nothing to do")
             self.phase = "done"
             return
         for layer in self.layers.values():

@@ -117,7 +117,7 @@ def run(args) -> dict:
     report = {"environment": environment(device), "model": args.model, "dtype": str(dtype).removeprefix("torch."),
               "calibration_blocks": sum(len(b["input_ids"]) for b in batches), "block_size": args.block_size,
               "seed": args.seed, "eval_blocks": len(data.val_dataloader().dataset), "dense_perplexity": dense,
-              "variants": results}
+              "stages": "per block and input group", "variants": results}
     chosen = {name: configs for name, configs in our_variants(args.sparsities).items()
               if not args.only or name.startswith(tuple(args.only))}
     for name, configs in chosen.items():

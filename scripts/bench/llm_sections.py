@@ -8,7 +8,11 @@
   perplexity after ``compress.convert`` with round-to-nearest or GPTQ, and per scheme the share of
   round-to-nearest's increase over the float model that GPTQ removes,
   ``1 - (ppl_gptq - ppl) / (ppl_rtn - ppl)``; the target (issue: at least 0.5 at g32 and g128) is
-  checked where the file has the scheme.
+  checked where the file has the scheme;
+* ``smollm2-pruning-<gpu>.json`` (:mod:`scripts.bench.block_pruning`, runs of several seeds under
+  ``runs``): per variant the perplexity of one-shot pruning at each seed, the mean increase over the
+  dense model, and the target (issue: 50% OBS blocks, alone and with W4A16 g32, no worse than
+  llm-compressor's SparseGPT 2:4 on the same model and tokens).
 
 Each section is a pure function of its JSON, like every page of :mod:`scripts.bench.pages`.
 """
@@ -114,3 +118,44 @@ def generate_section(name: str, data: dict) -> list[str]:
                       f"{failure['error'].splitlines()[0]}"]
     return lines + [""]
 
+
+
+PRUNING_TARGET_VARIANTS = ("blocks-50-obs", "blocks-50-obs-w4a16-g32")
+PRUNING_ANCHOR = "sparsegpt-2of4"
+
+
+def pruning_section(name: str, data: dict) -> list[str]:
+    """One-shot pruning of the fine-tuned dense model: ours and llm-compressor's, seed by seed."""
+    runs = require(data, "runs", name)
+    first = runs[0]
+    env = require(first, "environment", name)
+    seeds = [require(run, "seed", name) for run in runs]
+    lines = ["## One-shot pruning: 32x32 blocks against llm-compressor", "",
+             f"`{require(first, 'model', name)}` (the dense recipe's model), every decoder linear layer pruned "
+             f"one-shot ({first.get('dtype')} evaluation). Calibration: {require(first, 'calibration_blocks', name)} "
+             f"blocks of {require(first, 'block_size', name)} tokens from the training part of WikiText-2's "
+             f"`valid.txt`, drawn by the seed; perplexity on its held-back part "
+             f"({require(first, 'eval_blocks', name)} blocks). Hessian stages: {data.get('stages', '-')}. "
+             f"GPU: {env.get('gpu', 'none')}; torch {env.get('torch')}, Triton {env.get('triton')}.", ""]
+    if data.get("note"):
+        lines += [data["note"], ""]
+    lines += [f"Dense model: perplexity {require(first, 'dense_perplexity', name):.2f}.", ""]
+    names = list(dict.fromkeys(v for run in runs for v in require(run, "variants", name)))
+    means = {}
+    rows = []
+    for variant in names:
+        entries = [run["variants"].get(variant) for run in runs]
+        found = [e for e in entries if e is not None]
+        means[variant] = sum(e["perplexity"] for e in found) / len(found)
+        increase = sum(e["increase"] for e in found) / len(found)
+        rows.append([variant] + [f"{e['perplexity']:.2f}" if e else "-" for e in entries]
+                    + [f"{100 * increase:+.1f}%", f"{found[0]['prune_s']:.1f}"])
+    lines += table(["variant"] + [f"seed {s}" for s in seeds] + ["mean vs dense", "prune s"], rows)
+    if PRUNING_ANCHOR in means:
+        anchor = means[PRUNING_ANCHOR]
+        lines += ["", f"Target: one-shot 50% blocks, alone and with W4A16 g32, no worse than {PRUNING_ANCHOR} "
+                      f"({anchor:.2f}):", ""]
+        lines += table(["variant", "mean perplexity", "target"],
+                       [[v, f"{means[v]:.2f}", VERDICT[means[v] <= anchor]] for v in PRUNING_TARGET_VARIANTS
+                        if v in means])
+    return lines + [""]

@@ -2,6 +2,7 @@
 before any run begins, and each variant's recipe copy points its Export at the variant's own run dir."""
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -9,8 +10,10 @@ FAIL_FAST = {"SWEEP_RUN_ARGS": "--no-such-flag", "SWEEP_EVAL_ARGS": "--no-such-f
 
 
 def run(*args, cwd=REPO):
+    """The script with this interpreter's environment first on PATH (its ``python`` is the project's)."""
+    path = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
     return subprocess.run(["bash", str(REPO / "scripts" / "sst2_variants.sh"), *args], cwd=cwd,
-                          capture_output=True, text=True, timeout=120, env={**os.environ, **FAIL_FAST})
+                          capture_output=True, text=True, timeout=120, env={**os.environ, **FAIL_FAST, "PATH": path})
 
 
 def test_no_variants_is_refused(tmp_path):

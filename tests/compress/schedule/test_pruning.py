@@ -76,8 +76,9 @@ def renamed_two_layers():
 def test_the_state_records_the_settings_and_the_layers():
     state = bound(two_layers(), end_step=10, score="movement").state_dict()
     assert state["settings"] == {"sparsity": 0.5, "start_step": 0, "end_step": 10, "frequency": 10,
-                                 "score": "movement", "allocation": "layer", "spread": 0.5}
-    assert state["layers"] == {name: {"type": "BlockSparseConfig", "sparsity": 0.5, "block": 32, "score": "movement"}
+                                 "score": "movement", "allocation": "layer", "spread": 0.5, "algorithm": "score"}
+    assert state["layers"] == {name: {"type": "BlockSparseConfig", "sparsity": 0.5, "block": 32, "score": "movement",
+                                      "algorithm": "score", "obs_damping": 0.01, "obs_rounds": 8}
                                for name in ("0", "2")}
     assert set(state["gradient_scores"]) == {"0", "2"}
 

@@ -1,7 +1,7 @@
 """Tests for scripts/bench/llm_sections.py: the SmolLM2 page's post-training and generate sections."""
 import pytest
 
-from scripts.bench.llm_sections import generate_section, post_training_section
+from scripts.bench.llm_sections import generate_section, post_training_section, pruning_section
 
 
 def post_training_data():
@@ -54,3 +54,22 @@ def test_generate_section_gives_figures_ratios_failures_and_verdicts():
     assert "median over 9 rounds" in "\n".join(generate_section("g.json", nine_rounds))
     with_code = {**generate_data(), "provenance": {"commit": "abc1234", "note": "before the fix"}}
     assert "Code: commit `abc1234`; before the fix." in "\n".join(generate_section("g.json", with_code))
+
+
+def pruning_run(seed, variants):
+    return {"environment": {"gpu": "H200", "torch": "2", "triton": "3"}, "model": "float", "dtype": "float16",
+            "calibration_blocks": 128, "block_size": 1024, "eval_blocks": 26, "dense_perplexity": 16.0, "seed": seed,
+            "variants": {k: {"perplexity": p, "increase": p / 16.0 - 1, "prune_s": 2.0} for k, p in variants.items()}}
+
+
+def test_pruning_lists_each_seed_the_mean_and_checks_ours_against_sparsegpt_2of4():
+    data = {"stages": "per block", "runs": [
+        pruning_run(0, {"blocks-50-obs": 30.0, "blocks-50-obs-w4a16-g32": 40.0, "sparsegpt-2of4": 36.0}),
+        pruning_run(1, {"blocks-50-obs": 34.0})]}
+    text = "\n".join(pruning_section("p.json", data))
+    assert "| blocks-50-obs | 30.00 | 34.00 | +100.0% | 2.0 |" in text
+    assert "| sparsegpt-2of4 | 36.00 | - | +125.0% | 2.0 |" in text
+    assert "| blocks-50-obs | 32.00 | met |" in text and "| blocks-50-obs-w4a16-g32 | 40.00 | **not met** |" in text
+    assert "Hessian stages: per block." in text
+    with pytest.raises(ValueError, match="p.json: expected a 'runs' entry"):
+        pruning_section("p.json", {})

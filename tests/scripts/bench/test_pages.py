@@ -5,7 +5,7 @@ import json
 import pytest
 
 from scripts.bench import pages
-from tests.scripts.bench.test_llm_sections import generate_data, post_training_data
+from tests.scripts.bench.test_llm_sections import generate_data, post_training_data, pruning_run
 
 
 def kernel_report(gpu):
@@ -91,7 +91,8 @@ def root(tmp_path):
              "smollm2-h100.json": {**wikitext_data(), "family": "smollm2", "plot": "benchmarks/results/smollm2.png",
                                    "plot_note": "The plot's runs are older."},
              "smollm2-post-training-cpu.json": post_training_data(), "generate-smollm2-h100.json": generate_data(),
-             "generate-llama2-7b-h100.json": generate_data()}
+             "generate-llama2-7b-h100.json": generate_data(),
+             "smollm2-pruning-h200.json": {"runs": [pruning_run(0, {"blocks-50-obs": 30.0, "sparsegpt-2of4": 36.0})]}}
     for name, data in files.items():
         (results / name).write_text(json.dumps(data))
     return tmp_path
@@ -148,6 +149,7 @@ EXPECTED_LINES = [
     ("smollm2.md", "![smollm2: metric against speed, from compress evaluate](../../benchmarks/results/smollm2.png)"),
     ("smollm2.md", "The plot's runs are older."),
     ("smollm2.md", "| w4a16-g32 | 0.75 | met |"),
+    ("smollm2.md", "| blocks-50-obs | 30.00 | met |"),
     ("smollm2.md", "| smollm2 | 1 | fp16 | 30.0 | 1.00x | 200.0 | 1.00x | 600.0 | 1.00x | 0.33x |"),
 ]
 
