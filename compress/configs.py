@@ -69,6 +69,16 @@ def _check_type(name: str, value, types: tuple) -> None:
         raise TypeError(f"{name}: expected {' or '.join(t.__name__ for t in types)}, got {type(value).__name__}")
 
 
+def _check_knobs_unused(config, algorithm: str, defaults: dict) -> None:
+    """ValueError when ``config`` sets a knob of ``algorithm`` (away from ``defaults``) but uses another."""
+    if config.algorithm == algorithm:
+        return
+    for knob, default in defaults.items():
+        if getattr(config, knob) != default:
+            raise ValueError(f"{type(config).__name__}.{knob}: only used with algorithm={algorithm!r}, got "
+                             f"{knob}={getattr(config, knob)!r} with algorithm={config.algorithm!r}")
+
+
 class _ConfigMixin:
     """Dict round trip shared by every config (``{"type": ClassName, **fields}``)."""
 
@@ -89,11 +99,7 @@ class _AlgorithmMixin:
         _check_type(f"{name}.gptq_block", self.gptq_block, (int,))
         if self.gptq_block < 1:
             raise ValueError(f"{name}.gptq_block: expected a positive int, got {self.gptq_block}")
-        if self.algorithm != "gptq":
-            for knob, default in GPTQ_DEFAULTS.items():
-                if getattr(self, knob) != default:
-                    raise ValueError(f"{name}.{knob}: only used with algorithm='gptq', got "
-                                     f"{knob}={getattr(self, knob)!r} with algorithm={self.algorithm!r}")
+        _check_knobs_unused(self, "gptq", GPTQ_DEFAULTS)
 
     @property
     def gptq(self) -> bool:
@@ -259,11 +265,7 @@ class BlockSparseConfig(_ConfigMixin):
         if self.algorithm == "obs" and self.score != "magnitude":
             raise ValueError(f"BlockSparseConfig.score: not used with algorithm='obs' (blocks are ranked by their "
                              f"second-order cost); expected the default 'magnitude', got {self.score!r}")
-        if self.algorithm != "obs":
-            for knob, default in OBS_DEFAULTS.items():
-                if getattr(self, knob) != default:
-                    raise ValueError(f"BlockSparseConfig.{knob}: only used with algorithm='obs', got "
-                                     f"{knob}={getattr(self, knob)!r} with algorithm={self.algorithm!r}")
+        _check_knobs_unused(self, "obs", OBS_DEFAULTS)
 
     @property
     def needs_calibration(self) -> bool:

@@ -34,10 +34,9 @@ from transformers import AutoModelForCausalLM
 import compress
 from compress.configs import BlockSparseConfig, W4A16Config, W8A8Config
 from compress.eval.evaluate import environment
-from compress.lightning.data import LanguageModelingData, load_tokenizer
-from compress.lightning.tasks import build_model
+from compress.lightning.data import load_tokenizer
 from scripts.bench.decode import write_report
-from scripts.bench.post_training import perplexity
+from scripts.bench.post_training import add_data_arguments, perplexity, set_up
 
 PEERS = ("sparsegpt-2of4", "sparsegpt-50-unstructured", "wanda-2of4")
 
@@ -93,25 +92,8 @@ def zero_fraction(model: torch.nn.Module) -> float:
     return zeros / max(total, 1)
 
 
-def calibration_batches(data: LanguageModelingData, count: int, device: torch.device) -> list[dict]:
-    batches = []
-    for batch in data.train_dataloader():
-        if len(batches) == count:
-            break
-        batches.append({k: v.to(device) for k, v in batch.items()})
-    return batches
-
-
 def run(args) -> dict:
-    torch.manual_seed(args.seed)  # the training loader's shuffle: which blocks calibrate
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dtype = torch.float16 if device.type == "cuda" else torch.float32
-    data = LanguageModelingData(tokenizer=args.tokenizer or args.model, block_size=args.block_size,
-                                batch_size=args.batch_size, max_eval_blocks=args.max_eval_blocks)
-    data.setup("fit")
-    batches = calibration_batches(data, args.calibration_batches, device)
-    base = build_model(AutoModelForCausalLM, args.model, None, "float32").eval()
-    dense = perplexity(copy.deepcopy(base), data, device, dtype)
+    device, dtype, data, batches, base, dense = set_up(args)
     print(f"dense perplexity {dense:.3f}", flush=True)
     results = {}
     report = {"environment": environment(device), "model": args.model, "dtype": str(dtype).removeprefix("torch."),
@@ -153,11 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokenizer", default="SmolLM2-135M-Instruct", help="tokenizer name or path")
     parser.add_argument("--sparsities", type=lambda s: [float(v) for v in s.split(",")],
                         default=[0.25, 0.375, 0.5, 0.625])
-    parser.add_argument("--calibration-batches", type=int, default=16)
-    parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--block-size", type=int, default=1024)
-    parser.add_argument("--max-eval-blocks", type=int, default=None)
-    parser.add_argument("--seed", type=int, default=0, help="seeds the shuffle that picks the calibration blocks")
+    add_data_arguments(parser)
     parser.add_argument("--only", type=lambda s: [v for v in s.split(",") if v], default=None,
                         help="run only our variants whose names start with one of these (e.g. blocks-50-obs)")
     parser.add_argument("--peer", action="store_true", help="also run llm-compressor's SparseGPT and Wanda")

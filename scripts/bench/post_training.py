@@ -54,6 +54,16 @@ def perplexity(model, data: LanguageModelingData, device: torch.device, dtype: t
     return float(evaluate_metrics(model, data.val_dataloader(), device)["perplexity"])
 
 
+def calibration_batches(data: LanguageModelingData, count: int, device: torch.device) -> list[dict]:
+    """The first ``count`` batches of the data module's (seeded) training loader, on ``device``."""
+    batches = []
+    for batch in data.train_dataloader():
+        if len(batches) == count:
+            break
+        batches.append({k: v.to(device) for k, v in batch.items()})
+    return batches
+
+
 def gptq_share(results: dict[str, dict], dense: float) -> dict[str, float]:
     """Per scheme with both variants: the share of round-to-nearest's perplexity increase GPTQ removes."""
     shares = {}
@@ -66,20 +76,23 @@ def gptq_share(results: dict[str, dict], dense: float) -> dict[str, float]:
     return shares
 
 
-def run(args) -> dict:
+def set_up(args) -> tuple:
+    """(device, dtype, data module, calibration batches, the float model, its perplexity) of a run:
+    ``args`` names the model, tokenizer, blocks, batches and the seed of the loader's shuffle."""
     torch.manual_seed(args.seed)  # the training loader's shuffle: which blocks calibrate
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.float16 if device.type == "cuda" else torch.float32
     data = LanguageModelingData(tokenizer=args.tokenizer or args.model, block_size=args.block_size,
                                 batch_size=args.batch_size, max_eval_blocks=args.max_eval_blocks)
     data.setup("fit")
-    batches = []
-    for batch in data.train_dataloader():
-        if len(batches) == args.calibration_batches:
-            break
-        batches.append({k: v.to(device) for k, v in batch.items()})
+    batches = calibration_batches(data, args.calibration_batches, device)
     base = build_model(AutoModelForCausalLM, args.model, None, "float32").eval()
     dense = perplexity(copy.deepcopy(base), data, device, dtype)
+    return device, dtype, data, batches, base, dense
+
+
+def run(args) -> dict:
+    device, dtype, data, batches, base, dense = set_up(args)
     results = {}
     chosen = {name: config for name, config in variants(args.group_sizes).items()
               if not args.only or name.startswith(tuple(args.only))}
@@ -99,16 +112,21 @@ def run(args) -> dict:
             "gptq_share_of_rtn_increase_removed": gptq_share(results, dense)}
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m scripts.bench.post_training", description=__doc__.split("\n")[0])
-    parser.add_argument("--model", default="SmolLM2-135M-Instruct", help="a model name, directory or .gguf file")
-    parser.add_argument("--tokenizer", default=None, help="tokenizer name or path (default: the model's)")
-    parser.add_argument("--group-sizes", type=lambda s: [int(v) for v in s.split(",")], default=[32, 64, 128])
+def add_data_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options :func:`set_up` reads besides the model and tokenizer: calibration and evaluation data."""
     parser.add_argument("--calibration-batches", type=int, default=16)
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--block-size", type=int, default=1024)
     parser.add_argument("--max-eval-blocks", type=int, default=None)
     parser.add_argument("--seed", type=int, default=0, help="seeds the shuffle that picks the calibration blocks")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m scripts.bench.post_training", description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default="SmolLM2-135M-Instruct", help="a model name, directory or .gguf file")
+    parser.add_argument("--tokenizer", default=None, help="tokenizer name or path (default: the model's)")
+    parser.add_argument("--group-sizes", type=lambda s: [int(v) for v in s.split(",")], default=[32, 64, 128])
+    add_data_arguments(parser)
     parser.add_argument("--only", type=lambda s: [v for v in s.split(",") if v], default=None,
                         help="run only the variants whose names start with one of these (e.g. w8a16,w8a8-gptq)")
     parser.add_argument("--out", type=Path, default=None, help="write the JSON results here")
