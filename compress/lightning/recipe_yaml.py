@@ -3,7 +3,8 @@
 A recipe is a small text file, so anything else is refused before it is parsed into objects, with an
 error that names the file and what was found:
 
-* a file over :data:`MAX_RECIPE_BYTES`, a file that cannot be read, or bytes that are not UTF-8 text;
+* a file over :data:`MAX_RECIPE_BYTES`, a file that cannot be read, anything but a regular file (a
+  named pipe would block the command), or bytes that are not UTF-8 text;
 * YAML whose aliases expand to more than :data:`MAX_YAML_NODES` nodes. PyYAML builds an alias as a
   shared reference, so loading an "alias bomb" (each anchor a list of aliases to the one before) is
   quick, but everything that walks the result (jsonargparse's validation, ``yaml.safe_dump``) visits
@@ -21,6 +22,8 @@ from typing import Any
 
 import yaml
 
+from compress.checkpoint.files import NotRegularFileError, regular_file
+
 MAX_RECIPE_BYTES = 1 << 20  # 1 MiB; the shipped recipes are under 4 KiB
 MAX_YAML_NODES = 10_000  # scalars and collections once aliases are expanded; the shipped recipes have < 300
 
@@ -36,8 +39,10 @@ class RecipeFileError(ValueError):
 def read_recipe_text(path: str | os.PathLike) -> str:
     """The text of the recipe file at ``path``: at most :data:`MAX_RECIPE_BYTES`, readable, UTF-8."""
     try:
-        with open(path, "rb") as file:
+        with regular_file(path) as file:  # a pipe or device named as a recipe must not block the command
             data = file.read(MAX_RECIPE_BYTES + 1)
+    except NotRegularFileError as error:
+        raise RecipeFileError(str(error)) from None
     except OSError as error:
         raise RecipeFileError(f"{path}: expected a readable recipe file, got {type(error).__name__}: "
                               f"{error.strerror or error}") from None

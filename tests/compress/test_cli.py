@@ -3,6 +3,7 @@ weights_only=True: a pickle that would run code is refused; an earlier export is
 --overwrite), evaluate, bad recipes."""
 import json
 import logging
+import os
 import pathlib
 import re
 import shutil
@@ -404,8 +405,11 @@ def test_a_binary_or_unreadable_recipe_is_refused_naming_the_file(tmp_path, comm
     with pytest.raises(ValueError, match=r"binary.yaml: expected a UTF-8 text YAML recipe, got bytes that are not "
                                          r"text \(byte 0x89 at offset 0\)"):
         run_command([command, "--config", str(tmp_path / "binary.yaml"), *extra])
-    with pytest.raises(ValueError, match=r"folder.yaml: expected a readable recipe file, got IsADirectoryError"):
+    with pytest.raises(ValueError, match=r"folder.yaml: expected a regular file, got a directory"):
         run_command([command, "--config", str(tmp_path / "folder.yaml"), *extra])
+    os.mkfifo(tmp_path / "pipe.yaml")  # would block a plain open() for ever
+    with pytest.raises(ValueError, match=r"pipe.yaml: expected a regular file, got a named pipe"):
+        run_command([command, "--config", str(tmp_path / "pipe.yaml"), *extra])
     with pytest.raises(ValueError, match=r"config > File does not exist: '.*missing.yaml'"):
         run_command([command, "--config", str(tmp_path / "missing.yaml"), *extra])
 

@@ -55,7 +55,7 @@ def test_a_binary_recipe_is_refused_naming_the_file(tmp_path):
 
 def test_an_unreadable_recipe_is_refused_naming_the_file(tmp_path):
     (tmp_path / "folder.yaml").mkdir()
-    with pytest.raises(RecipeFileError, match=r"folder.yaml: expected a readable recipe file, got IsADirectoryError"):
+    with pytest.raises(RecipeFileError, match=r"folder.yaml: expected a regular file, got a directory"):
         load_recipe(tmp_path / "folder.yaml")
     with pytest.raises(RecipeFileError, match=r"missing.yaml: expected a readable recipe file, got FileNotFoundError"):
         load_recipe(tmp_path / "missing.yaml")
@@ -104,3 +104,17 @@ def test_config_files_are_found_and_checked(tmp_path):
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text("trainer: {max_epochs: 1}\n")
     check_config_files(["--config", str(recipe), "--config", "{inline: yaml}"])  # not a file: left to the parser
+
+
+def test_a_named_pipe_as_recipe_is_refused_without_blocking(tmp_path):
+    import os
+    import signal
+
+    os.mkfifo(tmp_path / "pipe.yaml")
+    signal.signal(signal.SIGALRM, lambda *_: pytest.fail("reading a named pipe as a recipe blocked"))
+    signal.alarm(5)
+    try:
+        with pytest.raises(RecipeFileError, match=r"pipe.yaml: expected a regular file, got a named pipe"):
+            load_recipe(tmp_path / "pipe.yaml")
+    finally:
+        signal.alarm(0)
