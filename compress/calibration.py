@@ -25,7 +25,8 @@ layers form one stage, their Hessians from the model as it was. On SmolLM2-135M 
 One-shot pruning on calibration inputs (OBS, activation scores; :func:`run_hessian_passes`) uses
 the finer stages, one per input group of each block in forward order: pruning half of a block's
 weights moves the residual stream far more than rounding does, so a later block's Hessian must come
-from the earlier blocks as pruned (SmolLM2, 50% OBS blocks one-shot: per role 1,439 perplexity).
+from the earlier blocks as pruned (pretrained SmolLM2 on the CPU, 50% OBS blocks one-shot: per role
+1,091 perplexity, per block 643; docs/journal.md).
 It runs after SmoothQuant, on the smoothed weights. With block sparsity the pruned weights stay
 exact zeros: they quantize to 0 and their error is spread over the kept ones; one-shot pruning leaves
 the weights of GPTQ layers in place (masked in the forward), so GPTQ also compensates for what
