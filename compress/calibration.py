@@ -356,7 +356,7 @@ def run_hessian_passes(model: nn.Module, calibration_data, sync: Callable | None
     :func:`check_layer_inputs` refuses, or a Hessian that no damping makes positive definite.
     """
     to_prune, to_round = calibrated_pruning_layers(model), gptq_layers(model) if gptq else {}
-    layers = hessian_layers(model) if gptq else to_prune
+    layers = {**to_prune, **to_round}
     if not layers:
         return {}
     run_all, run_one = calibration_runner(calibration_data)

@@ -135,6 +135,7 @@ class PruningSchedule:
         self.layers: dict[str, CompressedLinear] = {}  # the matched layers (bind)
         self.model: Optional[nn.Module] = None  # the bound model (bind)
         self._reordered = False
+        self._pruned_one_shot = False  # algorithm="obs": the one-shot masks were seen in place
         self._current_step: Optional[int] = None  # the step of the latest prune_if_due call
         self._summed_at: dict[str, int] = {}  # layer name -> the step whose gradients were last summed into it
         self._restored: Optional[tuple] = None  # (saved layers, saved score shapes) loaded before bind, checked there
@@ -200,7 +201,9 @@ class PruningSchedule:
         also the step :meth:`accumulate` sums for by default."""
         self._current_step = step
         if self.algorithm == "obs":
-            self._check_pruned_one_shot()
+            if not self._pruned_one_shot:  # once: the masks only shrink, so a later step cannot undo it
+                self._check_pruned_one_shot()
+                self._pruned_one_shot = True
             return False
         if not self.due(step):
             return False
