@@ -26,7 +26,9 @@ every layer is scored by magnitude, so the ranking compares one kind of score.
 ``algorithm="obs"``: the masks come from second-order one-shot pruning on calibration data before the
 first step (:mod:`compress.core.obs`; the Lightning ``Calibration`` callback runs it when training
 starts, a plain loop passes ``calibration_data`` to :class:`compress.schedule.CompressionSchedule`), and
-training then keeps them: the schedule re-scores nothing, its steps and ``score`` are not used.
+training then keeps them: the schedule re-scores nothing, its steps and ``score`` are not used;
+``allocation="global"`` becomes the configs' ``obs_allocation="global"`` (with ``spread``): the one-shot
+pass ranks the blocks of all matched layers by their predicted loss.
 
 ``reorder_neurons``: before the layers are swapped, list each MLP's hidden neurons by importance so weak
 neurons share blocks (:func:`compress.core.neuron_order.reorder_mlp_neurons`; the function is unchanged).
@@ -115,7 +117,9 @@ class PruningSchedule:
             raise ValueError("allocation='global' ranks all layers against one sparsity; expected plan=None, "
                              f"got plan={plan!r}")
         allocation_bounds(sparsity, spread)  # validates spread
-        BlockSparseConfig(sparsity=sparsity, score=score, algorithm=algorithm)  # validates sparsity, algorithm
+        # algorithm="obs": the one-shot pass allocates (global: ranked over the layers, within the spread)
+        obs_knobs = {"obs_allocation": allocation, "obs_spread": spread} if algorithm == "obs" else {}
+        BlockSparseConfig(sparsity=sparsity, score=score, algorithm=algorithm, **obs_knobs)  # validates them
         check_step("start_step", start_step)
         check_step("end_step", end_step)
         if end_step < start_step:
@@ -124,7 +128,8 @@ class PruningSchedule:
         if not isinstance(reorder_neurons, bool):
             raise ValueError(f"reorder_neurons: expected a bool, got {reorder_neurons!r}")
         rules = {"*": sparsity} if plan is None else dict(plan)
-        self.plan = Plan({p: BlockSparseConfig(sparsity=s, score=score, algorithm=algorithm) for p, s in rules.items()},
+        self.plan = Plan({p: BlockSparseConfig(sparsity=s, score=score, algorithm=algorithm, **obs_knobs)
+                          for p, s in rules.items()},
                          exclude=DEFAULT_EXCLUDE if exclude is None else tuple(exclude))
         self.sparsity, self.start_step, self.end_step, self.frequency = sparsity, start_step, end_step, frequency
         self.score, self.allocation, self.spread, self.reorder_neurons = score, allocation, spread, reorder_neurons

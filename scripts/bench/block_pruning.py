@@ -6,7 +6,10 @@ default plan targets (``lm_head`` and embeddings stay dense), 32x32 blocks:
 * ``blocks-{s}-magnitude`` / ``-activation``: the lowest-scoring blocks by mean |w|, or by mean
   ``|w_ij| * ||x_j||`` (calibration inputs' channel norms),
 * ``blocks-{s}-obs``: second-order (OBS) blocks with the kept weights compensated, layer by layer,
-* ``blocks-50-obs-w4a16-g32`` / ``-w8a8``: OBS 50%, then GPTQ of the survivors in the same pass.
+* ``blocks-{s}-obs-global``: the same with the blocks of all layers ranked together by their predicted
+  loss (``obs_allocation="global"``: costs weighted by the loss's squared output gradients, each layer
+  between 5% and 95% of the way to all its blocks at the default ``obs_spread`` 0.9),
+* ``blocks-50-obs[-global]-w4a16-g32`` / ``-w8a8``: OBS 50%, then GPTQ of the survivors in the same pass.
 
 The peer (``--peer``; llm-compressor, installed for this benchmark only, never a dependency):
 ``oneshot`` with ``SparseGPTModifier`` at 2:4 and at 50% unstructured and ``WandaPruningModifier`` at
@@ -46,13 +49,15 @@ def our_variants(sparsities: list[float]) -> dict[str, list]:
     found = {}
     for s in sparsities:
         tag = f"{100 * s:g}"
-        found[f"blocks-{tag}-obs"] = [BlockSparseConfig(s, algorithm="obs")]
+        for allocation, suffix in (("layer", ""), ("global", "-global")):
+            obs = BlockSparseConfig(s, algorithm="obs", obs_allocation=allocation)
+            found[f"blocks-{tag}-obs{suffix}"] = [obs]
+            if s == 0.5:
+                found[f"blocks-{tag}-obs{suffix}-w4a16-g32"] = [obs, W4A16Config(group_size=32, algorithm="gptq")]
+                found[f"blocks-{tag}-obs{suffix}-w8a8"] = [obs, W8A8Config(algorithm="gptq")]
         if s == 0.5:
             found[f"blocks-{tag}-magnitude"] = [BlockSparseConfig(s)]
             found[f"blocks-{tag}-activation"] = [BlockSparseConfig(s, score="activation")]
-            found[f"blocks-{tag}-obs-w4a16-g32"] = [BlockSparseConfig(s, algorithm="obs"),
-                                                    W4A16Config(group_size=32, algorithm="gptq")]
-            found[f"blocks-{tag}-obs-w8a8"] = [BlockSparseConfig(s, algorithm="obs"), W8A8Config(algorithm="gptq")]
     return found
 
 
@@ -101,7 +106,7 @@ def run(args) -> dict:
               "seed": args.seed, "eval_blocks": len(data.val_dataloader().dataset), "dense_perplexity": dense,
               "stages": "per block and input group", "variants": results}
     chosen = {name: configs for name, configs in our_variants(args.sparsities).items()
-              if not args.only or name.startswith(tuple(args.only))}
+              if not args.only or name in args.only}
     for name, configs in chosen.items():
         start = time.perf_counter()
         model = compress.convert(copy.deepcopy(base).to(device), {"model.layers.*": configs}, calibration_data=batches)
@@ -130,14 +135,15 @@ def _print(name: str, entry: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m scripts.bench.block_pruning", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m scripts.bench.block_pruning", description=__doc__.split("\n")[0],
+                                     allow_abbrev=False)
     parser.add_argument("--model", default="runs/smollm2-wikitext-dense/float", help="a model directory or name")
     parser.add_argument("--tokenizer", default="SmolLM2-135M-Instruct", help="tokenizer name or path")
     parser.add_argument("--sparsities", type=lambda s: [float(v) for v in s.split(",")],
                         default=[0.25, 0.375, 0.5, 0.625])
     add_data_arguments(parser)
     parser.add_argument("--only", type=lambda s: [v for v in s.split(",") if v], default=None,
-                        help="run only our variants whose names start with one of these (e.g. blocks-50-obs)")
+                        help="run only these of our variants (comma-separated names, e.g. blocks-50-obs,blocks-50-obs-global)")
     parser.add_argument("--peer", action="store_true", help="also run llm-compressor's SparseGPT and Wanda")
     parser.add_argument("--out", type=Path, default=None, help="write the JSON results here")
     args = parser.parse_args(argv)

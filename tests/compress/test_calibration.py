@@ -253,3 +253,59 @@ def test_inputs_that_overflow_when_squared_are_named():
     xtx[3, 3] = float("inf")
     with pytest.raises(ValueError, match="overflow float32 when squared"):
         calibration.check_layer_inputs("q", xtx, 100)
+
+
+# ---- global OBS allocation: block costs weighted by the loss's output gradients, ranked over layers ----
+class TwoHeads(nn.Module):
+    """``loss = mean((10 * loud(x) + 0.1 * quiet(x) - labels)^2)``: the same error costs 10^4 times more on
+    ``loud``'s outputs, which the gradient weights must see."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.loud, self.quiet = nn.Linear(64, 64, bias=False), nn.Linear(64, 64, bias=False)
+
+    def forward(self, x, labels=None):
+        out = 10 * self.loud(x) + 0.1 * self.quiet(x)
+        return {"logits": out, "loss": None if labels is None else (out - labels).pow(2).mean()}
+
+
+def _regression_batches(count=4):
+    generator = torch.Generator().manual_seed(3)
+    return [{"x": torch.randn(128, 64, generator=generator), "labels": torch.randn(128, 64, generator=generator)}
+            for _ in range(count)]
+
+
+def _global(sparsity=0.5, spread=0.9):
+    from compress.configs import BlockSparseConfig
+
+    return BlockSparseConfig(sparsity, algorithm="obs", obs_allocation="global", obs_spread=spread)
+
+
+def test_global_obs_prunes_the_layer_the_loss_barely_sees_and_keeps_the_total():
+    model = compress.prepare(TwoHeads(), {"loud": _global(), "quiet": _global()})
+    weights = calibration.output_gradient_weights(model, compressed_layers(model), _regression_batches())
+    assert float(weights["loud"].mean()) > 1000 * float(weights["quiet"].mean())
+    assert all(p.grad is None and p.requires_grad for p in model.parameters())  # restored
+    calibration.run_hessian_passes(model, iter(_regression_batches()))  # an iterator is read twice
+    loud, quiet = int((~model.loud.mask).sum()), int((~model.quiet.mask).sum())
+    assert loud + quiet == 4  # half of the 8 blocks
+    assert quiet == 3 and loud == 1  # as far as the spread allows: [5%, 95%] of 4 blocks is [0, 3]
+
+
+def test_global_obs_refuses_what_it_cannot_rank():
+    from compress.configs import BlockSparseConfig
+
+    model = compress.prepare(TwoHeads(), {"loud": _global(), "quiet": _global()})
+    with pytest.raises(ValueError, match="expected calibration batches .* got a callable"):
+        calibration.run_hessian_passes(model, lambda m: m(torch.randn(8, 64)))
+    with pytest.raises(ValueError, match="the model returned no loss on a calibration batch"):
+        calibration.run_hessian_passes(model, [{"x": torch.randn(128, 64)}])
+    mixed = compress.prepare(TwoHeads(), {"loud": _global(0.5), "quiet": _global(0.25)})
+    with pytest.raises(ValueError, match=r"expected one \(sparsity, obs_spread, block\) among them"):
+        calibration.run_hessian_passes(mixed, _regression_batches())
+    assert bool(model.loud.mask.all()) and bool(mixed.quiet.mask.all())  # nothing pruned
+    with pytest.raises(ValueError, match="obs_allocation: only used with algorithm='obs'"):
+        BlockSparseConfig(0.5, obs_allocation="global")
+    with pytest.raises(ValueError, match=r"obs_spread: expected a fraction in \[0, 1\)"):
+        _global(spread=1.0)
