@@ -122,40 +122,86 @@ def generate_section(name: str, data: dict) -> list[str]:
 
 PRUNING_TARGET_VARIANTS = ("blocks-50-obs", "blocks-50-obs-w4a16-g32")
 PRUNING_ANCHOR = "sparsegpt-2of4"
+CURRENT_STAGES = "per block and input group"  # how the Hessian passes stage layers when they prune, today
 
 
 def pruning_section(name: str, data: dict) -> list[str]:
-    """One-shot pruning of the fine-tuned dense model: ours and llm-compressor's, seed by seed."""
+    """One-shot pruning of the fine-tuned dense model: ours and llm-compressor's, run by run. Our variants'
+    means count only runs at today's Hessian stages (:data:`CURRENT_STAGES`); older runs stay as columns."""
     runs = require(data, "runs", name)
-    first = runs[0]
+    first = runs[-1]
     env = require(first, "environment", name)
-    seeds = [require(run, "seed", name) for run in runs]
     lines = ["## One-shot pruning: 32x32 blocks against llm-compressor", "",
              f"`{require(first, 'model', name)}` (the dense recipe's model), every decoder linear layer pruned "
              f"one-shot ({first.get('dtype')} evaluation). Calibration: {require(first, 'calibration_blocks', name)} "
              f"blocks of {require(first, 'block_size', name)} tokens from the training part of WikiText-2's "
              f"`valid.txt`, drawn by the seed; perplexity on its held-back part "
-             f"({require(first, 'eval_blocks', name)} blocks). Hessian stages: {data.get('stages', '-')}. "
+             f"({require(first, 'eval_blocks', name)} blocks). Hessian stages: per role (one pass per layer role "
+             f"over all blocks) or {CURRENT_STAGES} (what the code does now). "
              f"GPU: {env.get('gpu', 'none')}; torch {env.get('torch')}, Triton {env.get('triton')}.", ""]
     if data.get("note"):
         lines += [data["note"], ""]
     lines += [f"Dense model: perplexity {require(first, 'dense_perplexity', name):.2f}.", ""]
     names = list(dict.fromkeys(v for run in runs for v in require(run, "variants", name)))
-    means = {}
-    rows = []
+    means, rows = {}, []
     for variant in names:
         entries = [run["variants"].get(variant) for run in runs]
-        found = [e for e in entries if e is not None]
-        means[variant] = sum(e["perplexity"] for e in found) / len(found)
-        increase = sum(e["increase"] for e in found) / len(found)
-        rows.append([variant] + [f"{e['perplexity']:.2f}" if e else "-" for e in entries]
-                    + [f"{100 * increase:+.1f}%", f"{found[0]['prune_s']:.1f}"])
-    lines += table(["variant"] + [f"seed {s}" for s in seeds] + ["mean vs dense", "prune s"], rows)
+        peer = not variant.startswith("blocks-")
+        counted = [e for e, run in zip(entries, runs) if e is not None
+                   and (peer or run.get("stages", CURRENT_STAGES) == CURRENT_STAGES)]
+        if counted:
+            means[variant] = sum(e["perplexity"] for e in counted) / len(counted)
+        mean = "-" if not counted else f"{means[variant]:.2f} ({100 * (means[variant] / first['dense_perplexity'] - 1):+.1f}%)"
+        rows.append([variant] + [f"{e['perplexity']:.2f} ({e['prune_s']:.0f} s)" if e else "-" for e in entries]
+                    + [mean])
+    headers = [f"seed {require(run, 'seed', name)}, {run.get('stages', CURRENT_STAGES)}"
+               + (f" (`{run['commit']}`)" if run.get("commit") else "") for run in runs]
+    lines += table(["variant"] + headers + ["mean today vs dense"], rows)
+    notes = [f"- seed {run['seed']}, {run.get('stages', CURRENT_STAGES)}: {run['note']}" for run in runs if run.get("note")]
+    if notes:
+        lines += [""] + notes
     if PRUNING_ANCHOR in means:
         anchor = means[PRUNING_ANCHOR]
         lines += ["", f"Target: one-shot 50% blocks, alone and with W4A16 g32, no worse than {PRUNING_ANCHOR} "
                       f"({anchor:.2f}):", ""]
         lines += table(["variant", "mean perplexity", "target"],
-                       [[v, f"{means[v]:.2f}", VERDICT[means[v] <= anchor]] for v in PRUNING_TARGET_VARIANTS
-                        if v in means])
+                       [[v, f"{means[v]:.2f}" if v in means else "-", VERDICT[(means[v] <= anchor) if v in means else None]]
+                        for v in PRUNING_TARGET_VARIANTS])
     return lines + [""]
+
+
+SWEEP_TARGETS = {"blocks-25": 0.08, "blocks-50": 0.40, "blocks-50-w8a8": 0.45}  # perplexity increase allowed vs dense
+
+
+def sweep_section(name: str, data: dict) -> list[str]:
+    """The fine-tuned block-sparsity sweep: perplexity and speed of each point against the dense model."""
+    dense = require(data, "dense", name)
+    env = require(data, "environment", name)
+    lines = ["## Block sparsity sweep: fine-tuned 32x32 blocks, with and without quantization", "",
+             f"{require(data, 'description', name)} GPU: {env.get('gpu')}; torch {env.get('torch')}, Triton "
+             f"{env.get('triton')}; code `{data.get('commit')}`.", ""]
+    if data.get("note"):
+        lines += [data["note"], ""]
+    base = dense["latency_ms"]
+    rows = [["dense", "-", f"{dense['perplexity']:.2f}", "-", f"{base['1']:.3f}", f"{base['8']:.3f}",
+             f"{dense['linear_weight_bytes'] / 2**20:.1f}"]]
+    points = {}
+    for point in require(data, "points", name):
+        points[point["name"]] = point
+        speed = point.get("latency_ms") or {}
+        cells = [f"{speed[b]:.3f} ({base[b] / speed[b]:.2f}x)" if b in speed else "not measured" for b in ("1", "8")]
+        weights = point.get("linear_weight_bytes")
+        rows.append([point["name"], point["recipe"], f"{point['perplexity']:.2f}",
+                     f"{100 * (point['perplexity'] / dense['perplexity'] - 1):+.1f}%", *cells,
+                     "-" if weights is None else f"{weights / 2**20:.1f}"])
+    lines += table(["point", "recipe", "perplexity", "vs dense", "ms @ bs=1 (x dense)", "ms @ bs=8 (x dense)",
+                    "linear weights MiB"], rows)
+    lines += ["", "Targets (perplexity against dense, mean of two seeds; one seed so far):", ""]
+    target_rows = []
+    for variant, allowed in SWEEP_TARGETS.items():
+        point = points.get(variant)
+        increase = None if point is None else point["perplexity"] / dense["perplexity"] - 1
+        target_rows.append([variant, f"within +{100 * allowed:.0f}%",
+                            "-" if increase is None else f"{100 * increase:+.1f}%",
+                            VERDICT[None if increase is None else increase <= allowed]])
+    return lines + table(["point", "target", "seed 0", "status"], target_rows) + [""]

@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from scripts.bench.llm_sections import generate_section, post_training_section, pruning_section
+from scripts.bench.llm_sections import generate_section, post_training_section, pruning_section, sweep_section
 from scripts.bench.markdown import VERDICT, provenance, ratio, require, table
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -362,6 +362,8 @@ def smollm2_section(name: str, data: dict) -> list[str]:
         return post_training_section(name, data)
     if "pruning" in name:
         return pruning_section(name, data)
+    if "sweep" in name:
+        return sweep_section(name, data)
     return ["## Recipes: fine-tune, compress, export", ""] + quality_section(name, data)
 
 
@@ -424,7 +426,7 @@ PAGES = (
     Page("wikitext.md", "Small Llama on WikiText-2: perplexity and speed of the recipes", ("wikitext-h100.json",),
          "", quality_section),
     Page("smollm2.md", "SmolLM2-135M-Instruct: recipes, post-training GPTQ and generate speed",
-         ("smollm2-h100.json", "smollm2-pruning-h200.json", "smollm2-post-training-cpu.json",
+         ("smollm2-h100.json", "smollm2-sweep-h200.json", "smollm2-pruning-h200.json", "smollm2-post-training-cpu.json",
           "generate-smollm2-h100.json",
           "generate-llama2-7b-h100.json"), "", smollm2_section),
 )

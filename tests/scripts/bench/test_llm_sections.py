@@ -1,7 +1,7 @@
 """Tests for scripts/bench/llm_sections.py: the SmolLM2 page's post-training and generate sections."""
 import pytest
 
-from scripts.bench.llm_sections import generate_section, post_training_section, pruning_section
+from scripts.bench.llm_sections import generate_section, post_training_section, pruning_section, sweep_section
 
 
 def post_training_data():
@@ -62,14 +62,36 @@ def pruning_run(seed, variants):
             "variants": {k: {"perplexity": p, "increase": p / 16.0 - 1, "prune_s": 2.0} for k, p in variants.items()}}
 
 
-def test_pruning_lists_each_seed_the_mean_and_checks_ours_against_sparsegpt_2of4():
-    data = {"stages": "per block", "runs": [
-        pruning_run(0, {"blocks-50-obs": 30.0, "blocks-50-obs-w4a16-g32": 40.0, "sparsegpt-2of4": 36.0}),
-        pruning_run(1, {"blocks-50-obs": 34.0})]}
+def test_pruning_lists_each_run_and_means_only_todays_stages_against_sparsegpt_2of4():
+    data = {"runs": [
+        {**pruning_run(0, {"blocks-50-obs": 300.0, "sparsegpt-2of4": 36.0}), "stages": "per role", "commit": "abc"},
+        pruning_run(0, {"blocks-50-obs": 30.0, "blocks-50-obs-w4a16-g32": 40.0}),
+        {**pruning_run(1, {"blocks-50-obs": 34.0}), "note": "one variant"}]}
     text = "\n".join(pruning_section("p.json", data))
-    assert "| blocks-50-obs | 30.00 | 34.00 | +100.0% | 2.0 |" in text
-    assert "| sparsegpt-2of4 | 36.00 | - | +125.0% | 2.0 |" in text
+    assert ("| variant | seed 0, per role (`abc`) | seed 0, per block and input group | seed 1, per block and input "
+            "group | mean today vs dense |") in text
+    assert "| blocks-50-obs | 300.00 (2 s) | 30.00 (2 s) | 34.00 (2 s) | 32.00 (+100.0%) |" in text  # 300 not counted
+    assert "| sparsegpt-2of4 | 36.00 (2 s) | - | - | 36.00 (+125.0%) |" in text  # a peer counts at any stages
     assert "| blocks-50-obs | 32.00 | met |" in text and "| blocks-50-obs-w4a16-g32 | 40.00 | **not met** |" in text
-    assert "Hessian stages: per block." in text
+    assert "- seed 1, per block and input group: one variant" in text
     with pytest.raises(ValueError, match="p.json: expected a 'runs' entry"):
         pruning_section("p.json", {})
+
+
+def sweep_data():
+    return {"environment": {"gpu": "H200", "torch": "2", "triton": "3"}, "commit": "abc", "description": "A sweep.",
+            "dense": {"perplexity": 20.0, "latency_ms": {"1": 4.0, "8": 16.0}, "linear_weight_bytes": 2 ** 21},
+            "points": [{"name": "blocks-25", "recipe": "r25", "perplexity": 21.0},
+                       {"name": "blocks-50", "recipe": "r50", "perplexity": 30.0, "latency_ms": {"1": 2.0, "8": 16.0},
+                        "linear_weight_bytes": 2 ** 20}]}
+
+
+def test_sweep_rows_speed_against_dense_and_the_targets():
+    text = "\n".join(sweep_section("s.json", sweep_data()))
+    assert "| blocks-25 | r25 | 21.00 | +5.0% | not measured | not measured | - |" in text
+    assert "| blocks-50 | r50 | 30.00 | +50.0% | 2.000 (2.00x) | 16.000 (1.00x) | 1.0 |" in text
+    assert "| blocks-25 | within +8% | +5.0% | met |" in text
+    assert "| blocks-50 | within +40% | +50.0% | **not met** |" in text
+    assert "| blocks-50-w8a8 | within +45% | - | not measured |" in text
+    with pytest.raises(ValueError, match="s.json: expected a 'dense' entry"):
+        sweep_section("s.json", {})

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from scripts.bench import pages
-from tests.scripts.bench.test_llm_sections import generate_data, post_training_data, pruning_run
+from tests.scripts.bench.test_llm_sections import generate_data, post_training_data, pruning_run, sweep_data
 
 
 def kernel_report(gpu):
@@ -92,7 +92,8 @@ def root(tmp_path):
                                    "plot_note": "The plot's runs are older."},
              "smollm2-post-training-cpu.json": post_training_data(), "generate-smollm2-h100.json": generate_data(),
              "generate-llama2-7b-h100.json": generate_data(),
-             "smollm2-pruning-h200.json": {"runs": [pruning_run(0, {"blocks-50-obs": 30.0, "sparsegpt-2of4": 36.0})]}}
+             "smollm2-pruning-h200.json": {"runs": [pruning_run(0, {"blocks-50-obs": 30.0, "sparsegpt-2of4": 36.0})]},
+             "smollm2-sweep-h200.json": sweep_data()}
     for name, data in files.items():
         (results / name).write_text(json.dumps(data))
     return tmp_path
