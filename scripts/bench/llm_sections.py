@@ -1,9 +1,10 @@
 """Sections of the SmolLM2 results page (``docs/results/smollm2.md``), one per results file it reads.
 
 * ``smollm2-<gpu>.json``: the recipes' quality file (rendered by :func:`scripts.bench.pages.quality_section`);
-* ``generate-<model>-<gpu>.json`` (:mod:`scripts.bench.generate`): the modules' host time per call,
-  then tokens/s of ``model.generate`` eager and compiled and of the decode harness, the ratios, the
-  targets, and what was skipped or failed;
+* ``generate-<gpu>.json`` (:mod:`scripts.bench.generate`): one run of the benchmark, or several
+  separate runs on that GPU under ``runs`` (e.g. one per model), a section each: the modules' host
+  time per call, then tokens/s of ``model.generate`` eager and compiled and of the decode harness,
+  the ratios, the targets, and what was skipped or failed;
 * ``smollm2-post-training-<gpu>.json`` (:mod:`scripts.bench.post_training`): per variant the
   perplexity after ``compress.convert`` with round-to-nearest or GPTQ, and per scheme the share of
   round-to-nearest's increase over the float model that GPTQ removes,
@@ -118,6 +119,15 @@ def generate_section(name: str, data: dict) -> list[str]:
                       f"{failure['error'].splitlines()[0]}"]
     return lines + [""]
 
+
+def generate_sections(name: str, data: dict) -> list[str]:
+    """:func:`generate_section` of the file's one run, or of each run under ``runs``, in order."""
+    if "runs" not in data:
+        return generate_section(name, data)
+    runs = data["runs"]
+    if not isinstance(runs, list) or not runs:
+        raise ValueError(f"{name}: expected 'runs' to be a non-empty list of generate benchmark runs, got {runs!r}")
+    return [line for index, run in enumerate(runs) for line in generate_section(f"{name} runs[{index}]", run)]
 
 
 PRUNING_TARGET_VARIANTS = ("blocks-50-obs", "blocks-50-obs-w4a16-g32")
