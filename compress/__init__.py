@@ -18,18 +18,8 @@ Public API (docs/architecture.md)::
     compress.link_quantized_inputs(model, example_inputs)  # norms / GELU quantize for the W8A8 layer after
     compress.link_block_chains(model, example_inputs)   # block-scaled MLPs: up -> GELU -> down in int8
 
-Its layers, each importing only from those listed before it (``tests/test_import_graph.py`` checks
-that core, nn and eval do, and that no import cycle exists)::
-
-    compress/configs.py, _kernels.py    the schemes (typed configs); the one door to the kernels
-    compress/core/       math on tensors: quantization, block sparsity, observers, SmoothQuant,
-                         neuron order
-    compress/nn/         module swaps: training (QAT) and inference modules, fusion, input quantization
-    compress/plan.py, checkpoint.py     prepare / convert a model by plan; save / load it
-    compress/schedule/   training-aware compression step by step, for any training loop
-    compress/eval/       timing, metrics, evaluation of a model, the report
-    compress/lightning/  callbacks, tasks, data, distillation (Lightning)
-    compress/cli.py      the ``compress`` command
+Its modules, one line each, are in the file tree of docs/architecture.md, with the layers that
+``tests/test_import_graph.py`` holds (``core`` reaches no ``nn``, ``nn`` no ``schedule``, ...).
 
 The Lightning callbacks live in :mod:`compress.lightning.callbacks`, the ``transformers`` Trainer
 callback in :mod:`compress.integrations.hf_trainer`; ``import compress`` imports neither Lightning

@@ -4,7 +4,8 @@ W4A16, W8A16 and DDS.
 One package per op, each with its dispatch table (``dispatch.py``: from the shapes to the kernel and
 tiles that run, one commented row per case), its launcher, validation and ``torch.library`` custom op
 (``op.py``) and one module per kernel; ``common/`` holds what several ops share. docs/kernels.md
-explains each kernel, each table and the current figures.
+explains each kernel, each table and the current figures; every module is listed in the file tree of
+docs/architecture.md. The public calls, by package::
 
     reference    the pure-PyTorch contract of every op (imports without Triton)
     w8a8/        w8a8_matmul(x, w_q, w_scale, bias=None, x_scale=None),

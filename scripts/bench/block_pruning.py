@@ -21,8 +21,10 @@ Calibration: the first ``--calibration-batches`` batches of the data module's tr
 ``--seed``); perplexity: the held-back tenth, as ``compress evaluate`` reports it. On a GPU the
 models run in fp16 (our inference modules call the Triton kernels), pruning in fp32::
 
-    python -m scripts.bench.block_pruning --model runs/smollm2-wikitext-dense/float --peer \\
-        --out benchmarks/results/smollm2-pruning-h100.json
+    python -m scripts.bench.block_pruning --model runs/smollm2-wikitext-dense/float --peer --out pruning.json
+
+The JSON is one run; the results page reads the runs appended to ``pruning.runs`` of
+``benchmarks/results/smollm2-<gpu>.json``.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Accuracy of block-scaled int8 against per-token / per-channel W8A8: SQNR on activations with outlier channels.
 
-    python -m scripts.bench.block_sqnr --out benchmarks/results/block-sqnr.json
+    python -m scripts.bench.block_sqnr --out benchmarks/results/block-sqnr-cpu.json
 
 SQNR = 20 log10(|ref| / |ref - approx|) in dB (Frobenius norms), higher is better; 8 bits on Gaussian
 values give about 40 dB. Everything runs the kernels' references (``compress_kernels.reference``) on the

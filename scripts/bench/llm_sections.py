@@ -1,18 +1,21 @@
 """Sections of the SmolLM2 results page (``docs/results/smollm2.md``), one per results file it reads.
 
 * ``smollm2-<gpu>.json``: the recipes' quality file (rendered by :func:`scripts.bench.pages.quality_section`);
-* ``generate-<model>-<gpu>.json`` (:mod:`scripts.bench.generate`): the modules' host time per call,
-  then tokens/s of ``model.generate`` eager and compiled and of the decode harness, the ratios, the
-  targets, and what was skipped or failed;
+* ``generate-<gpu>.json`` (:mod:`scripts.bench.generate`): one run of the benchmark, or several
+  separate runs on that GPU under ``runs`` (e.g. one per model), a section each: the modules' host
+  time per call, then tokens/s of ``model.generate`` eager and compiled and of the decode harness,
+  the ratios, the targets, and what was skipped or failed;
 * ``smollm2-post-training-<gpu>.json`` (:mod:`scripts.bench.post_training`): per variant the
   perplexity after ``compress.convert`` with round-to-nearest or GPTQ, and per scheme the share of
   round-to-nearest's increase over the float model that GPTQ removes,
   ``1 - (ppl_gptq - ppl) / (ppl_rtn - ppl)``; the target (issue: at least 0.5 at g32 and g128) is
   checked where the file has the scheme;
-* ``smollm2-pruning-<gpu>.json`` (:mod:`scripts.bench.block_pruning`, runs of several seeds under
-  ``runs``): per variant the perplexity of one-shot pruning at each seed, the mean increase over the
-  dense model, and the target (issue: 50% OBS blocks, alone and with W4A16 g32, no worse than
-  llm-compressor's SparseGPT 2:4 on the same model and tokens).
+* ``smollm2-h200.json``: under ``sweep``, the fine-tuned block-sparsity sweep (each point's perplexity
+  and speed against dense, the targets: :func:`sweep_section`); under ``pruning``, the runs of
+  :mod:`scripts.bench.block_pruning` (one per seed and Hessian staging, in ``runs``): per variant the
+  perplexity of one-shot pruning in each run, the mean increase over the dense model, and the target
+  (issue: 50% OBS blocks, alone and with W4A16 g32, no worse than llm-compressor's SparseGPT 2:4 on the
+  same model and tokens).
 
 Each section is a pure function of its JSON, like every page of :mod:`scripts.bench.pages`.
 """
@@ -118,6 +121,15 @@ def generate_section(name: str, data: dict) -> list[str]:
                       f"{failure['error'].splitlines()[0]}"]
     return lines + [""]
 
+
+def generate_sections(name: str, data: dict) -> list[str]:
+    """:func:`generate_section` of the file's one run, or of each run under ``runs``, in order."""
+    if "runs" not in data:
+        return generate_section(name, data)
+    runs = data["runs"]
+    if not isinstance(runs, list) or not runs:
+        raise ValueError(f"{name}: expected 'runs' to be a non-empty list of generate benchmark runs, got {runs!r}")
+    return [line for index, run in enumerate(runs) for line in generate_section(f"{name} runs[{index}]", run)]
 
 
 PRUNING_TARGET_VARIANTS = ("blocks-50-obs", "blocks-50-obs-w4a16-g32")

@@ -6,7 +6,9 @@
 Run from the repository root. Each page is a pure function of its JSON files in
 ``benchmarks/results/`` (nothing else is read: no clock, no git), so ``--check`` can hold the pages to
 the data. The pages carry figures of the current state only; the history of how they came about is
-``docs/journal.md`` and ``benchmarks/results/history.csv``.
+``docs/journal.md`` and ``benchmarks/results/history.csv``. Every other file there is named
+``<family>-<gpu>.json`` (gpu: ``h100``, ``h200``, ``cpu``, ...): the current run of one benchmark family
+on one GPU.
 
 Inputs (the schemas the benchmarks write; this module only reads them):
 
@@ -25,12 +27,13 @@ Inputs (the schemas the benchmarks write; this module only reads them):
   ``target_unit``), ``runs``: one per trained model with ``variant``, ``recipe``, ``seed``, the
   metric's value, ``steps``, ``latency_ms`` (batch -> ms per forward), ``dense_latency_ms`` (the
   dense model's in the same report, when the run is a speed figure), ``counts_for`` (``metric``:
-  the seed's figure; ``speed``: the variant's speed figure), ``source`` (commit, report path, model
-  name) and ``note``.
+  the seed's figure; ``speed``: the variant's speed figure), ``source`` (commit, report, model name;
+  the report a path, or ``<file>#reports/<key>`` for a report the file keeps) and ``note``; optionally
+  ``reports`` (key -> the ``compress evaluate`` report a run's figures were read from).
 
 * SmolLM2 (``smollm2.md``): the recipes' quality file as above (``smollm2-h100.json``, written from one
-  ``compress evaluate`` report by :mod:`scripts.bench.quality_family`), the post-training benchmark's
-  file and the generate benchmark's files, rendered by :mod:`scripts.bench.llm_sections`.
+  ``compress evaluate`` report by :mod:`scripts.bench.quality_family`), the pruning and post-training
+  benchmarks' files and the generate benchmark's file, rendered by :mod:`scripts.bench.llm_sections`.
 
 Loss against dense: accuracy in points, ``100 * (dense - value)``; perplexity in percent,
 ``100 * (value / dense - 1)``. A target is met when the loss is at most the target. Means are taken
@@ -46,7 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from scripts.bench.llm_sections import generate_section, post_training_section, pruning_section, sweep_section
+from scripts.bench.llm_sections import generate_sections, post_training_section, pruning_section, sweep_section
 from scripts.bench.markdown import VERDICT, provenance, ratio, require, table
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -355,15 +358,15 @@ def plot_lines(data: dict) -> list[str]:
 
 
 def smollm2_section(name: str, data: dict) -> list[str]:
-    """The SmolLM2 page's section for one of its files, chosen by the file's name."""
+    """The SmolLM2 page's section for one of its files, chosen by the file's name or, for the file holding the
+    block-sparsity sweep and the one-shot pruning benchmark, by its ``sweep`` / ``pruning`` keys."""
     if name.startswith("generate-"):
-        return generate_section(name, data)
+        return generate_sections(name, data)
     if "post-training" in name:
         return post_training_section(name, data)
-    if "pruning" in name:
-        return pruning_section(name, data)
-    if "sweep" in name:
-        return sweep_section(name, data)
+    if "sweep" in data or "pruning" in data:
+        return ((sweep_section(f"{name}#sweep", data["sweep"]) if "sweep" in data else [])
+                + (pruning_section(f"{name}#pruning", data["pruning"]) if "pruning" in data else []))
     return ["## Recipes: fine-tune, compress, export", ""] + quality_section(name, data)
 
 
@@ -426,9 +429,8 @@ PAGES = (
     Page("wikitext.md", "Small Llama on WikiText-2: perplexity and speed of the recipes", ("wikitext-h100.json",),
          "", quality_section),
     Page("smollm2.md", "SmolLM2-135M-Instruct: recipes, post-training GPTQ and generate speed",
-         ("smollm2-h100.json", "smollm2-sweep-h200.json", "smollm2-pruning-h200.json", "smollm2-post-training-cpu.json",
-          "generate-smollm2-h100.json",
-          "generate-llama2-7b-h100.json"), "", smollm2_section),
+         ("smollm2-h100.json", "smollm2-h200.json", "smollm2-post-training-cpu.json", "generate-h100.json"), "",
+         smollm2_section),
 )
 
 

@@ -1,7 +1,8 @@
 """Tests for scripts/bench/llm_sections.py: the SmolLM2 page's post-training and generate sections."""
 import pytest
 
-from scripts.bench.llm_sections import generate_section, post_training_section, pruning_section, sweep_section
+from scripts.bench.llm_sections import (generate_section, generate_sections, post_training_section, pruning_section,
+                                        sweep_section)
 
 
 def post_training_data():
@@ -41,7 +42,7 @@ def generate_data():
 
 
 def test_generate_section_gives_figures_ratios_failures_and_verdicts():
-    text = "\n".join(generate_section("generate-smollm2-h100.json", generate_data()))
+    text = "\n".join(generate_section("generate-h100.json", generate_data()))
     assert "| 576x576 | 21.0 | 122.4 |" in text and "Code:" not in text
     assert "| smollm2 | 1 | fp16 | 30.0 | 1.00x | 200.0 | 1.00x | 600.0 | 1.00x | 0.33x |" in text
     assert "| smollm2 | 1 | w4a16 | 15.0 | 0.50x | failed | - | - | - | - |" in text
@@ -54,6 +55,22 @@ def test_generate_section_gives_figures_ratios_failures_and_verdicts():
     assert "median over 9 rounds" in "\n".join(generate_section("g.json", nine_rounds))
     with_code = {**generate_data(), "provenance": {"commit": "abc1234", "note": "before the fix"}}
     assert "Code: commit `abc1234`; before the fix." in "\n".join(generate_section("g.json", with_code))
+
+
+
+def test_generate_file_of_several_runs_gives_a_section_per_run_in_order():
+    llama = generate_data()
+    llama["config"]["models"] = ["llama2-7b"]
+    both = generate_sections("generate-h100.json", {"benchmark": "generate", "runs": [generate_data(), llama]})
+    titles = [line for line in both if line.startswith("## Generate")]
+    assert titles == ["## Generate: smollm2", "## Generate: llama2-7b"]
+    assert generate_sections("g.json", generate_data()) == generate_section("g.json", generate_data())
+    broken = generate_data()
+    del broken["results"]
+    with pytest.raises(ValueError, match=r"g.json runs\[1\]: expected a 'results' entry"):
+        generate_sections("g.json", {"runs": [generate_data(), broken]})
+    with pytest.raises(ValueError, match="g.json: expected 'runs' to be a non-empty list"):
+        generate_sections("g.json", {"runs": []})
 
 
 def pruning_run(seed, variants):

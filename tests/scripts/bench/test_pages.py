@@ -1,6 +1,7 @@
 """Tests of scripts/bench/pages.py: pages written from small fixture JSON, ``--check``, bad input, and the
 committed pages against the committed JSON."""
 import json
+import re
 
 import pytest
 
@@ -90,10 +91,9 @@ def root(tmp_path):
              "sst2-h100.json": sst2_data(), "wikitext-h100.json": wikitext_data(),
              "smollm2-h100.json": {**wikitext_data(), "family": "smollm2", "plot": "benchmarks/results/smollm2.png",
                                    "plot_note": "The plot's runs are older."},
-             "smollm2-post-training-cpu.json": post_training_data(), "generate-smollm2-h100.json": generate_data(),
-             "generate-llama2-7b-h100.json": generate_data(),
-             "smollm2-pruning-h200.json": {"runs": [pruning_run(0, {"blocks-50-obs": 30.0, "sparsegpt-2of4": 36.0})]},
-             "smollm2-sweep-h200.json": sweep_data()}
+             "smollm2-post-training-cpu.json": post_training_data(), "generate-h100.json": generate_data(),
+             "smollm2-h200.json": {"sweep": sweep_data(),
+                                   "pruning": {"runs": [pruning_run(0, {"blocks-50-obs": 30.0, "sparsegpt-2of4": 36.0})]}}}
     for name, data in files.items():
         (results / name).write_text(json.dumps(data))
     return tmp_path
@@ -187,6 +187,15 @@ def test_two_runs_for_one_seed_are_refused(root):
     (root / "benchmarks" / "results" / "sst2-h100.json").write_text(json.dumps(data))
     with pytest.raises(ValueError, match="two runs count for sparse50 seed 43"):
         pages.render(pages.PAGES[2], root)
+
+
+def test_results_folder_holds_family_files_and_one_history():
+    """benchmarks/results: ``history.csv`` and ``<family>-<gpu>.json`` files only, at most 12 entries."""
+    entries = sorted(p.name for p in (pages.REPO_ROOT / pages.RESULTS).iterdir())
+    named = re.compile(r"[a-z0-9]+(-[a-z0-9]+)*-(cpu|[a-z]\d{3})\.json")
+    assert "history.csv" in entries
+    assert [e for e in entries if e != "history.csv" and not named.fullmatch(e)] == []
+    assert len(entries) <= 12, f"{len(entries)} entries in {pages.RESULTS}: merge re-runs into the family files"
 
 
 def test_committed_pages_equal_what_the_committed_json_gives():
