@@ -52,7 +52,7 @@ READABLE_VERSIONS = (1, 2)
 FORMAT_MARKER = "compress-checkpoint"  # manifest["format"]: what makes a directory a checkpoint of ours
 MANIFEST, TENSORS, MODEL_CONFIG = "manifest.json", "model.safetensors", "config.json"
 MANIFEST_MODULES = {**INFERENCE_MODULES, "QuantizedExperts": QuantizedExperts}  # module types the manifest lists
-# What marks a compressed-tensors directory written by save_compressed (compressed_tensors_save.py)
+# What marks a compressed-tensors directory written by save_compressed (compressed_tensors/save.py)
 CT_EXPORT_MARKER = "compress-export.json"
 
 

@@ -6,7 +6,7 @@ Tolerances on the logits against transformers' model of the same directory (rela
 error, float32 on the CPU): W4A16 1e-5 (measured 0: the same dequantized weights); static W8A8 2e-3
 (the same integers and rounding, summed in another order); dynamic W8A8 3e-2 (compressed-tensors'
 fake quantization scales tokens by max|x| / 127.5, our kernels and vLLM's by max|x| / 127; measured
-1.2%). See test_compressed_tensors_save.py for the measurements.
+1.2%). See test_save.py for the measurements.
 """
 import json
 import re
