@@ -44,9 +44,9 @@ weight and to ``x``, so the result is exact.
 
 How the kernels are called. In eager mode (e.g. ``model.generate`` as most users run it) a forward
 must cost little host time, since a decode step calls every linear layer once with a few rows. The
-first kernel call binds the op to the module's buffers (``compress_kernels.bind_<op>``: every
-argument validated once) and keeps that call; later calls check only ``x`` (dtype, device, K) and
-launch without the custom op's dispatch. The bound call is kept while the buffers passed are the same
+first kernel call binds the op to the module's buffers (the op's ``bind_<op>``, imported with its
+launcher from :mod:`compress._kernels`: every argument validated once) and keeps that call; later
+calls check only ``x`` (dtype, device, K) and launch without the custom op's dispatch. The bound call is kept while the buffers passed are the same
 tensor objects and ``x`` keeps its dtype and device; a cast or move (``_apply``) drops it, and so do
 pickling and ``deepcopy`` (it is a cache, not state). In-place changes of buffer values
 (``load_state_dict``) need no rebinding: the call holds the buffers themselves. A buffer whose dtype
@@ -69,6 +69,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from compress import _kernels
+from compress._kernels import (bind_bsr_matmul_parts, bind_bsr_w8a8_matmul_parts, bind_bsr_w8a8_matmul_quantized,
+                               bind_w4a16_matmul, bind_w8a8_block_matmul, bind_w8a8_block_matmul_int8,
+                               bind_w8a8_block_matmul_quantized, bind_w8a8_matmul, bind_w8a8_matmul_quantized,
+                               bind_w8a16_matmul, bsr_matmul_parts, bsr_w8a8_matmul_parts, w4a16_matmul,
+                               w8a8_block_matmul, w8a8_matmul, w8a16_matmul)
 from compress.configs import BlockSparseConfig, W4A16Config, W8A8BlockConfig, W8A8Config, W8A16Config
 from compress.core.block_quant import dequantize_weight_blocks, quantize_weight_blocks
 from compress.core.float32 import Float32Buffers
@@ -170,42 +175,44 @@ class _InferenceLinear(Float32Buffers):
         copies[name] = (t, _version(t), copy)
         return copy
 
-    def _kernel(self, op: str, x: torch.Tensor, *args, padded_features: int | None = None,
+    def _kernel(self, launcher, bind, x: torch.Tensor, *args, padded_features: int | None = None,
                 **public_kwargs) -> torch.Tensor:
-        """``compress_kernels.<op>(x, *args)``: while torch.compile traces, the public launcher (with
-        ``public_kwargs``); in eager mode the call ``bind_<op>`` bound to ``args`` (module docstring).
+        """The op ``launcher`` (its public launcher, e.g. ``w8a8_matmul``) on ``(x, *args)``: while
+        torch.compile traces, ``launcher`` itself (with ``public_kwargs``); in eager mode the call that
+        ``bind`` (the op's ``bind_<op>``) returned for ``args``, kept (module docstring).
         ``padded_features``: the K the op takes when larger than ``in_features`` (x gets zero channels)."""
         if torch.compiler.is_compiling():
             x = _pad_inputs(x, self.in_features, padded_features or self.in_features)
-            return _kernels.launcher(op)(x, *args, **public_kwargs)
+            return launcher(x, *args, **public_kwargs)
         key = (x.dtype, x.get_device())
-        call = self._kept(op, key, args) or self._keep(op, key, args, self._bind(op, x, args, padded_features))
+        call = self._kept(bind, key, args) or self._keep(bind, key, args, self._bind(bind, x, args, padded_features))
         return call(x)
 
-    def _bind(self, op: str, x: torch.Tensor, args: tuple, padded_features: int | None):
-        """``bind_<op>`` validated against x padded to ``padded_features``, then taking unpadded inputs (a
-        wrong K stays wrong after the pad, for the op's check to name)."""
+    def _bind(self, bind, x: torch.Tensor, args: tuple, padded_features: int | None):
+        """``bind(x, *args)`` validated against x padded to ``padded_features``, then taking unpadded inputs
+        (a wrong K stays wrong after the pad, for the op's check to name)."""
         if not padded_features or padded_features == self.in_features:
-            return _kernels.launcher(f"bind_{op}")(x, *args)
+            return bind(x, *args)
         padded = _pad_inputs(x, self.in_features, padded_features)
-        return _kernels.launcher(f"bind_{op}")(padded, *args).padded_from(self.in_features)
+        return bind(padded, *args).padded_from(self.in_features)
 
-    def _quantized_kernel(self, op: str, x: torch.Tensor, xq: torch.Tensor, s_x: torch.Tensor, *args) -> torch.Tensor:
-        """``compress_kernels.<op>(xq, s_x, *args)`` for handed-over int8 inputs (eager mode only), bound as
-        :meth:`_kernel` binds."""
+    def _quantized_kernel(self, bind, x: torch.Tensor, xq: torch.Tensor, s_x: torch.Tensor, *args) -> torch.Tensor:
+        """The call ``bind(xq, s_x, *args)`` returned (an op's ``bind_<op>_quantized``) on handed-over int8
+        inputs (eager mode only), kept as :meth:`_kernel` keeps it."""
         key = (x.dtype, xq.get_device())
-        call = self._kept(op, key, args) or self._keep(op, key, args, _kernels.launcher(f"bind_{op}")(xq, s_x, *args))
+        call = self._kept(bind, key, args) or self._keep(bind, key, args, bind(xq, s_x, *args))
         return call(xq, s_x)
 
-    def _kept(self, op: str, key: tuple, args: tuple):
-        """The bound call kept for ``op``, or None when there is none or ``key`` (x's dtype and CUDA device
+    def _kept(self, bind, key: tuple, args: tuple):
+        """The call kept from ``bind``, or None when there is none or ``key`` (x's dtype and CUDA device
         index) or any of ``args`` (compared by identity) changed since it was made."""
-        kept = self.__dict__.get("_bound_calls", _NO_CALLS).get(op)
+        kept = self.__dict__.get("_bound_calls", _NO_CALLS).get(bind)
         return kept[2] if kept is not None and kept[0] == key and _same_objects(kept[1], args) else None
 
-    def _keep(self, op: str, key: tuple, args: tuple, call):
-        """``call``, kept for ``op`` with the ``key`` and ``args`` it was bound for."""
-        self.__dict__.setdefault("_bound_calls", {})[op] = (key, args, call)
+    def _keep(self, bind, key: tuple, args: tuple, call):
+        """``call``, kept under ``bind`` (the function that made it) with the ``key`` and ``args`` it was
+        bound for."""
+        self.__dict__.setdefault("_bound_calls", {})[bind] = (key, args, call)
         return call
 
     def _apply(self, fn, recurse=True):
@@ -296,14 +303,15 @@ class W8A8Linear(_TakesHandedInput, _InferenceLinear):
         b = self._buffers  # read directly in the forwards: nn.Module.__getattr__ costs about 1 us a buffer
         x = _smoothed(x, b["input_smoothing"])
         if self._use_kernel(x):
-            return self._kernel("w8a8_matmul", x, b["w_q"], b["w_scale"], self._bias_for(x), b["act_scale"])
+            return self._kernel(w8a8_matmul, bind_w8a8_matmul, x, b["w_q"], b["w_scale"], self._bias_for(x),
+                                b["act_scale"])
         return _kernels.reference.w8a8_matmul_ref(x, self.w_q, self.w_scale, self.bias, self.act_scale)
 
     def _matmul_quantized(self, x, xq, s_x) -> torch.Tensor:
         if self._use_kernel(x):
             b = self._buffers
-            y = self._quantized_kernel("w8a8_matmul_quantized", x, xq, s_x, b["w_q"], b["w_scale"], self._bias_for(x),
-                                       x.dtype)
+            y = self._quantized_kernel(bind_w8a8_matmul_quantized, x, xq, s_x, b["w_q"], b["w_scale"],
+                                       self._bias_for(x), x.dtype)
         else:
             y = _kernels.reference.w8a8_matmul_quantized_ref(xq, s_x, self.w_q, self.w_scale, self.bias, x.dtype)
         return y.reshape(*x.shape[:-1], self.out_features)
@@ -362,8 +370,8 @@ class W4A16Linear(_InferenceLinear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self._use_kernel(x):
             b = self._buffers
-            return self._kernel("w4a16_matmul", x, b["qweight"], b["scales"], self.group_size, self._bias_for(x),
-                                padded_features=self.padded_in_features)
+            return self._kernel(w4a16_matmul, bind_w4a16_matmul, x, b["qweight"], b["scales"], self.group_size,
+                                self._bias_for(x), padded_features=self.padded_in_features)
         x = _pad_inputs(x, self.in_features, self.padded_in_features)
         return _kernels.reference.w4a16_matmul_ref(x, self.qweight, self.scales, self.group_size, self.bias)
 
@@ -415,7 +423,7 @@ class W8A16Linear(_InferenceLinear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self._use_kernel(x):
             b = self._buffers
-            return self._kernel("w8a16_matmul", x, b["w_q"], b["w_scale"], self._bias_for(x),
+            return self._kernel(w8a16_matmul, bind_w8a16_matmul, x, b["w_q"], b["w_scale"], self._bias_for(x),
                                 padded_features=self.padded_in_features)
         x = _pad_inputs(x, self.in_features, self.padded_in_features)
         return _kernels.reference.w8a16_matmul_ref(x, self.w_q, self.w_scale, self.bias)
@@ -469,7 +477,7 @@ class W8A8BlockLinear(_InferenceLinear):
                 return head.start(self, x)
         if self._use_kernel(x):
             b = self._buffers
-            return self._kernel("w8a8_block_matmul", x, b["w_q"], b["w_scale"], self._bias_for(x))
+            return self._kernel(w8a8_block_matmul, bind_w8a8_block_matmul, x, b["w_q"], b["w_scale"], self._bias_for(x))
         return _kernels.reference.w8a8_block_matmul_ref(x, self.w_q, self.w_scale, self.bias)
 
     def gelu_int8_output(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -477,10 +485,9 @@ class W8A8BlockLinear(_InferenceLinear):
         dtype), quantized in 1 x 128 blocks (the next block-scaled layer's input), never written in float."""
         if self._use_kernel(x):
             b = self._buffers
-            op, key = "w8a8_block_matmul_int8", (x.dtype, x.get_device())
+            bind, key = bind_w8a8_block_matmul_int8, (x.dtype, x.get_device())
             args = (b["w_q"], b["w_scale"], self._bias_for(x))
-            call = self._kept(op, key, args) or self._keep(
-                op, key, args, _kernels.launcher(f"bind_{op}")(x, *args, gelu=True))
+            call = self._kept(bind, key, args) or self._keep(bind, key, args, bind(x, *args, gelu=True))
             return call(x)
         return _kernels.reference.w8a8_block_matmul_ref(x, self.w_q, self.w_scale, self.bias, gelu=True,
                                                          out_dtype=torch.int8)
@@ -489,7 +496,7 @@ class W8A8BlockLinear(_InferenceLinear):
         """This layer on ``xq`` (M, K) int8 and ``s_x`` (M, ceil(K/128)) handed over for ``x``: (..., N) in x's dtype."""
         if self._use_kernel(x):
             b = self._buffers
-            y = self._quantized_kernel("w8a8_block_matmul_quantized", x, xq, s_x, b["w_q"], b["w_scale"],
+            y = self._quantized_kernel(bind_w8a8_block_matmul_quantized, x, xq, s_x, b["w_q"], b["w_scale"],
                                        self._bias_for(x), x.dtype)
         else:
             y = _kernels.reference.w8a8_block_matmul_quantized_ref(xq, s_x, self.w_q, self.w_scale, self.bias,
@@ -554,8 +561,8 @@ class BSRLinear(_BlockSparseIndices, _InferenceLinear):
         if self._use_kernel(x):
             b = self._buffers
             values = self._in_dtype("values", b["values"], x.dtype)
-            return self._kernel("bsr_matmul_parts", x, b["crow_indices"], b["col_indices"], values, self.out_features,
-                                self._bias_for(x), check_indices=False)
+            return self._kernel(bsr_matmul_parts, bind_bsr_matmul_parts, x, b["crow_indices"], b["col_indices"], values,
+                                self.out_features, self._bias_for(x), check_indices=False)
         return _kernels.reference.bsr_matmul_ref(x, self.crow_indices, self.col_indices, self.values,
                                                   self.out_features, self.bias)
 
@@ -625,14 +632,15 @@ class BSRW8A8Linear(_BlockSparseIndices, _TakesHandedInput, _InferenceLinear):
         x = _smoothed(x, b["input_smoothing"])
         parts = (b["crow_indices"], b["col_indices"], b["values"], b["w_scale"], self.out_features)
         if self._use_kernel(x):
-            return self._kernel("bsr_w8a8_matmul_parts", x, *parts, self._bias_for(x), b["act_scale"],
-                                check_indices=False)
+            return self._kernel(bsr_w8a8_matmul_parts, bind_bsr_w8a8_matmul_parts, x, *parts, self._bias_for(x),
+                                b["act_scale"], check_indices=False)
         return _kernels.reference.bsr_w8a8_matmul_ref(x, *parts, self.bias, self.act_scale)
 
     def _matmul_quantized(self, x, xq, s_x) -> torch.Tensor:
         parts = (self.crow_indices, self.col_indices, self.values, self.w_scale, self.out_features)
         if self._use_kernel(x):
-            y = self._quantized_kernel("bsr_w8a8_matmul_quantized", x, xq, s_x, *parts, self._bias_for(x), x.dtype)
+            y = self._quantized_kernel(bind_bsr_w8a8_matmul_quantized, x, xq, s_x, *parts, self._bias_for(x),
+                                       x.dtype)
         else:
             y = _kernels.reference.bsr_w8a8_matmul_quantized_ref(xq, s_x, *parts, self.bias, x.dtype)
         return y.reshape(*x.shape[:-1], self.out_features)
