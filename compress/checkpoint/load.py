@@ -44,8 +44,8 @@ from compress.checkpoint.rebuild import skip_weight_init, transformers_model_cla
 from compress.checkpoint.safe_write import checkpoint_path, recover
 from compress.configs import config_from_dict
 from compress.nn.experts import QuantizedExperts
-from compress.nn.modules import (INFERENCE_MODULES, BSRLinear, BSRW8A8Linear, W4A16Linear, W8A8BlockLinear, W8A8Linear,
-                                 W8A16Linear)
+from compress.nn.inference import (INFERENCE_MODULES, BSRLinear, BSRW8A8Linear, W4A16Linear, W8A8BlockLinear,
+                                   W8A8Linear, W8A16Linear)
 from compress.plan import replace_submodule
 
 logger = logging.getLogger(__name__)
@@ -233,7 +233,7 @@ def load_compressed(path, model: nn.Module | None = None) -> nn.Module:
 
 
 # Leaf names of tensors that only quantized layers hold: our inference modules' buffers
-# (compress/nn/modules.py) and the compressed-tensors format's (compressed_tensors/format.py, and what
+# (compress/nn/inference/) and the compressed-tensors format's (compressed_tensors/format.py, and what
 # the compressed-tensors library writes for other schemes).
 COMPRESSED_TENSOR_NAMES = frozenset({"qweight", "w_q", "w_scale", "crow_indices", "col_indices", "input_smoothing"})
 QUANTIZED_TENSOR_NAMES = COMPRESSED_TENSOR_NAMES | {

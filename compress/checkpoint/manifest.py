@@ -42,8 +42,8 @@ from torch import nn
 from compress.checkpoint.files import CheckpointError, NotRegularFileError, read_json, regular_file
 from compress.configs import config_from_dict
 from compress.nn.experts import QuantizedExperts
-from compress.nn.modules import (INFERENCE_MODULES, BSRLinear, BSRW8A8Linear, W4A16Linear, W8A8BlockLinear, W8A8Linear,
-                                 W8A16Linear)
+from compress.nn.inference import (INFERENCE_MODULES, BSRLinear, BSRW8A8Linear, W4A16Linear, W8A8BlockLinear,
+                                   W8A8Linear, W8A16Linear)
 
 logger = logging.getLogger(__name__)
 

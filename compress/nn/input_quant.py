@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from compress._kernels import NORM_QUANT_MAX_ROW, gelu_quantize, layer_norm_quantize, reference, rms_norm_quantize
-from compress.nn.modules import BSRW8A8Linear, W8A8Linear
+from compress.nn.inference import BSRW8A8Linear, W8A8Linear
 
 logger = logging.getLogger(__name__)
 

@@ -45,7 +45,7 @@ from compress.checkpoint.compressed_tensors.format import FORMAT_VERSION, MIXED,
 from compress.checkpoint.manifest import CT_EXPORT_MARKER, MODEL_CONFIG, TENSORS, file_sha256
 from compress.checkpoint.safe_write import fsync_path
 from compress.nn.experts import QuantizedExperts
-from compress.nn.modules import BSRLinear, BSRW8A8Linear, W4A16Linear, W8A8Linear, is_inference_module
+from compress.nn.inference import BSRLinear, BSRW8A8Linear, W4A16Linear, W8A8Linear, is_inference_module
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
                    "tokenizer.model", "spiece.model", "vocab.json", "vocab.txt", "merges.txt", "chat_template.jinja",

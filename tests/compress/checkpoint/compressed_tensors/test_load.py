@@ -18,7 +18,7 @@ from safetensors.torch import load_file, save_file
 import compress
 from compress import CheckpointError, W4A16Config, W8A8Config
 from compress.checkpoint import TENSORS
-from compress.nn.modules import W4A16Linear, W8A8Linear
+from compress.nn.inference import W4A16Linear, W8A8Linear
 from tests.compress.checkpoint.helpers import library_directory, logits, relative_error, tiny_llama, token_ids
 
 transformers = pytest.importorskip("transformers")
