@@ -1,23 +1,64 @@
 """The one place where ``compress`` reaches the project's kernels (import name ``compress_kernels``).
 
 ``reference`` is the pure-PyTorch contract of every kernel (:mod:`compress_kernels.reference`); it
-needs no Triton and is what the inference modules run on the CPU. :func:`launcher` looks up a Triton
-launcher by name, only when an inference module sees a CUDA input. :func:`check_bsr_indices` is
-the full check of BSR index values (run when a block-sparse layer is loaded, not per forward).
+needs no Triton and is what the inference modules run on the CPU. The Triton launchers they call on
+CUDA inputs are imported here from the module that defines each (``compress_kernels.<op>.op``), so
+go-to-definition leads from a module's forward to its kernel: an op's public launcher (its
+``torch.library`` custom op, what ``torch.compile`` traces) and ``bind_<op>`` (every argument validated
+once, a call bound to the weights returned: :mod:`compress_kernels.common.bound`). Without Triton
+these names are the package's stand-ins, which raise ImportError when called (only a CUDA input
+reaches them), and ``NORM_QUANT_MAX_ROW`` is 0 (no row goes to the norm kernels).
+:func:`check_bsr_indices` is the full check of BSR index values (run when a block-sparse layer is
+loaded, not per forward).
 """
 from __future__ import annotations
 
 import compress_kernels
 from compress_kernels import reference
 
-__all__ = ["check_bsr_indices", "launcher", "reference"]
+if compress_kernels.TRITON_AVAILABLE:
+    from compress_kernels.bsr.op import bind_bsr_matmul_parts, bsr_matmul_parts
+    from compress_kernels.bsr_w8a8.op import (bind_bsr_w8a8_matmul_parts, bind_bsr_w8a8_matmul_quantized,
+                                              bsr_w8a8_matmul_parts)
+    from compress_kernels.norm_quant.dispatch import MAX_ROW as NORM_QUANT_MAX_ROW
+    from compress_kernels.norm_quant.op import gelu_quantize, layer_norm_quantize, rms_norm_quantize
+    from compress_kernels.w4a16.op import bind_w4a16_matmul, w4a16_matmul
+    from compress_kernels.w8a8.op import bind_w8a8_matmul, bind_w8a8_matmul_quantized, w8a8_matmul
+    from compress_kernels.w8a8_block.op import (bind_w8a8_block_matmul, bind_w8a8_block_matmul_int8,
+                                                bind_w8a8_block_matmul_quantized, w8a8_block_matmul)
+    from compress_kernels.w8a16.op import bind_w8a16_matmul, w8a16_matmul
+else:  # the same names from the package, whose stand-ins raise ImportError naming Triton
+    from compress_kernels import (NORM_QUANT_MAX_ROW, bind_bsr_matmul_parts, bind_bsr_w8a8_matmul_parts,
+                                  bind_bsr_w8a8_matmul_quantized, bind_w4a16_matmul, bind_w8a8_block_matmul,
+                                  bind_w8a8_block_matmul_int8, bind_w8a8_block_matmul_quantized, bind_w8a8_matmul,
+                                  bind_w8a8_matmul_quantized, bind_w8a16_matmul, bsr_matmul_parts,
+                                  bsr_w8a8_matmul_parts, gelu_quantize, layer_norm_quantize, rms_norm_quantize,
+                                  w4a16_matmul, w8a8_block_matmul, w8a8_matmul, w8a16_matmul)
 
-
-def launcher(name: str):
-    """The Triton launcher ``compress_kernels.<name>`` (e.g. ``"w8a8_matmul"``); ImportError without Triton."""
-    if not compress_kernels.TRITON_AVAILABLE:
-        raise ImportError(f"compress_kernels.{name} needs Triton, which is not installed (pip install triton, Linux)")
-    return getattr(compress_kernels, name)
+__all__ = [
+    "NORM_QUANT_MAX_ROW",
+    "bind_bsr_matmul_parts",
+    "bind_bsr_w8a8_matmul_parts",
+    "bind_bsr_w8a8_matmul_quantized",
+    "bind_w4a16_matmul",
+    "bind_w8a8_block_matmul",
+    "bind_w8a8_block_matmul_int8",
+    "bind_w8a8_block_matmul_quantized",
+    "bind_w8a8_matmul",
+    "bind_w8a8_matmul_quantized",
+    "bind_w8a16_matmul",
+    "bsr_matmul_parts",
+    "bsr_w8a8_matmul_parts",
+    "check_bsr_indices",
+    "gelu_quantize",
+    "layer_norm_quantize",
+    "reference",
+    "rms_norm_quantize",
+    "w4a16_matmul",
+    "w8a8_block_matmul",
+    "w8a8_matmul",
+    "w8a16_matmul",
+]
 
 
 def check_bsr_indices(crow_indices, col_indices, block_cols: int) -> None:

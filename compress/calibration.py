@@ -56,7 +56,7 @@ from compress.core.sharding import fsdp_modules, is_sharded, local_tensor, resha
 from compress.core.smoothquant import apply_smoothquant
 from compress.core.sparsity import allocation_bounds, expand_mask, mask_from_scores
 from compress.nn.experts import ExpertLinear
-from compress.nn.modules import padded_in_features
+from compress.nn.inference import padded_in_features
 from compress.nn.qat import CompressedLinear, compressed_layers
 
 logger = logging.getLogger(__name__)

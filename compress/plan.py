@@ -28,12 +28,12 @@ OBS or activation-aware pruning where a ``BlockSparseConfig`` says ``algorithm="
 Calibration (observers, SmoothQuant, static scales) and GPTQ live in :mod:`compress.calibration`.
 
 A layer that a kernel cannot take is handled on purpose: W4A16 and W8A16 pad K to the group size (and
-to a multiple of 8) with zero channels (:class:`compress.nn.modules.W4A16Linear`,
-:class:`compress.nn.modules.W8A16Linear`); block sparsity alone on a layer whose N or K is not a
+to a multiple of 8) with zero channels (:class:`compress.nn.inference.W4A16Linear`,
+:class:`compress.nn.inference.W8A16Linear`); block sparsity alone on a layer whose N or K is not a
 multiple of 32 is exported as a dense ``nn.Linear`` holding the masked weight, with a logged reason.
 
 Export picks the inference module from a layer's configs: W8A8 with block sparsity ->
-:class:`compress.nn.modules.BSRW8A8Linear` (int8 blocks, the pruned ones not stored; N or K not a
+:class:`compress.nn.inference.BSRW8A8Linear` (int8 blocks, the pruned ones not stored; N or K not a
 multiple of 32: ``W8A8Linear`` with zero blocks); W8A8 -> ``W8A8Linear``; W4A16 / W8A16 / W8A8Block, with
 or without sparsity -> ``W4A16Linear`` / ``W8A16Linear`` / ``W8A8BlockLinear`` (pruned blocks are zeros in
 the int4 / int8 weight; the kernels read them like any other weight, so there pruning saves no bytes or
@@ -64,7 +64,7 @@ from compress.nn.experts import (
     experts_module_name,
     is_fused_experts,
 )
-from compress.nn.modules import BSRLinear, BSRW8A8Linear, W4A16Linear, W8A8BlockLinear, W8A8Linear, W8A16Linear
+from compress.nn.inference import BSRLinear, BSRW8A8Linear, W4A16Linear, W8A8BlockLinear, W8A8Linear, W8A16Linear
 from compress.nn.qat import CompressedLinear, compressed_layers, split_configs
 
 logger = logging.getLogger(__name__)

@@ -1,5 +1,5 @@
 """Triton kernels for compressed linear layers (import name ``compress_kernels``): W8A8, block-scaled W8A8,
-W4A16, W8A16 and DDS.
+W4A16, W8A16, DDS and DDS + W8A8.
 
 One package per op, each with its dispatch table (``dispatch.py``: from the shapes to the kernel and
 tiles that run, one commented row per case), its launcher, validation and ``torch.library`` custom op
@@ -15,8 +15,8 @@ docs/architecture.md. The public calls, by package::
                  quantize_act_blocks(x), quantize_weight_blocks(w), gelu_int8_blocks(xq, s_x, act_dtype)
     w4a16/       w4a16_matmul(x, qweight, scales, group_size, bias=None)
     w8a16/       w8a16_matmul(x, w_q, w_scale, bias=None), w_scale (N,) per channel or (N, K/128) per group
-    bsr/         bsr_matmul(x, weight, bias=None), bsr_matmul_parts(x, crow, col, values, out_features, bias=None),
-                 bsr_w8a8_matmul_parts(x, crow, col, values_int8, w_scale, out_features, bias=None, x_scale=None),
+    bsr/         bsr_matmul(x, weight, bias=None), bsr_matmul_parts(x, crow, col, values, out_features, bias=None)
+    bsr_w8a8/    bsr_w8a8_matmul_parts(x, crow, col, values_int8, w_scale, out_features, bias=None, x_scale=None),
                  bsr_w8a8_matmul_quantized(xq, s_x, crow, col, values_int8, w_scale, out_features, bias, out_dtype)
     norm_quant/  layer_norm_quantize(x, weight, bias, eps, x_scale=None), rms_norm_quantize(x, weight, eps,
                  x_scale=None), gelu_quantize(x, x_scale=None): ``(y, xq, s_x)``, the op's output and its
@@ -66,8 +66,9 @@ except ImportError:  # pragma: no cover - Triton ships with every Linux install 
     TRITON_AVAILABLE = False
 
 if TRITON_AVAILABLE:
-    from compress_kernels.bsr import (bind_bsr_matmul_parts, bind_bsr_w8a8_matmul_parts, bind_bsr_w8a8_matmul_quantized,
-                                      bsr_matmul, bsr_matmul_parts, bsr_w8a8_matmul_parts, bsr_w8a8_matmul_quantized)
+    from compress_kernels.bsr import bind_bsr_matmul_parts, bsr_matmul, bsr_matmul_parts
+    from compress_kernels.bsr_w8a8 import (bind_bsr_w8a8_matmul_parts, bind_bsr_w8a8_matmul_quantized,
+                                           bsr_w8a8_matmul_parts, bsr_w8a8_matmul_quantized)
     from compress_kernels.norm_quant import MAX_ROW as NORM_QUANT_MAX_ROW
     from compress_kernels.norm_quant import gelu_quantize, layer_norm_quantize, rms_norm_quantize
     from compress_kernels.w4a16 import bind_w4a16_matmul, w4a16_matmul

@@ -20,8 +20,8 @@ Layout of ``path/``::
 
 ``save_compressed(format="compressed-tensors")`` writes a Hugging Face model directory that vLLM and
 ``transformers`` load instead (W8A8 and W4A16 layers only), and :func:`load_compressed` reads any such
-directory into our modules: :mod:`~compress.checkpoint.compressed_tensors_format` (the layout),
-:mod:`~compress.checkpoint.compressed_tensors_save`, :mod:`~compress.checkpoint.compressed_tensors_load`.
+directory into our modules: :mod:`~compress.checkpoint.compressed_tensors` (the layout, the save, the
+load).
 """
 from compress.checkpoint.load import load_compressed, load_model_dir
 from compress.checkpoint.manifest import (

@@ -29,7 +29,7 @@ import re
 import torch
 from torch import nn
 
-from compress.checkpoint.compressed_tensors_load import load_compressed_tensors, quantization_config_of
+from compress.checkpoint.compressed_tensors.load import load_compressed_tensors, quantization_config_of
 from compress.checkpoint.files import check_regular_entries, read_safetensors, read_safetensors_header
 from compress.checkpoint.manifest import (
     CT_EXPORT_MARKER,
@@ -44,8 +44,8 @@ from compress.checkpoint.rebuild import skip_weight_init, transformers_model_cla
 from compress.checkpoint.safe_write import checkpoint_path, recover
 from compress.configs import config_from_dict
 from compress.nn.experts import QuantizedExperts
-from compress.nn.modules import (INFERENCE_MODULES, BSRLinear, BSRW8A8Linear, W4A16Linear, W8A8BlockLinear, W8A8Linear,
-                                 W8A16Linear)
+from compress.nn.inference import (INFERENCE_MODULES, BSRLinear, BSRW8A8Linear, W4A16Linear, W8A8BlockLinear,
+                                   W8A8Linear, W8A16Linear)
 from compress.plan import replace_submodule
 
 logger = logging.getLogger(__name__)
@@ -197,7 +197,7 @@ def load_compressed(path, model: nn.Module | None = None) -> nn.Module:
     ``transformers`` models are rebuilt from the saved config; any other module needs ``model``, a
     skeleton of the original (uncompressed) architecture. The loaded tensors keep their saved dtypes.
     A compressed-tensors directory (ours, the compressed-tensors library's, ...) loads its W8A8 and
-    W4A16 layers into our modules (:mod:`compress.checkpoint.compressed_tensors_load`).
+    W4A16 layers into our modules (:mod:`compress.checkpoint.compressed_tensors.load`).
     """
     directory = _recovered(path)
     if not os.path.lexists(directory / MANIFEST) and quantization_config_of(directory) is not None:
@@ -233,7 +233,7 @@ def load_compressed(path, model: nn.Module | None = None) -> nn.Module:
 
 
 # Leaf names of tensors that only quantized layers hold: our inference modules' buffers
-# (compress/nn/modules.py) and the compressed-tensors format's (compressed_tensors_format.py, and what
+# (compress/nn/inference/) and the compressed-tensors format's (compressed_tensors/format.py, and what
 # the compressed-tensors library writes for other schemes).
 COMPRESSED_TENSOR_NAMES = frozenset({"qweight", "w_q", "w_scale", "crow_indices", "col_indices", "input_smoothing"})
 QUANTIZED_TENSOR_NAMES = COMPRESSED_TENSOR_NAMES | {

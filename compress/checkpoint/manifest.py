@@ -42,8 +42,8 @@ from torch import nn
 from compress.checkpoint.files import CheckpointError, NotRegularFileError, read_json, regular_file
 from compress.configs import config_from_dict
 from compress.nn.experts import QuantizedExperts
-from compress.nn.modules import (INFERENCE_MODULES, BSRLinear, BSRW8A8Linear, W4A16Linear, W8A8BlockLinear, W8A8Linear,
-                                 W8A16Linear)
+from compress.nn.inference import (INFERENCE_MODULES, BSRLinear, BSRW8A8Linear, W4A16Linear, W8A8BlockLinear,
+                                   W8A8Linear, W8A16Linear)
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ READABLE_VERSIONS = (1, 2)
 FORMAT_MARKER = "compress-checkpoint"  # manifest["format"]: what makes a directory a checkpoint of ours
 MANIFEST, TENSORS, MODEL_CONFIG = "manifest.json", "model.safetensors", "config.json"
 MANIFEST_MODULES = {**INFERENCE_MODULES, "QuantizedExperts": QuantizedExperts}  # module types the manifest lists
-# What marks a compressed-tensors directory written by save_compressed (compressed_tensors_save.py)
+# What marks a compressed-tensors directory written by save_compressed (compressed_tensors/save.py)
 CT_EXPORT_MARKER = "compress-export.json"
 
 

@@ -18,7 +18,7 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from compress.checkpoint import compressed_tensors_save
+from compress.checkpoint.compressed_tensors import save as compressed_tensors_save
 from compress.checkpoint.manifest import (
     FORMAT_MARKER,
     FORMAT_VERSION,
@@ -139,7 +139,7 @@ def save_compressed(model: nn.Module, path, overwrite: bool = False, *, format: 
     ``format``: ``"compress"`` (this module's layout, every layer kind, loaded by
     :func:`compress.load_compressed`) or ``"compressed-tensors"`` (a model directory that vLLM and
     ``transformers`` with the ``compressed-tensors`` package load, W8A8 and W4A16 layers only:
-    :mod:`compress.checkpoint.compressed_tensors_save`, which also writes ``tokenizer`` there).
+    :mod:`compress.checkpoint.compressed_tensors.save`, which also writes ``tokenizer`` there).
     ``path`` must be new, an empty directory, or (with ``overwrite=True``) a save of ours in either
     format; anything else is refused before anything is written (:func:`check_save_target`)."""
     if format not in SAVE_FORMATS:

@@ -50,7 +50,7 @@ from compress.nn.conv1d import is_linear_or_conv1d
 from compress.nn.block_chain import link_block_chains, linked_chains
 from compress.nn.fusion import SiblingGroup, fuse_siblings
 from compress.nn.input_quant import link_quantized_inputs, linked_layers, takes_handed_input
-from compress.nn.modules import W8A8BlockLinear, is_inference_module
+from compress.nn.inference import W8A8BlockLinear, is_inference_module
 
 log = logging.getLogger(__name__)
 

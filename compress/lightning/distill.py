@@ -49,7 +49,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from compress.checkpoint import load_model_dir
-from compress.nn.modules import is_inference_module
+from compress.nn.inference import is_inference_module
 
 
 @dataclass(frozen=True)

@@ -63,7 +63,7 @@ from compress.lightning.distill import (
 from compress.core.sharding import fsdp_modules
 from compress.lightning.paths import resolve_model_source
 from compress.lightning.strategy import data_parallel_mesh
-from compress.nn.modules import is_inference_module
+from compress.nn.inference import is_inference_module
 from compress.schedule.fsdp import fully_shard_model
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}

@@ -1,7 +1,7 @@
 """int8 MLP chains: a block-scaled up-projection hands ``gelu`` of its output to the down-projection in int8.
 
 In a BERT-style MLP (``intermediate.dense -> GELU -> output.dense``) with both projections
-:class:`compress.nn.modules.W8A8BlockLinear`, the down-projection quantizes its input in 1 x 128 blocks
+:class:`compress.nn.inference.W8A8BlockLinear`, the down-projection quantizes its input in 1 x 128 blocks
 before its GEMM. The up-projection's kernel can instead apply the GELU and that quantization in its
 epilogue (``compress_kernels.w8a8_block_matmul(..., out_dtype=torch.int8, gelu=True)``), and the
 down-projection's GEMM reads the int8 values and scales (``x_scale=...``): two launches instead of three,
@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from compress.nn.input_quant import _is_exact_gelu
-from compress.nn.modules import W8A8BlockLinear
+from compress.nn.inference import W8A8BlockLinear
 
 logger = logging.getLogger(__name__)
 

@@ -43,7 +43,7 @@ import logging
 import torch
 from torch import nn
 
-from compress.nn.modules import BSRLinear, BSRW8A8Linear, W4A16Linear, W8A8BlockLinear, W8A8Linear, W8A16Linear
+from compress.nn.inference import BSRLinear, BSRW8A8Linear, W4A16Linear, W8A8BlockLinear, W8A8Linear, W8A16Linear
 
 logger = logging.getLogger(__name__)
 

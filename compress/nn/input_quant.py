@@ -36,8 +36,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from compress import _kernels
-from compress.nn.modules import BSRW8A8Linear, W8A8Linear
+from compress._kernels import NORM_QUANT_MAX_ROW, gelu_quantize, layer_norm_quantize, reference, rms_norm_quantize
+from compress.nn.inference import BSRW8A8Linear, W8A8Linear
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ def _uses_kernels(x: torch.Tensor) -> bool:
     """The Triton kernels take ``x``: CUDA, fp16 / bf16, rows that fit one program (else the
     reference functions do the same work with PyTorch ops)."""
     return (x.device.type == "cuda" and x.dtype in (torch.float16, torch.bfloat16)
-            and x.shape[-1] <= _kernels.launcher("NORM_QUANT_MAX_ROW"))
+            and x.shape[-1] <= NORM_QUANT_MAX_ROW)
 
 
 class _HandsOverQuantized:
@@ -63,9 +63,9 @@ class _HandsOverQuantized:
         self._handover = None  # (y, its version, xq, s_x, consumers still to take it)
         self.linked_consumers = 0
 
-    def _compute_and_keep(self, op: str, x: torch.Tensor, *args) -> torch.Tensor:
-        """``y`` of ``kernels.<op>`` (Triton) or ``kernels.reference.<op>_ref`` on ``x``; its int8 copy is kept."""
-        compute = _kernels.launcher(op) if _uses_kernels(x) else getattr(_kernels.reference, f"{op}_ref")
+    def _compute_and_keep(self, kernel, reference_op, x: torch.Tensor, *args) -> torch.Tensor:
+        """``y`` of ``kernel`` (Triton) or of its ``reference_op`` on ``x``; its int8 copy is kept."""
+        compute = kernel if _uses_kernels(x) else reference_op
         y, xq, s_x = compute(x, *args)
         self._handover = (y, _version(y), xq, s_x, self.linked_consumers)
         return y
@@ -101,7 +101,8 @@ class QuantizingLayerNorm(_HandsOverQuantized, nn.LayerNorm):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self._hands_over(x):
             return super().forward(x)
-        return self._compute_and_keep("layer_norm_quantize", x, self.weight, self.bias, self.eps)
+        return self._compute_and_keep(layer_norm_quantize, reference.layer_norm_quantize_ref, x, self.weight, self.bias,
+                                       self.eps)
 
 
 class QuantizingRMSNorm(_HandsOverQuantized, nn.Module):
@@ -116,8 +117,9 @@ class QuantizingRMSNorm(_HandsOverQuantized, nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self._hands_over(x) or self.weight.dtype != x.dtype:
-            return _kernels.reference.rms_norm_ref(x, self.weight, self.variance_epsilon)
-        return self._compute_and_keep("rms_norm_quantize", x, self.weight, self.variance_epsilon)
+            return reference.rms_norm_ref(x, self.weight, self.variance_epsilon)
+        return self._compute_and_keep(rms_norm_quantize, reference.rms_norm_quantize_ref, x, self.weight,
+                                       self.variance_epsilon)
 
     def extra_repr(self) -> str:
         return f"{tuple(self.weight.shape)}, eps={self.variance_epsilon}"
@@ -133,7 +135,7 @@ class QuantizingGELU(_HandsOverQuantized, nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self._hands_over(x):
             return F.gelu(x)
-        return self._compute_and_keep("gelu_quantize", x)
+        return self._compute_and_keep(gelu_quantize, reference.gelu_quantize_ref, x)
 
 
 RMS_NORM_CLASSES = ("LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm")  # weight * rounded(x / rms(x))

@@ -66,7 +66,7 @@ from compress.core.quant import (
 from compress.core.sharding import is_sharded, local_rows, local_tensor, max_over_shards_, rows_to_full
 from compress.core.sparsity import block_grid, expand_mask
 from compress.nn.conv1d import conv1d_from_linear, is_conv1d, linear_from_conv1d
-from compress.nn.modules import padded_in_features
+from compress.nn.inference import padded_in_features
 
 logger = logging.getLogger(__name__)
 

@@ -1,18 +1,19 @@
-"""The block-sparse dispatch tables: DDS (fp16/bf16 blocks, :func:`pick`) and DDS + W8A8 (int8 blocks,
-:func:`pick_w8a8`), from (M, N, K, stored blocks, device) to the kernel and tiles that run.
+"""The DDS dispatch table (fp16/bf16 blocks, :func:`pick`), from (M, N, K, stored blocks, device) to the
+kernel and tiles that run, and what the DDS + W8A8 table (:mod:`compress_kernels.bsr_w8a8.dispatch`)
+shares with it: :class:`BsrConfig`, the large-M dense path (:func:`densifies`) and the size thresholds.
 
-Read each table top to bottom: the first row that matches decides. Each row says why, with the figure
+Read the table top to bottom: the first row that matches decides. Each row says why, with the figure
 measured on an H100 or H200 (us per call, the kernel benchmark's method; ``docs/kernels.md``). The
-tables depend on shapes and the number of stored blocks only (never on index values), so a call is the
-same every time and can be captured in a CUDA graph. Being pure functions of their arguments, they are
-remembered per argument tuple (:func:`cached_pick`, :func:`cached_pick_w8a8`: what the launchers call).
+table depends on shapes and the number of stored blocks only (never on index values), so a call is the
+same every time and can be captured in a CUDA graph. Being a pure function of its arguments, it is
+remembered per argument tuple (:func:`cached_pick`: what the launchers call).
 
 Kernels (``BsrConfig.kernel``):
 
 * ``dense``: the weight written out dense (:mod:`compress_kernels.bsr.densify`), then cuBLAS (fp16)
   or the dense W8A8 kernels (int8);
 * ``gemv``: :mod:`compress_kernels.bsr.gemv`, one token row per program on CUDA cores (DDS only);
-* ``gemm``: :mod:`compress_kernels.bsr.gemm` (DDS) or :mod:`compress_kernels.bsr.gemm_w8a8`, tensor-core
+* ``gemm``: :mod:`compress_kernels.bsr.gemm` (DDS) or :mod:`compress_kernels.bsr_w8a8.gemm`, tensor-core
   tiles over gathered blocks, a block row optionally shared by ``split`` programs.
 """
 from __future__ import annotations
@@ -36,8 +37,6 @@ GEMV_TWO_ROWS_MAX_BYTES = 16 * 2**20  # M = 2: the one-row kernel while the stor
 GEMV_FOUR_ROWS_MAX_BYTES = 4 * 2**20  # M = 3-4: ... at most this
 GEMV_PREFETCH_BYTES = 8192  # one-row kernel: bytes of each block row's stored blocks prefetched into L2 ...
 PREFETCH_MAX_WEIGHTS = 128 * 2**20  # ... on layers of at most this many weights (N * K)
-W8A8_SPLIT_MAX_BLOCK_ROWS = 384  # DDS + W8A8, M <= 16: block rows are shared up to this many of them
-W8A8_LONG_ROW_BLOCKS = 64  # DDS + W8A8: rows this long get 8 shares at M <= 16 and 4 at M <= 64
 PICK_CACHE_SIZE = 4096  # argument tuples remembered by the cached picks (a model has a few shapes per M)
 
 
@@ -147,46 +146,3 @@ def small_layer_tile(m: int, block_rows: int, blocks_per_row: float, few_program
         if block_rows * triton.cdiv(m, block_m) >= few_programs:
             return BsrConfig("gemm", block_m, 32, 2, 4, 3)
     return BsrConfig("gemm", 64, 32, 4, 4, 3)
-
-
-def pick_w8a8(m: int, n: int, k: int, nnz: int, device) -> BsrConfig:
-    """The DDS + W8A8 kernel and tiles for x (M, K) times the int8 (N, K) weight with ``nnz`` stored
-    blocks on ``device`` (the tensor-core tiles only: >= 16 rows per program)."""
-    few_programs = 2 * sm_count(device)
-    block_rows = n // BSR_BLOCK
-    blocks_per_row = nnz / block_rows
-    small_layer = n * k <= SMALL_LAYER
-    # From 2048 rows on layers keeping >= 40% of their blocks: dense int8 weight, the W8A8 kernels
-    if densifies(m, n, k, nnz):
-        return DENSE
-    # Up to 16 rows: 16-row tiles; up to 384 block rows of >= 24 blocks shared by 4 programs, by 8 when
-    # that still gives <= 1024 programs and rows are >= 64 blocks long (4096x4096 at 50%, M = 1: 18.9 ->
-    # 11.5 us); otherwise no split and 8 blocks (256 int8 columns) per step
-    if m <= 16:
-        if block_rows <= W8A8_SPLIT_MAX_BLOCK_ROWS and blocks_per_row >= SPLIT_MIN_BLOCKS_PER_ROW:
-            split = 8 if block_rows * 8 <= 1024 and blocks_per_row >= W8A8_LONG_ROW_BLOCKS else 4
-            return BsrConfig("gemm", 16, 32, 4, 4, 3, split=split)
-        return BsrConfig("gemm", 16, 32, 8, 4, 3)
-    # 17-64 rows: small layers (MiniLM) take 16-row tiles as the fp16 kernel; larger ones 32 or 64 rows,
-    # 8 blocks per step, and a 4-way split for <= 128 block rows of >= 64 blocks (11008x4096 at 50%,
-    # M = 64: 51.3 -> 31.1 us)
-    if m <= 64:
-        if small_layer:
-            if blocks_per_row >= SMALL_SPLIT_MIN_BLOCKS_PER_ROW:
-                return BsrConfig("gemm", 16, 32, 4, 4, 3, split=4)
-            return BsrConfig("gemm", 16, 32, 8, 4, 3)
-        block_m = 32 if m <= 32 else 64
-        if block_rows <= SPLIT_MAX_BLOCK_ROWS_M64 and blocks_per_row >= W8A8_LONG_ROW_BLOCKS:
-            return BsrConfig("gemm", block_m, 32, 4, 4, 3, split=4)
-        return BsrConfig("gemm", block_m, 32, 8, 4, 3)
-    # 65-256 rows, and small layers while 128-row tiles would give fewer than ~2 programs per SM: 64-row
-    # tiles (384x1152 at M = 512: 12.2 -> 11.6 us); else 128 (1024x1024 at M = 2048: 18.4 us, 20.9 with 64)
-    if m <= 256 or (small_layer and block_rows * triton.cdiv(m, 128) < few_programs):
-        return BsrConfig("gemm", 64, 32, 4, 4, 3)
-    return BsrConfig("gemm", 128, 32, 4, 4, 3)
-
-
-@functools.lru_cache(maxsize=PICK_CACHE_SIZE)
-def cached_pick_w8a8(m: int, n: int, k: int, nnz: int, device) -> BsrConfig:
-    """:func:`pick_w8a8`, remembered per argument tuple (``device`` as a tensor's, with its index)."""
-    return pick_w8a8(m, n, k, nnz, device)

@@ -31,7 +31,7 @@ call bound to the weight-side arguments, for later inputs of x's dtype, device a
 
 A bound call holds the weight-side tensors themselves, so in-place changes of their values (e.g.
 ``load_state_dict``) reach it; tensors *replaced* (a cast, a move, an assignment) do not: bind again
-(``compress.nn.modules`` does, keyed on the tensors' identity).
+(``compress.nn.inference`` does, keyed on the tensors' identity).
 """
 from __future__ import annotations
 

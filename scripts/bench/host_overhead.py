@@ -10,7 +10,7 @@ exceeds the kernel's time (every SmolLM2 shape). Shapes default to SmolLM2-135M'
 50% with random 32x32 blocks).
 
 Per module kind two figures: ``forward_us``, the module as models call it (bound kernel calls in
-eager mode, :mod:`compress.nn.modules`), and ``public_launcher_us``, the public
+eager mode, :mod:`compress.nn.inference`), and ``public_launcher_us``, the public
 ``compress_kernels.<op>`` on the same buffers (full validation and the custom op's dispatch on every
 call: the path the modules took before). On the CPU the modules run the pure-PyTorch references and
 the launcher figure is absent (it needs CUDA or the interpreter).
@@ -25,7 +25,7 @@ from torch import nn
 from compress.configs import W4A16Config, W8A8BlockConfig, W8A8Config, W8A16Config
 from compress.core.sparsity import block_mask
 from compress.eval.timing import host_ms, synchronize
-from compress.nn.modules import BSRLinear, BSRW8A8Linear, W4A16Linear, W8A8BlockLinear, W8A8Linear, W8A16Linear
+from compress.nn.inference import BSRLinear, BSRW8A8Linear, W4A16Linear, W8A8BlockLinear, W8A8Linear, W8A16Linear
 
 SMOLLM2_SHAPES = ((576, 576), (576, 192), (576, 1536), (1536, 576))  # (K, N) of q/o, k/v, gate/up, down
 STATIC_SCALE = 0.02

@@ -1,11 +1,12 @@
-"""Sweep the block-sparse ops (``compress_kernels.bsr``): the dispatch table's pick and its neighbours.
+"""Sweep the block-sparse ops (``compress_kernels.bsr``, ``compress_kernels.bsr_w8a8``): the dispatch
+table's pick and its neighbours.
 
     python -m scripts.tune.bsr --shapes 4096x4096,4096x11008 --m 1,16,64 --sparsity 50,90 --out bsr.json
     python -m scripts.tune.bsr --int8 ...        # DDS + W8A8 (int8 blocks, per-token int8 activations)
 
 For each weight shape K x N, block sparsity (percent of the 32x32 blocks absent) and token count M
 it times the op with the config :func:`compress_kernels.bsr.dispatch.pick` (``--int8``:
-:func:`~compress_kernels.bsr.dispatch.pick_w8a8`) gives, and the same kernel with one launch
+:func:`compress_kernels.bsr_w8a8.dispatch.pick`) gives, and the same kernel with one launch
 parameter changed (rows per tile, outputs per program, blocks per step, programs sharing a block row,
 warps, stages; the dense path, taken at large M on dense layers, has no tiles of ours), each checked
 against the reference (``bsr_matmul_ref`` / ``bsr_w8a8_matmul_ref``), next to cuBLAS fp16 on the dense
@@ -18,9 +19,10 @@ import argparse
 
 import torch
 
-from compress_kernels.bsr.dispatch import pick, pick_w8a8
+from compress_kernels.bsr.dispatch import pick
 from compress_kernels.bsr.op import launch
-from compress_kernels.bsr.op_w8a8 import launch as launch_w8a8
+from compress_kernels.bsr_w8a8.dispatch import pick as pick_w8a8
+from compress_kernels.bsr_w8a8.op import launch as launch_w8a8
 from compress_kernels.common.prefetch import prefetch_allowed
 from compress_kernels.reference import BSR_BLOCK, bsr_matmul_ref, bsr_w8a8_matmul_ref
 from scripts.tune import sweep

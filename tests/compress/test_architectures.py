@@ -31,7 +31,7 @@ import compress
 from compress import BlockSparseConfig, W4A16Config, W8A8BlockConfig, W8A8Config, W8A16Config
 from compress.nn.conv1d import is_conv1d, is_linear_or_conv1d
 from compress.nn.experts import CompressedExperts, QuantizedExperts
-from compress.nn.modules import BSRLinear, BSRW8A8Linear, W4A16Linear, W8A8BlockLinear, W8A8Linear, W8A16Linear
+from compress.nn.inference import BSRLinear, BSRW8A8Linear, W4A16Linear, W8A8BlockLinear, W8A8Linear, W8A16Linear
 from compress.nn.qat import compressed_layers
 from compress.plan import prune_one_shot, tied_to_embeddings
 

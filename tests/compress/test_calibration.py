@@ -181,7 +181,7 @@ def test_obs_one_shot_keeps_the_outputs_closer_than_magnitude_and_activation_sco
 def test_obs_then_gptq_of_the_survivors_exports_block_sparse_modules(quant, module):
     from compress import configs
     from compress.core.sparsity import expand_mask
-    from compress.nn import modules
+    from compress.nn import inference
 
     config = getattr(configs, quant)(algorithm="gptq")
     plan = {"blocks.*": [configs.BlockSparseConfig(0.5, algorithm="obs"), config]}
@@ -195,7 +195,7 @@ def test_obs_then_gptq_of_the_survivors_exports_block_sparse_modules(quant, modu
         pruned = ~expand_mask(layer.mask, (layer.out_features, layer.in_features), 32)
         assert bool((q[:, :layer.in_features][pruned] == 0).all())
     compress.convert(model)
-    assert isinstance(model.blocks[0].down, getattr(modules, module))
+    assert isinstance(model.blocks[0].down, getattr(inference, module))
 
 
 def test_obs_without_calibration_data_is_refused_and_leaves_the_model():

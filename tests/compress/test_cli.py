@@ -166,7 +166,7 @@ def test_export_replaces_an_earlier_export_only_with_overwrite(sparse_w8a8_run, 
 def test_export_writes_compressed_tensors_that_transformers_loads(tmp_path):
     """W8A8 QAT only (the format holds no block-sparse layer): fit, then export --format compressed-tensors.
     Logits within 3e-2 relative: transformers' dynamic activation scale is max|x| / 127.5, ours max|x| / 127
-    (tests/compress/checkpoint/test_compressed_tensors_save.py)."""
+    (tests/compress/checkpoint/compressed_tensors/test_save.py)."""
     transformers = pytest.importorskip("transformers")
     pytest.importorskip("compressed_tensors")
     recipe = write_recipe(tmp_path / "recipe.yaml", tiny_recipe(tmp_path / "out", [qat(start=0)]))

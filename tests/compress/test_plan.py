@@ -8,7 +8,7 @@ from torch import nn
 
 import compress
 from compress import BlockSparseConfig, Plan, W4A16Config, W8A8BlockConfig, W8A8Config, W8A16Config
-from compress.nn.modules import BSRLinear, BSRW8A8Linear, W4A16Linear, W8A8BlockLinear, W8A8Linear, W8A16Linear
+from compress.nn.inference import BSRLinear, BSRW8A8Linear, W4A16Linear, W8A8BlockLinear, W8A8Linear, W8A16Linear
 from compress.nn.qat import CompressedLinear
 import compress.calibration as calibration_module
 import compress.plan as plan_module

@@ -17,7 +17,7 @@ import torch
 
 from compress_kernels import reference
 from compress_kernels.bsr.op import bsr_matmul_parts
-from compress_kernels.bsr.op_w8a8 import bsr_w8a8_matmul_parts
+from compress_kernels.bsr_w8a8.op import bsr_w8a8_matmul_parts
 from compress_kernels.norm_quant.op import gelu_quantize, layer_norm_quantize, rms_norm_quantize
 from compress_kernels.w4a16.op import w4a16_matmul
 from compress_kernels.w8a8.dispatch import TileConfig

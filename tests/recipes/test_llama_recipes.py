@@ -18,7 +18,7 @@ import yaml
 
 from compress import cli, load_compressed
 from compress.lightning.paths import data_root
-from compress.nn.modules import BSRLinear, W4A16Linear, W8A8Linear
+from compress.nn.inference import BSRLinear, W4A16Linear, W8A8Linear
 
 RECIPES = Path(__file__).resolve().parents[2] / "recipes"
 NAMES = ("dense", "w8a8-qat", "w4a16-qat", "sparse50")

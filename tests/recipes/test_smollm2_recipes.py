@@ -23,7 +23,7 @@ import yaml
 
 from compress import cli, load_compressed
 from compress.lightning.paths import MINILM_NAME, SMOLLM2_NAME, data_root
-from compress.nn.modules import BSRLinear, BSRW8A8Linear, W4A16Linear, W8A8Linear, W8A16Linear
+from compress.nn.inference import BSRLinear, BSRW8A8Linear, W4A16Linear, W8A8Linear, W8A16Linear
 
 RECIPES = Path(__file__).resolve().parents[2] / "recipes"
 TRAINED = ("dense", "w8a8-qat", "w4a16-qat", "sparse50", "sparse50-w8a8")

@@ -31,7 +31,7 @@ from compress.core.quant import (
     unpack_int4,
 )
 from compress.core.sparsity import block_mask, expand_mask
-from compress.nn.modules import is_inference_module
+from compress.nn.inference import is_inference_module
 from compress.calibration import run_hessian_passes
 from compress.nn.qat import compressed_layers
 

@@ -12,7 +12,7 @@ import torch
 
 import compress
 from compress.eval.generate import compile_for_generate, compiled_step_refusal, uncompile_for_generate
-from compress.nn.modules import INFERENCE_MODULES
+from compress.nn.inference import INFERENCE_MODULES
 from compress.eval.decode_loop import GreedyDecoder, supports
 from tests.compress.eval.test_decode_loop import tiny_llama, tiny_model
 

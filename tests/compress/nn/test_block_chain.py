@@ -111,6 +111,9 @@ def test_kernel_branch_under_the_triton_interpreter(monkeypatch):
 
     if not compress_kernels.TRITON_AVAILABLE or not interpreting():
         pytest.skip("needs the project's Triton kernels and TRITON_INTERPRET=1 (set by conftest without a GPU)")
+    from compress_kernels.w8a8_block.op import (bind_w8a8_block_matmul, bind_w8a8_block_matmul_int8,
+                                                bind_w8a8_block_matmul_quantized)
+
     monkeypatch.setattr(W8A8BlockLinear, "_use_kernel", lambda self, x: x.dtype in (torch.float16, torch.bfloat16))
     torch.manual_seed(0)
     model = compress.convert(nn.Sequential(nn.Linear(128, 256), nn.GELU(), nn.Linear(256, 128)), W8A8BlockConfig())
@@ -121,8 +124,8 @@ def test_kernel_branch_under_the_triton_interpreter(monkeypatch):
         assert link_block_chains(model, x) == 1
         linked = model(**x)
     assert (linked.float() - unlinked.float()).norm() / unlinked.float().norm() < 1e-2
-    assert set(model[0].__dict__["_bound_calls"]) == {"w8a8_block_matmul", "w8a8_block_matmul_int8"}
-    assert "w8a8_block_matmul_quantized" in model[2].__dict__["_bound_calls"]
+    assert set(model[0].__dict__["_bound_calls"]) == {bind_w8a8_block_matmul, bind_w8a8_block_matmul_int8}
+    assert bind_w8a8_block_matmul_quantized in model[2].__dict__["_bound_calls"]
 
 
 @pytest.mark.gpu

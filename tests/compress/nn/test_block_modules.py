@@ -1,5 +1,5 @@
 """Block-scaled W8A8 in compress: QAT fake quantization (compress/nn/qat.py), the inference module
-W8A8BlockLinear (compress/nn/modules.py), export (compress/plan.py), sibling fusion and the checkpoint.
+W8A8BlockLinear (compress/nn/inference/w8a8_block.py), export (compress/plan.py), sibling fusion and the checkpoint.
 
 On the CPU the inference module runs the kernels' reference (compress_kernels.reference), which the
 kernel tests hold the Triton kernels to; the GPU test at the end runs the kernels."""

@@ -11,7 +11,7 @@ import compress
 from compress import BlockSparseConfig, Plan, W4A16Config, W8A8Config
 from compress.lightning.callbacks import strip_training_modules
 from compress.nn.conv1d import conv1d_from_linear, is_conv1d, linear_features, linear_from_conv1d
-from compress.nn.modules import W4A16Linear, W8A8Linear
+from compress.nn.inference import W4A16Linear, W8A8Linear
 from compress.nn.qat import compressed_layers
 
 transformers = pytest.importorskip("transformers")

@@ -9,7 +9,7 @@ from transformers import BertConfig, BertModel, LlamaConfig, LlamaForCausalLM
 
 import compress
 from compress.nn.fusion import SiblingGroup, SiblingOutput, fuse_members, fuse_siblings, is_fused, unfuse_siblings
-from compress.nn.modules import BSRLinear, W4A16Linear, W8A8Linear, W8A16Linear
+from compress.nn.inference import BSRLinear, W4A16Linear, W8A8Linear, W8A16Linear
 
 LLAMA = dict(hidden_size=64, intermediate_size=128, num_attention_heads=2, num_key_value_heads=2, vocab_size=50,
              num_hidden_layers=2)

@@ -17,7 +17,7 @@ from compress.nn.input_quant import (
     producer_for,
     takes_handed_input,
 )
-from compress.nn.modules import BSRW8A8Linear, W8A8Linear
+from compress.nn.inference import BSRW8A8Linear, W8A8Linear
 from tests.compress.eval.test_evaluate import TINY_BERT, tiny_bert, tiny_w8a8_bert
 
 LAYER = "bert.encoder.layer.0"

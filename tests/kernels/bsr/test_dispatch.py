@@ -1,11 +1,11 @@
-"""The block-sparse dispatch tables (compress_kernels/bsr/dispatch.py): rows checked on the shapes they name.
+"""The DDS dispatch table (compress_kernels/bsr/dispatch.py): rows checked on the shapes they name.
 
 Off CUDA the device facts are an H100's (132 SMs), so these picks are the H100's."""
 import pytest
 import torch
 
 from compress_kernels.bsr.dispatch import (DENSE, DENSIFY_MIN_M, GEMV_PREFETCH_BYTES, SMALL_LAYER, BsrConfig,
-                                           cached_pick, cached_pick_w8a8, densifies, gemv_serves, pick, pick_w8a8)
+                                           cached_pick, densifies, gemv_serves, pick)
 
 CPU = torch.device("cpu")
 
@@ -92,24 +92,6 @@ def test_densifies_only_large_m_on_dense_enough_layers():
     huge_k = 32 * 70000  # more block columns than a grid dimension holds: the block kernel
     assert not densifies(8192, 32, huge_k, 70000)
     assert choose(DENSIFY_MIN_M, 4096, 4096, blocks // 2) == DENSE
-    assert pick_w8a8(DENSIFY_MIN_M, 4096, 4096, blocks // 2, CPU) == DENSE
-
-
-def test_w8a8_buckets():
-    nnz = 128 * 64  # 4096x4096 at 50%: 128 block rows of 64 stored blocks
-    assert [pickw(m, 4096, 4096, nnz).block_m for m in (1, 16, 17, 32, 33, 256, 257)] == [16, 16, 32, 32, 64, 64, 128]
-    assert pickw(1, 4096, 4096, nnz).split == 8  # few long block rows: shared by 8 programs
-    assert pickw(16, 8192, 8192, 256 * 128).split == 4
-    assert pickw(1, 4096, 4096, 128 * 12).split == 1  # short rows (90%): no split
-    assert pickw(1, 28672, 8192, 896 * 128).split == 1  # many block rows fill the GPU already
-    assert pickw(64, 4096, 4096, nnz).split == 4 and pickw(64, 8192, 8192, 256 * 128).split == 1
-    assert pickw(64, 1152, 384, 36 * 6).block_m == 16  # MiniLM-size layers: 16-row tiles
-    assert pickw(512, 1152, 384, 36 * 6).block_m == 64 and pickw(512, 4096, 4096, nnz).block_m == 128
-    assert pickw(2048, 1024, 1024, 32 * 8).block_m == 128  # enough programs with 128-row tiles (75% sparse)
-
-
-def pickw(m, n, k, nnz):
-    return pick_w8a8(m, n, k, nnz, CPU)
 
 
 def test_the_sm_count_sizes_the_programs(monkeypatch):
@@ -121,10 +103,9 @@ def test_the_sm_count_sizes_the_programs(monkeypatch):
     assert choose(2048, 1024, 1024, 32 * 8) == BsrConfig("gemm", 256, 32, 2, 4, 3)
 
 
-def test_the_cached_picks_are_the_picks_remembered():
+def test_the_cached_pick_is_the_pick_remembered():
     for m, n, k, nnz in ((1, 4096, 4096, 8192), (64, 576, 1536, 432), (4096, 1024, 1024, 1024)):
         assert cached_pick(m, n, k, nnz, CPU, True) == pick(m, n, k, nnz, CPU, True)
-        assert cached_pick_w8a8(m, n, k, nnz, CPU) == pick_w8a8(m, n, k, nnz, CPU)
     hits = cached_pick.cache_info().hits
     cached_pick(1, 4096, 4096, 8192, CPU, True)
     assert cached_pick.cache_info().hits == hits + 1

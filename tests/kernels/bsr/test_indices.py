@@ -11,7 +11,7 @@ import torch
 
 from compress_kernels.bsr.indices import check_bsr_indices
 from compress_kernels.bsr.op import bsr_matmul, bsr_matmul_parts
-from compress_kernels.bsr.op_w8a8 import bsr_w8a8_matmul_parts, bsr_w8a8_matmul_quantized
+from compress_kernels.bsr_w8a8.op import bsr_w8a8_matmul_parts, bsr_w8a8_matmul_quantized
 from tests.kernels.helpers import DEVICE, block_sparse_dense
 
 pytestmark = [pytest.mark.gpu] if torch.cuda.is_available() else []

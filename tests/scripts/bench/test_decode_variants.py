@@ -9,7 +9,7 @@ import compress
 
 from compress.core.quant import dequantize_groupwise, quantize_groupwise
 from compress.nn.fusion import SiblingGroup, fuse_siblings
-from compress.nn.modules import BSRLinear
+from compress.nn.inference import BSRLinear
 from scripts.bench import decode_variants as variants
 
 CPU = torch.device("cpu")
@@ -63,7 +63,7 @@ def test_int8_weight_only_module_holds_our_w8a16_weights():
     torch.manual_seed(0)
     linear = nn.Linear(256, 64, bias=False).half()
     module = variants.WeightInt8Linear.from_float(linear)
-    ours = compress.nn.modules.W8A16Linear.from_float(linear, compress.W8A16Config())
+    ours = compress.nn.inference.W8A16Linear.from_float(linear, compress.W8A16Config())
     assert torch.equal(module.w_q, ours.w_q) and module.scales.dtype == torch.float16
     x = torch.randn(3, 5, 256, dtype=torch.float16)
     y = module(x)

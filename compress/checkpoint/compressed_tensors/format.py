@@ -42,7 +42,7 @@ import torch
 from compress.checkpoint.manifest import CheckpointError
 from compress.configs import W4_GROUP_SIZES, W4A16Config, W8A8Config
 from compress.core.quant import pack_int4, unpack_int4
-from compress.nn.modules import W4A16Linear, W8A8Linear, padded_in_features
+from compress.nn.inference import W4A16Linear, W8A8Linear, padded_in_features
 
 QUANT_METHOD = "compressed-tensors"
 # The compressed-tensors release whose config keys and tensor names this writes (checked against it).

@@ -1,4 +1,4 @@
-"""DDS + W8A8's public launchers (compress_kernels/bsr/op_w8a8.py) against ``compress_kernels.reference``.
+"""DDS + W8A8's public launchers (compress_kernels/bsr_w8a8/op.py) against ``compress_kernels.reference``.
 
 The kernel computes the reference's integers exactly and its epilogue does the same fp32 operations
 in the same order, so fp16 outputs are compared bit for bit under the interpreter and within one fp16

@@ -1,7 +1,7 @@
 """``save_compressed(model, path, format="compressed-tensors")``: a model directory vLLM and transformers load.
 
 Layout of ``path/`` (a Hugging Face model directory; the tensor layout is
-:mod:`compress.checkpoint.compressed_tensors_format`)::
+:mod:`compress.checkpoint.compressed_tensors.format`)::
 
     config.json             the model's config, its ``architectures`` and ``dtype``, and
                             ``quantization_config`` (quant_method "compressed-tensors", status
@@ -41,11 +41,11 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from compress.checkpoint.compressed_tensors_format import FORMAT_VERSION, MIXED, QUANT_METHOD, scheme_of, tensors_of
+from compress.checkpoint.compressed_tensors.format import FORMAT_VERSION, MIXED, QUANT_METHOD, scheme_of, tensors_of
 from compress.checkpoint.manifest import CT_EXPORT_MARKER, MODEL_CONFIG, TENSORS, file_sha256
 from compress.checkpoint.safe_write import fsync_path
 from compress.nn.experts import QuantizedExperts
-from compress.nn.modules import BSRLinear, BSRW8A8Linear, W4A16Linear, W8A8Linear, is_inference_module
+from compress.nn.inference import BSRLinear, BSRW8A8Linear, W4A16Linear, W8A8Linear, is_inference_module
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
                    "tokenizer.model", "spiece.model", "vocab.json", "vocab.txt", "merges.txt", "chat_template.jinja",

@@ -26,7 +26,7 @@ from torch import nn
 import compress
 from compress import BlockSparseConfig, CheckpointError, W4A16Config, W8A8Config
 from compress.checkpoint import TENSORS, load_model_dir
-from compress.nn.modules import W4A16Linear, W8A8Linear
+from compress.nn.inference import W4A16Linear, W8A8Linear
 from tests.compress.checkpoint.helpers import logits, relative_error, tiny_llama, token_ids
 
 transformers = pytest.importorskip("transformers")

@@ -80,7 +80,7 @@ def _bsr_w8a8_kernel(
         tl.store(y_ptrs, y.to(y_ptr.dtype.element_ty), mask=m_mask[:, None])
 
 
-def launch_gemm_w8a8(xq, s_x, crow_indices, col_indices, values, w_scale, bias, y, cfg) -> None:
+def launch_gemm(xq, s_x, crow_indices, col_indices, values, w_scale, bias, y, cfg) -> None:
     """The sparse int8 GEMM with ``cfg`` on quantized ``xq`` (M, K) int8 and ``s_x`` (M,) into ``y`` (M, N)."""
     m = xq.shape[0]
     n = y.shape[1]

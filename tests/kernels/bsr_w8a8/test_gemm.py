@@ -1,4 +1,4 @@
-"""DDS + W8A8 tiles (compress_kernels/bsr/gemm_w8a8.py): other tile shapes, block rows shared by
+"""DDS + W8A8 tiles (compress_kernels/bsr_w8a8/gemm.py): other tile shapes, block rows shared by
 programs (dequantized partials summed in the kernel), configs the kernel cannot take refused.
 CPU: the Triton interpreter.
 """
@@ -7,7 +7,7 @@ import torch
 
 from compress_kernels import reference
 from compress_kernels.bsr.dispatch import BsrConfig
-from compress_kernels.bsr.op_w8a8 import launch
+from compress_kernels.bsr_w8a8.op import launch
 from tests.kernels.helpers import DEVICE, int8_block_sparse, rel_error
 
 

@@ -3,11 +3,11 @@
 A directory is one when ``config.json``'s ``quantization_config.quant_method`` is
 ``"compressed-tensors"``: written by ``save_compressed(format="compressed-tensors")``, by the
 compressed-tensors library (llm-compressor) or by anything else that follows the format
-(:mod:`compress.checkpoint.compressed_tensors_format`). Loading runs no code from the directory:
+(:mod:`compress.checkpoint.compressed_tensors.format`). Loading runs no code from the directory:
 
 1. ``config.json`` is read as JSON: ``quantization_status`` must be ``"compressed"``; a kv-cache scheme,
    a sparsity or a transform config is refused; so is every config group whose scheme we do not run
-   (:func:`~compress.checkpoint.compressed_tensors_format.layer_config` lists what is supported).
+   (:func:`~compress.checkpoint.compressed_tensors.format.layer_config` lists what is supported).
 2. The tensors come from ``model.safetensors`` or the shards that ``model.safetensors.index.json``
    lists (safetensors only, never a pickle); each shard must hold exactly the tensors the index maps to
    it. Every file is read as a regular file, its header's sizes checked against the file first
@@ -33,7 +33,7 @@ import re
 import torch
 from torch import nn
 
-from compress.checkpoint.compressed_tensors_format import MIXED, QUANT_METHOD, layer_config, module_from
+from compress.checkpoint.compressed_tensors.format import MIXED, QUANT_METHOD, layer_config, module_from
 from compress.checkpoint.files import NotRegularFileError, read_json, read_safetensors
 from compress.checkpoint.manifest import (
     CT_EXPORT_MARKER,

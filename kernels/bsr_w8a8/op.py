@@ -9,8 +9,8 @@ weight is stored as BSR parts like the fp16 DDS op (:mod:`compress_kernels.bsr.o
     acc[m, n]  = sum_k xq[m, k] * W_q[n, k]                      int32, exact
     y[m, n]    = acc[m, n] * s_x[m] * w_scale[n] (+ bias[n])     fp32 -> x's dtype
 
-Which kernel runs is decided by :func:`compress_kernels.bsr.dispatch.pick_w8a8`: the quantize pass
-then the sparse int8 tiles (:mod:`compress_kernels.bsr.gemm_w8a8`), or, at large M on dense enough
+Which kernel runs is decided by :func:`compress_kernels.bsr_w8a8.dispatch.pick`: the quantize pass
+then the sparse int8 tiles (:mod:`compress_kernels.bsr_w8a8.gemm`), or, at large M on dense enough
 layers, the int8 weight written out dense for the dense W8A8 kernels (the same integers, so the dense
 kernels' output). ``bsr_w8a8_matmul_parts`` validates and calls the custom op
 ``torch.ops.compress_kernels.bsr_w8a8_matmul`` (with a fake implementation, so callers compile and
@@ -24,9 +24,10 @@ from __future__ import annotations
 import torch
 
 from compress_kernels.bsr.densify import bsr_to_dense
-from compress_kernels.bsr.dispatch import BsrConfig, cached_pick_w8a8
-from compress_kernels.bsr.gemm_w8a8 import launch_gemm_w8a8
+from compress_kernels.bsr.dispatch import BsrConfig
 from compress_kernels.bsr.op import check_parts
+from compress_kernels.bsr_w8a8.dispatch import cached_pick
+from compress_kernels.bsr_w8a8.gemm import launch_gemm
 from compress_kernels.common.bound import BoundMatmul, BoundQuantizedMatmul
 from compress_kernels.common.checks import check_quantized, check_same_device, check_shape, check_tensor, check_x_scale
 from compress_kernels.common.quantize import quantize_rows
@@ -38,14 +39,14 @@ def launch(x2, crow_indices, col_indices, values, w_scale, out_features: int, bi
            config: BsrConfig | None = None) -> torch.Tensor:
     """Run validated ``x2`` (M, K) through the picked path (or ``config``); returns (M, out_features)."""
     m, k = x2.shape
-    config = config or cached_pick_w8a8(m, out_features, k, col_indices.shape[0], x2.device)
+    config = config or cached_pick(m, out_features, k, col_indices.shape[0], x2.device)
     if config.kernel == "dense":  # large M: the dense W8A8 kernels on the dense int8 weight
         w_q = bsr_to_dense(crow_indices, col_indices, values, out_features, k)
         return launch_dense_w8a8(x2 if x2.stride(-1) == 1 else x2.contiguous(), w_q, w_scale, bias, x_scale)
     y = torch.empty((m, out_features), dtype=x2.dtype, device=x2.device)
     if m > 0:
         xq, s_x = quantize_rows(x2, x_scale)
-        launch_gemm_w8a8(xq, s_x, crow_indices, col_indices, values, w_scale.contiguous(), bias, y, config)
+        launch_gemm(xq, s_x, crow_indices, col_indices, values, w_scale.contiguous(), bias, y, config)
     return y
 
 
@@ -86,13 +87,13 @@ def launch_quantized(xq, s_x, crow_indices, col_indices, values, w_scale, out_fe
     """The GEMM on validated per-token int8 ``xq`` (M, K) and ``s_x`` (M,): (M, out_features) in ``out_dtype``."""
     m, k = xq.shape
     xq, s_x, w_scale = xq.contiguous(), s_x.contiguous(), w_scale.contiguous()
-    config = cached_pick_w8a8(m, out_features, k, col_indices.shape[0], xq.device)
+    config = cached_pick(m, out_features, k, col_indices.shape[0], xq.device)
     if config.kernel == "dense":  # large M: the dense W8A8 GEMM
         w_q = bsr_to_dense(crow_indices, col_indices, values, out_features, k)
         return launch_dense_w8a8_quantized(xq, s_x, w_q, w_scale, bias, out_dtype)
     y = torch.empty((m, out_features), dtype=out_dtype, device=xq.device)
     if m > 0:
-        launch_gemm_w8a8(xq, s_x, crow_indices, col_indices, values, w_scale, bias, y, config)
+        launch_gemm(xq, s_x, crow_indices, col_indices, values, w_scale, bias, y, config)
     return y
 
 

@@ -6,7 +6,7 @@ Tolerances on the logits against transformers' model of the same directory (rela
 error, float32 on the CPU): W4A16 1e-5 (measured 0: the same dequantized weights); static W8A8 2e-3
 (the same integers and rounding, summed in another order); dynamic W8A8 3e-2 (compressed-tensors'
 fake quantization scales tokens by max|x| / 127.5, our kernels and vLLM's by max|x| / 127; measured
-1.2%). See test_compressed_tensors_save.py for the measurements.
+1.2%). See test_save.py for the measurements.
 """
 import json
 import re
@@ -18,7 +18,7 @@ from safetensors.torch import load_file, save_file
 import compress
 from compress import CheckpointError, W4A16Config, W8A8Config
 from compress.checkpoint import TENSORS
-from compress.nn.modules import W4A16Linear, W8A8Linear
+from compress.nn.inference import W4A16Linear, W8A8Linear
 from tests.compress.checkpoint.helpers import library_directory, logits, relative_error, tiny_llama, token_ids
 
 transformers = pytest.importorskip("transformers")
