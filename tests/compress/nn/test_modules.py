@@ -11,7 +11,7 @@ from compress.configs import BlockSparseConfig, W4A16Config, W8A8BlockConfig, W8
 from compress.core.sparsity import block_mask, expand_mask
 from compress.lightning.paths import data_root
 from compress.nn.modules import (BSRLinear, BSRW8A8Linear, W4A16Linear, W8A8BlockLinear, W8A8Linear, W8A16Linear,
-                                 to_float)
+                                 kernels_run, to_float)
 
 
 def sqnr_db(reference: torch.Tensor, approx: torch.Tensor) -> float:
@@ -24,6 +24,14 @@ def sqnr_db(reference: torch.Tensor, approx: torch.Tensor) -> float:
 def _linear(n=64, k=128, seed=0):
     torch.manual_seed(seed)
     return nn.Linear(k, n)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_kernels_run_on_cuda_fp16_bf16_inputs_only_as_the_forward_decides(dtype):
+    assert kernels_run(torch.device("cuda"), dtype) is (dtype != torch.float32)
+    assert kernels_run("cpu", dtype) is False
+    module = W8A8Linear.from_float(_linear(), W8A8Config())
+    assert module._use_kernel(torch.zeros(1, 128, dtype=dtype)) is kernels_run("cpu", dtype)
 
 
 def test_w8a8_matches_the_float_layer_closely():
