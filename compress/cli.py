@@ -15,8 +15,11 @@ Subcommands::
                                                     (--overwrite replaces an earlier export there;
                                                     compressed-tensors: a model dir for vLLM and
                                                     transformers, with the recipe's tokenizer)
-    compress evaluate --config RECIPE --models DIR [DIR ...] [--names NAME ...]
+    compress evaluate --config RECIPE --models DIR [DIR ...] [--names NAME ...] [--overwrite]
                                                     saved model dirs + the recipe's data -> report
+                                                    (compress.output_dir/report.{md,json,png}; an
+                                                    earlier report there is replaced only with
+                                                    --overwrite)
 
 A recipe has LightningCLI's sections (``model``, ``data``, ``trainer`` with ``callbacks``,
 ``seed_everything``) plus a ``compress`` section (:class:`CompressOptions`: output directory and
@@ -349,16 +352,18 @@ def save_float_model(model, path: Path) -> Path:
 
 def build_report(named_models: list[tuple[str, Any, str]], datamodule, options: CompressOptions, stem: str = "report"):
     """Evaluate ``(name, model, source)`` triples on the data module's eval split; write the report."""
-    from compress.eval.evaluate import device_label, environment, evaluate_model
+    from compress.eval.evaluate import device_label, environment, evaluate_model, runs_reference
     from compress.eval.report import Report, write_report
 
     settings = eval_options(options, datamodule)
+    reference = runs_reference([model for _, model, _ in named_models], settings)
     datamodule.setup("validate")
     loader = datamodule.val_dataloader()
     results = [evaluate_model(name, model, loader, settings, source) for name, model, source in named_models]
     device = settings.resolved_device()
     dtype = str(settings.resolved_dtype()).replace("torch.", "")
-    report = Report(results, device_label(settings), dtype, environment(device), settings.resolved_latency_mode())
+    report = Report(results, device_label(settings), dtype, environment(device), settings.resolved_latency_mode(),
+                    reference_kernels=reference)
     paths = write_report(report, options.output_dir, stem)
     log.info("report written: %s", ", ".join(str(p) for p in paths.values()))
     return report, paths
@@ -486,6 +491,22 @@ def load_lightning_checkpoint(path) -> dict:
     return state
 
 
+EXPORT_HELP = """usage: compress export --config RECIPE --ckpt_path CKPT [--export_dir DIR] [--overwrite]
+                       [--format compress|compressed-tensors] [recipe overrides]
+
+A Lightning checkpoint of a run of RECIPE -> a compressed model directory (prints its path).
+
+  --config RECIPE      the recipe the checkpoint was trained with (its model and compression callbacks)
+  --ckpt_path CKPT     the Lightning checkpoint file (read as plain data: no pickled code runs)
+  --export_dir DIR     where to write (default: the Export callback's dirpath, else
+                       <compress.output_dir>/compressed)
+  --overwrite          replace an earlier export in DIR (nothing else there is ever replaced)
+  --format F           compress (default) or compressed-tensors (a model dir for vLLM and transformers,
+                       W8A8 and W4A16 layers only, with the recipe's tokenizer)
+  recipe overrides     as for compress run (compress run --help lists them)
+"""
+
+
 def _overwrite_flag(args: list[str]) -> tuple[bool, list[str]]:
     """``--overwrite`` (a flag, no value) taken out of ``args``: (whether it was given, the other args)."""
     rest = [arg for arg in args if arg != "--overwrite"]
@@ -521,6 +542,9 @@ def export(args: list[str]) -> int:
     that vLLM and ``transformers`` load (W8A8 and W4A16 layers only; :func:`compress.save_compressed`),
     with the tokenizer of the recipe's data module when it has one.
     """
+    if "-h" in args or "--help" in args:
+        sys.stdout.write(EXPORT_HELP)
+        return 0
     ckpt_path, rest = checkpoint_option(args, "export")
     export_dir, rest = _split_option(rest, "export_dir")
     save_format, rest = _format_option(rest)
@@ -565,6 +589,8 @@ def evaluate_parser():
     parser.add_argument("--config", action=ActionConfigFile, help="the recipe (its data and compress sections)")
     parser.add_argument("--models", type=list[str], required=True, help="saved model dirs, baseline first")
     parser.add_argument("--names", type=Optional[list[str]], default=None, help="report names (default: dir names)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace the report.{md,json,png} of an earlier report in compress.output_dir")
     parser.add_subclass_arguments(pl.LightningDataModule, "data", required=True)
     parser.add_class_arguments(CompressOptions, "compress")
     for key in _IGNORED_BY_EVALUATE:
@@ -573,7 +599,11 @@ def evaluate_parser():
 
 
 def evaluate(args: list[str]) -> int:
-    """``compress evaluate --config RECIPE --models DIR [DIR ...]``: compare saved models in one report."""
+    """``compress evaluate --config RECIPE --models DIR [DIR ...] [--overwrite]``: compare saved models in one
+    report, ``compress.output_dir/report.{md,json,png}``. An earlier report there is refused, before any model
+    is loaded, unless ``--overwrite`` is given; the paths are logged before and after."""
+    from compress.eval.report import check_report_target
+
     models, rest = _split_option(args, "models")
     names, rest = _split_option(rest, "names")
     parser = evaluate_parser()
@@ -585,6 +615,9 @@ def evaluate(args: list[str]) -> int:
         raise ValueError(f"--names: expected one name per model ({len(config.models)}), got {len(config.names)}")
     if not config.models:
         raise ValueError("--models: expected at least one model dir")
+    paths = check_report_target(config.compress.output_dir, overwrite=config.overwrite, flag="--overwrite")
+    log.info("compress evaluate: the report goes to %s%s", ", ".join(str(p) for p in paths.values()),
+             " (replacing the earlier one)" if any(p.exists() for p in paths.values()) else "")
     with recipe_errors():
         init = parser.instantiate_classes(config)
     options = options_from(init)

@@ -375,6 +375,7 @@ def prepare(model: nn.Module, plan, fake_quant: bool = False) -> nn.Module:
         if isinstance(module, (CompressedLinear, CompressedExperts)):
             _layer_step(name, "prepare", _check_additions, name, module, configs)
     from_conv1d = sum(is_conv1d(model.get_submodule(name)) for name in targets)
+    already = sum(isinstance(model.get_submodule(name), (CompressedLinear, CompressedExperts)) for name in targets)
     # 2. build and swap, undoing everything if a later layer still fails.
     rollback = _Rollback(model)
     try:
@@ -404,15 +405,27 @@ def prepare(model: nn.Module, plan, fake_quant: bool = False) -> nn.Module:
         for layer in as_plan(plan).prepared_layers(model).values():  # experts' layers too
             if layer.quant_config is not None:
                 layer.enable_fake_quant(True)
-    experts = sum(isinstance(model.get_submodule(name), CompressedExperts) for name in targets)
-    logger.info("prepare: %d layers and %d experts blocks set up for compression (fake quantization %s)",
-                len(targets) - experts, experts, "on" if fake_quant else "off until a schedule starts it")
-    compressed, total = prepared_matrix_weights(model), matrix_weights(model)
-    logger.info("prepare: prepared layers hold %.1f%% of the model's matrix weights (%d of %d, embeddings and "
-                "heads included)", 100 * compressed / max(total, 1), compressed, total)
+    _log_prepared(model, targets, already, fake_quant)
     if from_conv1d:
         logger.info("prepare: %d transformers Conv1D layers converted to nn.Linear (weights transposed)", from_conv1d)
     return model
+
+
+def _log_prepared(model: nn.Module, targets: dict, already: int, fake_quant: bool) -> None:
+    """Log what one ``prepare`` call did: the configs it gave, how many targets it swapped in and how many
+    already prepared layers it added them to, and (when it swapped any in) the share of the model's matrix
+    weights the prepared layers now hold. Plans that compose (pruning, then quantization) each log their
+    own line, and the share once per change."""
+    experts = sum(isinstance(model.get_submodule(name), CompressedExperts) for name in targets)
+    kinds = ", ".join(sorted({type(config).__name__ for configs in targets.values() for config in configs}))
+    logger.info("prepare: %s on %d layers and %d experts blocks (%d set up for compression, %d already prepared; "
+                "fake quantization %s)", kinds, len(targets) - experts, experts, len(targets) - already, already,
+                "on" if fake_quant else "off until a schedule starts it")
+    if already == len(targets):
+        return
+    compressed, total = prepared_matrix_weights(model), matrix_weights(model)
+    logger.info("prepare: prepared layers hold %.1f%% of the model's matrix weights (%d of %d, embeddings and "
+                "heads included)", 100 * compressed / max(total, 1), compressed, total)
 
 
 def matrix_weights(model: nn.Module) -> int:

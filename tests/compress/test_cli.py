@@ -16,6 +16,7 @@ from safetensors.torch import load_file
 
 import compress
 from compress import CheckpointError
+from compress.eval.report import REFERENCE_NOTE
 from compress.cli import CompressCLI, CompressOptions, RecipeError, check_recipe, eval_options, main, run_command
 from compress.lightning.data import DigitsData
 from compress.lightning.tasks import SequenceClassificationTask
@@ -97,6 +98,8 @@ def test_run_writes_a_report_comparing_float_and_compressed(sparse_w8a8_run):
     assert report["latency_mode"] == "eager"  # the recipe asks cuda_graph (default); CPU times eager
     assert all(m["latency_mode"] == "eager" and m["latency_note"] == "" for m in report["models"])
     assert "Latency mode: eager" in (root / "out" / "report.md").read_text()
+    assert report["reference_kernels"] is True  # on the CPU the compressed layers run the reference
+    assert REFERENCE_NOTE in (root / "out" / "report.md").read_text()
 
 
 def test_float_model_dir_holds_the_pruned_float_weights(sparse_w8a8_run):
@@ -273,13 +276,38 @@ def test_export_needs_a_ckpt_path(tmp_path):
         run_command(["export", "--config", path])
 
 
-def test_evaluate_compares_saved_model_dirs(sparse_w8a8_run, tmp_path):
+def test_export_help_lists_its_options_without_a_recipe(capsys):
+    assert run_command(["export", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: compress export --config RECIPE --ckpt_path CKPT")
+    assert all(option in out for option in ("--export_dir DIR", "--overwrite", "--format F"))
+    assert run_command(["export", "-h"]) == 0 and capsys.readouterr().out == out
+
+
+@pytest.mark.parametrize("earlier", ["report.md", "report.json", "report.png"])
+def test_evaluate_refuses_an_earlier_report_before_loading_any_model(sparse_w8a8_run, tmp_path, earlier):
+    root, recipe = sparse_w8a8_run
+    (tmp_path / earlier).write_text("an earlier report")
+    with pytest.raises(FileExistsError, match=rf"holds an earlier report \(.*{re.escape(earlier)}\); pass --overwrite"):
+        run_command(["evaluate", "--config", recipe, "--models", str(tmp_path / "not-a-model"),
+                     "--compress.output_dir", str(tmp_path)])
+    assert (tmp_path / earlier).read_text() == "an earlier report"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [earlier]
+
+
+def test_evaluate_compares_saved_model_dirs(sparse_w8a8_run, tmp_path, caplog):
     root, recipe = sparse_w8a8_run
     models = [str(root / "out" / "float"), str(root / "out" / "compressed")]
-    code = run_command(["evaluate", "--config", recipe, "--models", *models, "--names", "dense", "w8a8",
-                 "--compress.output_dir", str(tmp_path), "--compress.latency_mode", "compile"])
+    (tmp_path / "report.md").write_text("an earlier report")
+    with caplog.at_level(logging.INFO, logger="compress.cli"):
+        code = run_command(["evaluate", "--config", recipe, "--models", *models, "--names", "dense", "w8a8",
+                            "--compress.output_dir", str(tmp_path), "--compress.latency_mode", "compile", "--overwrite"])
     assert code == 0
+    paths = ", ".join(str(tmp_path / f"report.{suffix}") for suffix in ("md", "json", "png"))
+    assert f"the report goes to {paths} (replacing the earlier one)" in caplog.text
+    assert f"report written: {paths}" in caplog.text
     report = json.loads((tmp_path / "report.json").read_text())
+    assert report["reference_kernels"] is True
     assert report["latency_mode"] == "eager"  # compile asked for, CPU times eager
     assert [m["name"] for m in report["models"]] == ["dense", "w8a8"]
     assert report["models"][1]["source"] == models[1]

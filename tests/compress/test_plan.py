@@ -114,6 +114,21 @@ def test_prepare_composes_pruning_and_quantization():
     assert layer.sparse_config is not None and layer.quant_config is not None
 
 
+def test_composed_prepares_log_each_line_once(caplog):
+    """Pruning then quantization (two callbacks' setup): each call says what it gave, and the share of the
+    matrix weights is logged when layers were swapped in, not again when configs were only added."""
+    caplog.set_level(logging.INFO, logger="compress.plan")
+    model = compress.prepare(_model(), BlockSparseConfig(0.5))
+    compress.prepare(model, W8A8Config())
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("prepare:")]
+    assert len(lines) == len(set(lines)) == 3, lines
+    assert lines[0].startswith("prepare: BlockSparseConfig on 2 layers and 0 experts blocks (2 set up for "
+                               "compression, 0 already prepared;")
+    assert lines[1].startswith("prepare: prepared layers hold ")
+    assert lines[2].startswith("prepare: W8A8Config on 2 layers and 0 experts blocks (0 set up for "
+                               "compression, 2 already prepared;")
+
+
 @pytest.mark.parametrize("plan, error, fragment", [
     ("int8", TypeError, "a config, a list of configs"),
     ({"*": "int8"}, TypeError, "W8A8Config"),

@@ -31,7 +31,7 @@ manifests list them), :func:`to_float`, :func:`is_inference_module`.
 import torch
 from torch import nn
 
-from compress.nn.inference.base import _InferenceLinear, padded_in_features
+from compress.nn.inference.base import _InferenceLinear, kernels_run, padded_in_features
 from compress.nn.inference.bsr import BSRLinear
 from compress.nn.inference.bsr_w8a8 import BSRW8A8Linear
 from compress.nn.inference.w4a16 import W4A16Linear
@@ -59,4 +59,4 @@ def is_inference_module(module: nn.Module) -> bool:
 
 
 __all__ = ["BSRLinear", "BSRW8A8Linear", "INFERENCE_MODULES", "W4A16Linear", "W8A8BlockLinear", "W8A8Linear",
-           "W8A16Linear", "is_inference_module", "padded_in_features", "to_float"]
+           "W8A16Linear", "is_inference_module", "kernels_run", "padded_in_features", "to_float"]

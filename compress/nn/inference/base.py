@@ -40,6 +40,13 @@ from compress.core.float32 import Float32Buffers
 
 logger = logging.getLogger(__name__)
 _LOGGED_FALLBACK: set[str] = set()
+KERNEL_DTYPES = (torch.float16, torch.bfloat16)  # input dtypes the Triton kernels take (on CUDA)
+
+
+def kernels_run(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether the inference modules call the Triton kernels for inputs on ``device`` in ``dtype`` (CUDA,
+    fp16 / bf16); everywhere else they run the pure-PyTorch reference."""
+    return torch.device(device).type == "cuda" and dtype in KERNEL_DTYPES
 
 
 def _log_once(cls_name: str, reason: str) -> None:
@@ -109,7 +116,7 @@ class _InferenceLinear(Float32Buffers):
 
     def _use_kernel(self, x: torch.Tensor) -> bool:
         """True for CUDA fp16/bf16 inputs; logs (once) why the reference runs otherwise."""
-        if x.is_cuda and x.dtype in (torch.float16, torch.bfloat16):
+        if x.is_cuda and x.dtype in KERNEL_DTYPES:  # kernels_run, inline: this runs on every forward
             return True
         reason = f"input on {x.device.type}" if x.device.type != "cuda" else f"input dtype {x.dtype}"
         _log_once(type(self).__name__, reason)

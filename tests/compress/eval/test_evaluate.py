@@ -16,6 +16,7 @@ from compress.eval.evaluate import (
     latency_ms,
     measure_latency,
     measure_latency_or_eager,
+    runs_reference,
     tensor_bytes,
     weight_memory,
 )
@@ -138,6 +139,19 @@ def test_eager_latency_runs_the_warmup_then_the_timed_calls_without_gradients():
     options = EvalOptions(batch_sizes=(1,), seq_len=8, warmup=3, repeats=4, device="cpu")
     assert latency_ms(forward, {"input_ids": None}, options, torch.device("cpu"), "eager") >= 0
     assert calls == [(["input_ids"], True)] * 7
+
+
+@pytest.mark.parametrize("device, dtype, compressed, expected", [
+    ("cpu", "auto", True, True),          # CPU: the reference, whatever the dtype
+    ("cpu", "float16", True, True),
+    ("cuda", "float32", True, True),      # the kernels take fp16 / bf16 only
+    ("cuda", "float16", True, False),     # the Triton kernels run
+    ("cuda", "bfloat16", True, False),
+    ("cpu", "auto", False, False),        # dense models only: no compressed layer to run either way
+])
+def test_runs_reference_when_the_compressed_layers_cannot_call_the_kernels(device, dtype, compressed, expected):
+    models = [tiny_bert()] + ([tiny_w8a8_bert()] if compressed else [])
+    assert runs_reference(models, EvalOptions(device=device, dtype=dtype)) is expected
 
 
 def test_measure_latency_rejects_an_unknown_mode():

@@ -6,9 +6,11 @@ import pytest
 
 from compress.eval.report import (
     LATENCY_MODE_WORDS,
+    REFERENCE_NOTE,
     LatencyPoint,
     ModelResult,
     Report,
+    check_report_target,
     plot_accuracy_vs_speed,
     read_json,
     to_markdown,
@@ -87,6 +89,28 @@ def test_markdown_notes_a_model_timed_eager_after_a_failed_capture(report):
     assert "`w8a8`" in notes[0] and "timed eager, not cuda_graph" in notes[0] and "capture broke" in notes[0]
 
 
+@pytest.mark.parametrize("reference", [True, False])
+def test_markdown_says_when_latencies_time_the_reference_and_json_keeps_it(report, tmp_path, reference):
+    report.reference_kernels = reference
+    notes = [line for line in to_markdown(report).splitlines() if line.startswith("Note:")]
+    assert notes == ([REFERENCE_NOTE] if reference else [])
+    paths = write_report(report, tmp_path)
+    assert json.loads(paths["json"].read_text())["reference_kernels"] is reference
+    assert read_json(paths["json"]).reference_kernels is reference
+
+
+def test_check_report_target_refuses_an_earlier_report_unless_overwriting(tmp_path):
+    expected = {kind: tmp_path / f"r{suffix}" for kind, suffix in (("markdown", ".md"), ("json", ".json"),
+                                                                    ("plot", ".png"))}
+    assert check_report_target(tmp_path, "r") == expected  # nothing there yet
+    (tmp_path / "r.png").write_bytes(b"")
+    (tmp_path / "other.md").write_text("not a report of this stem")
+    with pytest.raises(FileExistsError, match=r"holds an earlier report \(.*r\.png\); pass --overwrite") as error:
+        check_report_target(tmp_path, "r", flag="--overwrite")
+    assert "other.md" not in str(error.value)
+    assert check_report_target(tmp_path, "r", overwrite=True) == expected
+
+
 def test_report_rejects_an_unknown_latency_mode(report):
     with pytest.raises(ValueError, match="latency_mode") as error:
         Report(report.models, "cpu", "float32", latency_mode="graphs")
@@ -96,12 +120,14 @@ def test_report_rejects_an_unknown_latency_mode(report):
 def test_json_without_latency_mode_reads_as_eager(report, tmp_path):
     data = report.to_dict()
     del data["latency_mode"]
+    del data["reference_kernels"]
     for model in data["models"]:
         del model["latency_mode"], model["latency_note"]
     path = tmp_path / "old.json"
     path.write_text(json.dumps(data))
     again = read_json(path)
     assert again.latency_mode == "eager" and all(m.latency_mode == "eager" for m in again.models)
+    assert again.reference_kernels is False
 
 
 def test_json_round_trip(report, tmp_path):
@@ -151,3 +177,37 @@ def test_read_json_refuses_another_format_version(report, tmp_path):
     path.write_text(json.dumps(data))
     with pytest.raises(ValueError, match="format_version"):
         read_json(path)
+
+
+def _crowded_report():
+    """Seven models, two pairs almost on top of each other and long names at both ends of the x range."""
+    spots = [("float weights of this run", 0.847, 1376.0), ("compressed (quickstart)", 0.847, 446.0),
+             ("w8a8-qat", 0.846, 1370.0), ("w4a16-qat", 0.845, 1360.0), ("sparse50", 0.80, 700.0),
+             ("sparse50-w8a8", 0.801, 705.0), ("w4a16-gptq with a longer name", 0.90, 450.0)]
+    models = [_model(name, accuracy, {8: 8 / throughput * 1000}, 1024) for name, accuracy, throughput in spots]
+    return Report(models, device="cpu (2 threads)", dtype="float32")
+
+
+def test_plot_labels_lie_inside_the_axes_and_apart():
+    import matplotlib.pyplot as plt
+
+    from compress.eval.report import accuracy_vs_speed_figure
+
+    report = _crowded_report()
+    figure = accuracy_vs_speed_figure(report, batch_size=8)
+    try:
+        figure.canvas.draw()
+        renderer = figure.canvas.get_renderer()
+        axes = figure.axes[0]
+        boxes = {text.get_text(): text.get_window_extent(renderer) for text in axes.texts}
+        assert sorted(boxes) == sorted(m.name for m in report.models)
+        frame, page = axes.get_window_extent(renderer), figure.bbox
+        for name, box in boxes.items():
+            assert frame.x0 < box.x0 and box.x1 < frame.x1 and frame.y0 < box.y0 and box.y1 < frame.y1, name
+            assert page.contains(box.x0, box.y0) and page.contains(box.x1, box.y1), name
+        names = list(boxes)
+        for i, first in enumerate(names):
+            for second in names[i + 1:]:
+                assert not boxes[first].overlaps(boxes[second]), (first, second)
+    finally:
+        plt.close(figure)

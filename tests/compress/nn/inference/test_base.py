@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from compress.configs import W4A16Config, W8A8Config
-from compress.nn.inference import W4A16Linear, W8A8Linear
+from compress.nn.inference import W4A16Linear, W8A8Linear, kernels_run
 from tests.compress.nn.inference.helpers import MAKERS, bound_calls
 
 
@@ -83,3 +83,11 @@ def test_bad_inputs_fail_clearly_on_the_kernel_branch(kind, kernel_modules):
     module(torch.randn(2, 64, dtype=torch.float16))
     with pytest.raises(ValueError, match=r"x: expected shape \(\.\.\., 64\)"):
         module(torch.randn(2, 32, dtype=torch.float16))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_kernels_run_on_cuda_fp16_bf16_inputs_only_as_the_forward_decides(dtype):
+    assert kernels_run(torch.device("cuda"), dtype) is (dtype != torch.float32)
+    assert kernels_run("cpu", dtype) is False
+    module = W8A8Linear.from_float(nn.Linear(128, 64), W8A8Config())
+    assert module._use_kernel(torch.zeros(1, 128, dtype=dtype)) is kernels_run("cpu", dtype)
