@@ -26,16 +26,16 @@ from compress.lightning.paths import MINILM_NAME, SMOLLM2_NAME, data_root
 from compress.nn.inference import BSRLinear, BSRW8A8Linear, W4A16Linear, W8A8Linear, W8A16Linear
 
 RECIPES = Path(__file__).resolve().parents[2] / "recipes"
-TRAINED = ("dense", "w8a8-qat", "w4a16-qat", "sparse50", "sparse50-w8a8")
+TRAINED = ("dense", "w8a8-qat", "w4a16-qat", "sparse50", "sparse50-w8a8", "sparse50-w4a16")
 POST_TRAINING = {  # recipe -> (config class, group size, algorithm, exported module)
     "w4a16-gptq": ("W4A16Config", 32, "gptq", W4A16Linear),
     "w8a16-ptq": ("W8A16Config", None, "gptq", W8A16Linear),
 }
 ALL = (*TRAINED, *POST_TRAINING)
-FROM_DENSE = ("w8a8-qat", "w4a16-qat", "sparse50", "sparse50-w8a8")  # train on the dense run's float model, distil from it
+FROM_DENSE = ("w8a8-qat", "w4a16-qat", "sparse50", "sparse50-w8a8", "sparse50-w4a16")  # train on the dense run's float model, distil from it
 DENSE_FLOAT = "runs/smollm2-wikitext-dense/float"
 EXPORTED_MODULE = {"w8a8-qat": W8A8Linear, "w4a16-qat": W4A16Linear, "sparse50": BSRLinear,
-                   "sparse50-w8a8": BSRW8A8Linear}
+                   "sparse50-w8a8": BSRW8A8Linear, "sparse50-w4a16": W4A16Linear}
 # SmolLM2-135M-Instruct as published (tests/compress/lightning/test_smollm2.py checks the GGUF against it)
 SMOLLM2_SHAPES = dict(model_type="llama", vocab_size=49152, hidden_size=576, intermediate_size=1536,
                       num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3, tie_word_embeddings=True)
@@ -118,9 +118,10 @@ def test_recipes_continue_from_the_dense_run_and_distil_from_it(name):
         _without(dense["model"]["init_args"], "model_name_or_path", "learning_rate")
 
 
-def test_sparse50_w8a8_quantizes_once_pruning_ends():
+@pytest.mark.parametrize("name", ["sparse50-w8a8", "sparse50-w4a16"])
+def test_sparse50_quantized_recipes_quantize_once_pruning_ends(name):
     callbacks = {cb["class_path"].rsplit(".", 1)[-1]: cb["init_args"]
-                 for cb in _recipe("sparse50-w8a8")["trainer"]["callbacks"]}
+                 for cb in _recipe(name)["trainer"]["callbacks"]}
     assert callbacks["QuantizationAware"]["start_step"] == callbacks["BlockPruning"]["end_step"] > 0
 
 
