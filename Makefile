@@ -1,6 +1,6 @@
 # Set-up on a fresh machine is one of two commands; each creates the environment first if needed:
 #   make run    fine-tune + compress + export + evaluate the quickstart recipe (offline, CPU is enough)
-#   make test   the test suite (CPU: Triton kernels in the interpreter, GPU tests skipped)
+#   make test   lint (ruff), then the test suite (CPU: Triton kernels in the interpreter, GPU tests skipped)
 # TORCH picks the PyTorch requirement: the default is the CPU build; on a GPU machine with a CUDA
 # build of torch in the environment, `make test TORCH=torch` keeps it.
 VENV ?= .venv
@@ -23,4 +23,5 @@ run: $(STAMP)
 	$(VENV)/bin/compress run --config recipes/quickstart.yaml
 
 test: $(STAMP)
+	$(VENV)/bin/ruff check .
 	$(PYTHON) -m pytest -q -n 2

@@ -173,7 +173,8 @@ class CompressCLI(LightningCLI):
         check_recipe(self.model, self.trainer.callbacks)
 
     def compress_options(self) -> CompressOptions:
-        return options_from(self.config_init.get(self.subcommand, self.config_init) if self.subcommand else self.config_init)
+        config = self.config_init.get(self.subcommand, self.config_init) if self.subcommand else self.config_init
+        return options_from(config)
 
 
 def options_from(config) -> CompressOptions:
@@ -369,7 +370,8 @@ def build_report(named_models: list[tuple[str, Any, str]], datamodule, options: 
     return report, paths
 
 
-SHARDED_CHECKPOINT_META = "meta.pt"  # what marks a sharded (FSDP2, ModelParallelStrategy) Lightning checkpoint directory
+# What marks a sharded (FSDP2, ModelParallelStrategy) Lightning checkpoint directory.
+SHARDED_CHECKPOINT_META = "meta.pt"
 
 
 def is_sharded_checkpoint(path) -> bool:
@@ -420,7 +422,8 @@ def run(args: list[str]) -> int:
     models = [(FLOAT_MODEL_NAME, snapshot.model, "fine-tuned weights; fake quantization and masks off")]
     if exporter is not None:
         export_dir = Path(exporter.dirpath)
-        label = export_dir.parent.name if export_dir.name == "compressed" and export_dir.parent.name else export_dir.name
+        named_by_parent = export_dir.name == "compressed" and export_dir.parent.name
+        label = export_dir.parent.name if named_by_parent else export_dir.name
         models.append((f"compressed ({label})", compress.load_compressed(export_dir), str(export_dir)))
     if options.evaluate:
         _, paths = build_report(models, cli.datamodule, options)

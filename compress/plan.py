@@ -153,7 +153,8 @@ class Plan:
                     unsupported.setdefault(type(module).__name__, []).append(name)
                 continue
             if id(module.weight) in tied:
-                logger.info("plan: %s left dense: its weight is the embedding %s's (tied)", name, tied[id(module.weight)])
+                logger.info("plan: %s left dense: its weight is the embedding %s's (tied)",
+                            name, tied[id(module.weight)])
                 continue
             others = [other for other in holders[id(module.weight)] if other != name]
             if is_conv1d(module) and others:
@@ -365,9 +366,8 @@ def prepare(model: nn.Module, plan, fake_quant: bool = False) -> nn.Module:
         raise ValueError(f"plan matched no eligible linear layer; the model's linear layers (nn.Linear, Conv1D) "
                          f"are {names[:20]}{' ...' if len(names) > 20 else ''}{_other_matrix_modules(model)}")
     if fake_quant and not any(split_configs(list(configs))[0] is not None for configs in targets.values()):
-        raise ValueError("prepare: fake_quant=True needs a quantization config (W8A8Config, W4A16Config, W8A16Config or "
-                         "W8A8BlockConfig) in the "
-                         "plan; it has block sparsity only")
+        raise ValueError("prepare: fake_quant=True needs a quantization config (W8A8Config, W4A16Config, "
+                         "W8A16Config or W8A8BlockConfig) in the plan; it has block sparsity only")
     # 1. check every target before touching any.
     for name, configs in targets.items():
         module = model.get_submodule(name)

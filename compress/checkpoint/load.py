@@ -60,7 +60,8 @@ def _load_tensors(directory: pathlib.Path, manifest: dict) -> dict[str, torch.Te
     expected = manifest["tensors"]
     if set(tensors) != set(expected):
         raise CheckpointError(f"{tensor_path}: tensor names differ from the manifest "
-                              f"(missing {sorted(set(expected) - set(tensors))[:5]}, extra {sorted(set(tensors) - set(expected))[:5]})")
+                              f"(missing {sorted(set(expected) - set(tensors))[:5]}, "
+                              f"extra {sorted(set(tensors) - set(expected))[:5]})")
     for name, spec in expected.items():
         got = {"dtype": str(tensors[name].dtype).removeprefix("torch."), "shape": list(tensors[name].shape)}
         if got != spec:

@@ -54,7 +54,8 @@ def _unique_tensors(state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Ten
 
 def _model_source(model: nn.Module) -> dict:
     cls = type(model)
-    if hasattr(model, "config") and hasattr(model.config, "to_json_string") and cls.__module__.startswith("transformers"):
+    if (hasattr(model, "config") and hasattr(model.config, "to_json_string")
+            and cls.__module__.startswith("transformers")):
         return {"kind": "transformers", "architecture": cls.__name__}
     return {"kind": "module", "class_path": f"{cls.__module__}.{cls.__qualname__}"}
 
@@ -94,7 +95,8 @@ def _write_directory(model: nn.Module, directory: pathlib.Path) -> None:
         "files": files,
         "model": source,
         "layers": {name: layer_entry(m) for name, m in model.named_modules() if type(m).__name__ in MANIFEST_MODULES},
-        "tensors": {name: {"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape)} for name, t in stored.items()},
+        "tensors": {name: {"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape)}
+                    for name, t in stored.items()},
         "aliases": aliases,
     }
     manifest["digest"] = manifest_digest(manifest)
@@ -148,7 +150,8 @@ def save_compressed(model: nn.Module, path, overwrite: bool = False, *, format: 
         raise ValueError("tokenizer: only format='compressed-tensors' writes a tokenizer (a model directory for "
                          "vLLM / transformers); the 'compress' format holds the model only")
     if tokenizer is not None and not hasattr(tokenizer, "save_pretrained"):
-        raise TypeError(f"tokenizer: expected a transformers tokenizer (with save_pretrained), got {type(tokenizer).__name__}")
+        raise TypeError("tokenizer: expected a transformers tokenizer (with save_pretrained), "
+                        f"got {type(tokenizer).__name__}")
     _check_saveable(model, float_model)
     if float_model and format != "compress":
         raise ValueError(f"float_model=True: only format='compress' saves a float model, got format={format!r} "

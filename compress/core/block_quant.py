@@ -1,4 +1,5 @@
-"""Block-scaled int8 math (:class:`compress.configs.W8A8BlockConfig`): pure functions, their inverses, fake quantization.
+"""Block-scaled int8 math (:class:`compress.configs.W8A8BlockConfig`): pure functions, their inverses,
+fake quantization.
 
 Contract (``compress_kernels.reference``, docs/architecture.md), blocks of ``B = 128``, symmetric int8 in
 [-127, 127], rounding half to even, a zero scale replaced by 1:

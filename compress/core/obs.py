@@ -70,7 +70,9 @@ def row_inverse_hessians(h: torch.Tensor, pruned_columns: torch.Tensor):
         yield start, torch.cholesky_inverse(lower)
 
 
-def block_costs(w: torch.Tensor, hinv: torch.Tensor, block: int, row_weights: torch.Tensor | None = None) -> torch.Tensor:
+def block_costs(
+    w: torch.Tensor, hinv: torch.Tensor, block: int, row_weights: torch.Tensor | None = None
+) -> torch.Tensor:
     """(R, C) OBS cost of removing each block alone: ``1/2 sum_r g_r w_{r,S} ([Hinv]_{SS})^-1 w_{r,S}^T``.
 
     ``w`` (R*b, C*b) padded weights, ``hinv`` (R, C*b, C*b) each block row's inverse Hessian, ``row_weights``

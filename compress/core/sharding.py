@@ -38,9 +38,9 @@ def _check_row_sharded(t: DTensor) -> None:
     """ValueError unless ``t`` is sharded on dim 0 over a 1-D mesh of every process (FSDP2 as compress uses it)."""
     if t.device_mesh.ndim != 1 or tuple(t.placements) != (Shard(0),) or t.device_mesh.size() != dist.get_world_size():
         raise ValueError(f"expected a tensor sharded on dim 0 over a 1-D mesh of all {dist.get_world_size()} processes "
-                         f"(FSDP2's fully_shard), got placements {tuple(t.placements)} on a {t.device_mesh.ndim}-D mesh "
-                         f"of {t.device_mesh.size()}; compress supports FSDP2 data parallelism only (no tensor "
-                         "parallelism, no HSDP)")
+                         f"(FSDP2's fully_shard), got placements {tuple(t.placements)} "
+                         f"on a {t.device_mesh.ndim}-D mesh of {t.device_mesh.size()}; compress supports FSDP2 "
+                         "data parallelism only (no tensor parallelism, no HSDP)")
 
 
 def local_tensor(t: torch.Tensor) -> torch.Tensor:

@@ -147,7 +147,8 @@ def _try_fold(model, norm, layers, factors, forward_fn, reference, agree: bool) 
         return True
     _scale_norm_(norm, 1.0 / factors)
     _scale_weights_(layers, 1.0 / factors)
-    logger.info("SmoothQuant: folding into a norm changed the outputs by %.2e (another consumer); using buffers", change)
+    logger.info("SmoothQuant: folding into a norm changed the outputs by %.2e (another consumer); using buffers",
+                change)
     return False
 
 

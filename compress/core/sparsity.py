@@ -203,7 +203,8 @@ def global_block_masks(scores: dict[str, torch.Tensor], masks: dict[str, torch.T
     Ties go to the earlier layer and the earlier block (stable sorts), so equal inputs give equal masks.
     """
     if set(scores) != set(masks):
-        raise ValueError(f"global_block_masks: expected masks for the scored layers {sorted(scores)}, got {sorted(masks)}")
+        raise ValueError(f"global_block_masks: expected masks for the scored layers {sorted(scores)}, "
+                         f"got {sorted(masks)}")
     lo, hi = allocation_bounds(sparsity, spread)
     names = list(scores)
     if not names:

@@ -165,7 +165,9 @@ def _to_device(batch: dict, device: torch.device) -> dict:
 
 
 @torch.inference_mode()
-def evaluate_metrics(model: nn.Module, dataloader, device: torch.device, max_batches: int | None = None, name: str = "") -> dict[str, float]:
+def evaluate_metrics(
+    model: nn.Module, dataloader, device: torch.device, max_batches: int | None = None, name: str = ""
+) -> dict[str, float]:
     """Task metrics of ``model`` over ``dataloader`` (at most ``max_batches`` batches)."""
     metrics = metrics_for(model).to(device)
     total = len(dataloader) if max_batches is None else min(max_batches, len(dataloader))

@@ -30,7 +30,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-FORMAT_VERSION = 1  # latency_mode / latency_note / reference_kernels were added with defaults: version-1 files still read
+# latency_mode / latency_note / reference_kernels were added with defaults: version-1 files still read.
+FORMAT_VERSION = 1
 REPORT_SUFFIXES = {"markdown": ".md", "json": ".json", "plot": ".png"}
 MIB = 1024 * 1024
 LATENCY_MODE_WORDS = {
@@ -105,7 +106,8 @@ class Report:
         if not self.models:
             raise ValueError("Report: expected at least one ModelResult, got none")
         if self.latency_mode not in LATENCY_MODE_WORDS:
-            raise ValueError(f"Report: latency_mode expected one of {list(LATENCY_MODE_WORDS)}, got {self.latency_mode!r}")
+            raise ValueError(f"Report: latency_mode expected one of {list(LATENCY_MODE_WORDS)}, "
+                             f"got {self.latency_mode!r}")
         primaries = {m.primary_metric for m in self.models}
         if len(primaries) != 1:
             raise ValueError(f"Report: models must share one primary metric, got {sorted(primaries)}")
@@ -143,8 +145,8 @@ class Report:
         if version != FORMAT_VERSION:
             raise ValueError(f"report format_version: expected {FORMAT_VERSION}, got {version!r}")
         models = [ModelResult.from_dict(m) for m in data["models"]]
-        return cls(models, data["device"], data["dtype"], data.get("environment", {}), data.get("latency_mode", "eager"),
-                   data.get("reference_kernels", False))
+        return cls(models, data["device"], data["dtype"], data.get("environment", {}),
+                   data.get("latency_mode", "eager"), data.get("reference_kernels", False))
 
 
 def _metric_names(report: Report) -> list[str]:
@@ -260,8 +262,9 @@ def _outside(box, frame) -> float:
 def place_labels(axes, labels: list[tuple[str, float, float]]) -> list:
     """Annotate each ``(text, x, y)`` data point, at the first of :data:`_LABEL_CANDIDATES` whose text box
     lies inside the axes (``_FRAME_GAP`` pixels off the frame) and clear of every marker and of the labels
-    placed before it (``_LABEL_GAP`` pixels around each); where none is clear, at the one overlapping least. Run after the axes' limits and
-    the figure's layout are final (the boxes are measured in display pixels). Returns the texts."""
+    placed before it (``_LABEL_GAP`` pixels around each); where none is clear, at the one overlapping
+    least. Run after the axes' limits and the figure's layout are final (the boxes are measured in
+    display pixels). Returns the texts."""
     from matplotlib.transforms import Bbox
 
     figure = axes.figure

@@ -60,9 +60,10 @@ class CompressionCallback(TrainerCallback):
             return
         path = os.path.join(checkpoint_dir(args, state), STATE_FILE)
         if not os.path.isfile(path):
-            raise ValueError(f"CompressionCallback: the Trainer starts at step {state.global_step} but the schedule is at "
-                             f"step {self.schedule.global_step}, and there is no saved schedule at {path}; load its "
-                             "state with schedule.load_state_dict(torch.load(...)) before trainer.train()")
+            raise ValueError(f"CompressionCallback: the Trainer starts at step {state.global_step} "
+                             f"but the schedule is at step {self.schedule.global_step}, and there is no saved "
+                             f"schedule at {path}; load its state with schedule.load_state_dict(torch.load(...)) "
+                             "before trainer.train()")
         self.schedule.load_state_dict(torch.load(path, weights_only=True))
 
     def on_pre_optimizer_step(self, args, state, control, optimizer=None, **kwargs):

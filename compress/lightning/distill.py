@@ -31,11 +31,12 @@ the output-level one above.
 The teacher (:class:`Teacher`) is a frozen copy of the model (no gradients, never optimized) whose
 forward runs in eval mode (no dropout). It comes either from a **snapshot** of the student, taken at
 the first training step ``>= start_step`` (after a dense fine-tuning phase, before pruning or fake
-quantization change the weights), or from a **path** to a fine-tuned float model (a ``compress.save_compressed`` dir or a
-``transformers`` dir), loaded when the task is built. Its weights and a ``ready`` flag are module
-state: they travel with the Lightning checkpoint, so a resumed run keeps the snapshot it took and
-never takes a second one from the pruned student. Under DDP every rank holds identical student
-weights, so every rank's snapshot (or loaded copy) is the same frozen teacher.
+quantization change the weights), or from a **path** to a fine-tuned float model (a
+``compress.save_compressed`` dir or a ``transformers`` dir), loaded when the task is built. Its
+weights and a ``ready`` flag are module state: they travel with the Lightning checkpoint, so a
+resumed run keeps the snapshot it took and never takes a second one from the pruned student. Under
+DDP every rank holds identical student weights, so every rank's snapshot (or loaded copy) is the same
+frozen teacher.
 """
 from __future__ import annotations
 
@@ -79,7 +80,8 @@ class DistillationConfig:
         if isinstance(self.start_step, bool) or not isinstance(self.start_step, int) or self.start_step < 0:
             raise ValueError(f"distillation.start_step: expected a non-negative int, got {self.start_step!r}")
         if self.teacher is not None and (not isinstance(self.teacher, str) or not self.teacher):
-            raise ValueError(f"distillation.teacher: expected None (snapshot) or a model dir path, got {self.teacher!r}")
+            raise ValueError("distillation.teacher: expected None (snapshot) or a model dir path, "
+                             f"got {self.teacher!r}")
 
 
 def as_distillation_config(value) -> Optional[DistillationConfig]:
@@ -152,8 +154,8 @@ def _relative_squared_error(index: int, student: torch.Tensor, teacher: torch.Te
     student, teacher = student.float(), teacher.detach().float()
     if attention_mask is not None:
         if tuple(attention_mask.shape) != tuple(student.shape[:2]):
-            raise ValueError(f"hidden_state_loss: expected attention_mask of shape (B, S) = {tuple(student.shape[:2])}, "
-                             f"got {tuple(attention_mask.shape)}")
+            raise ValueError("hidden_state_loss: expected attention_mask of shape (B, S) = "
+                             f"{tuple(student.shape[:2])}, got {tuple(attention_mask.shape)}")
         attended = attention_mask == 1  # (B, S)
         student, teacher = student[attended], teacher[attended]  # (tokens, D)
     error = (student - teacher).square().sum()

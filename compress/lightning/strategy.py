@@ -46,8 +46,8 @@ def check_strategy(strategy: Optional[pl.strategies.Strategy], where: str) -> No
 def _check_data_parallel_only(mesh, where: str) -> None:
     tensor_parallel = mesh["tensor_parallel"].size()
     if tensor_parallel != 1:
-        raise ValueError(f"{where}: ModelParallelStrategy with tensor_parallel_size={tensor_parallel} is not supported: "
-                         f"compress shards weights by rows with FSDP2 only; {FSDP_ADVICE}")
+        raise ValueError(f"{where}: ModelParallelStrategy with tensor_parallel_size={tensor_parallel} "
+                         f"is not supported: compress shards weights by rows with FSDP2 only; {FSDP_ADVICE}")
 
 
 def is_fsdp(trainer: pl.Trainer) -> bool:

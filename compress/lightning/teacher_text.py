@@ -45,7 +45,8 @@ def random_prompts(blocks: torch.Tensor, count: int, prompt_tokens: int, seed: i
     """(count, prompt_tokens) int64: ``prompt_tokens`` consecutive tokens of a random block of ``blocks``
     (n, block_size) from a random offset, drawn with replacement by a generator seeded with ``seed``."""
     if blocks.dim() != 2 or blocks.shape[0] == 0:
-        raise ValueError(f"teacher text: expected training blocks of shape (n > 0, block_size), got {tuple(blocks.shape)}")
+        raise ValueError("teacher text: expected training blocks of shape (n > 0, block_size), "
+                         f"got {tuple(blocks.shape)}")
     if not 0 < prompt_tokens < blocks.shape[1]:
         raise ValueError(f"teacher text: prompt_tokens: expected 1 to {blocks.shape[1] - 1} (below the block size), "
                          f"got {prompt_tokens}")

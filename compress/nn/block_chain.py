@@ -51,7 +51,8 @@ class BlockChain:
     def start(self, up: W8A8BlockLinear, x: torch.Tensor) -> torch.Tensor:
         """The head's forward: keep ``gelu(up(x))`` in int8 and return the placeholder standing for ``up(x)``."""
         yq, s_y = up.gelu_int8_output(x)
-        placeholder = torch.full((), float("nan"), dtype=x.dtype, device=x.device).expand(*x.shape[:-1], up.out_features)
+        placeholder = torch.full((), float("nan"), dtype=x.dtype, device=x.device)
+        placeholder = placeholder.expand(*x.shape[:-1], up.out_features)
         self._pending = (placeholder, yq, s_y)
         return placeholder
 

@@ -224,7 +224,8 @@ class CompressedExperts(nn.Module):
         left = [f"gate_up.{e}" for e, m in enumerate(self.gate_up) if isinstance(m, ExpertLinear)]
         left += [f"down.{e}" for e, m in enumerate(self.down) if isinstance(m, ExpertLinear)]
         if left:
-            raise ValueError(f"to_inference: expected every expert layer exported first, got training layers {left[:4]}")
+            raise ValueError("to_inference: expected every expert layer exported first, "
+                             f"got training layers {left[:4]}")
         return QuantizedExperts(self.act_fn, list(self.gate_up), list(self.down))
 
     def extra_repr(self) -> str:

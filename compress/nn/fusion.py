@@ -281,7 +281,8 @@ def fuse_siblings(model: nn.Module, dense: bool = False) -> int:
             fused = fuse_members(members, dense)
             if isinstance(fused, str):
                 if "dense=False" not in fused:
-                    logger.info("fuse_siblings: %s.%s left unfused: %s", parent_name or "<model>", "/".join(names), fused)
+                    logger.info("fuse_siblings: %s.%s left unfused: %s",
+                                parent_name or "<model>", "/".join(names), fused)
                 continue
             group = SiblingGroup(fused, names, tuple(m.out_features for m in members))
             parent.add_module("fused_" + "_".join(names), group)

@@ -247,7 +247,8 @@ class CompressedLinear(Float32Buffers, nn.Linear):
         if self.mask is None:
             raise ValueError("set_mask: this layer has no BlockSparseConfig; prepare it with one first")
         if mask.shape != self.mask.shape:
-            raise ValueError(f"set_mask: expected a block mask of shape {tuple(self.mask.shape)}, got {tuple(mask.shape)}")
+            raise ValueError(f"set_mask: expected a block mask of shape {tuple(self.mask.shape)}, "
+                             f"got {tuple(mask.shape)}")
         self.mask.copy_(mask.to(torch.bool))
         if zero_weights:
             self.apply_mask_()

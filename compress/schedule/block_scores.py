@@ -57,7 +57,8 @@ def gradient_block_scores(layers: dict[str, CompressedLinear], score: str) -> di
         weight, rows = local_tensor(layer.weight).detach(), local_rows(layer.weight)
         grad = local_tensor(layer.weight_grad()).detach()
         if grad.shape != weight.shape:
-            raise ValueError(f"{score} scores: expected a gradient of shape {tuple(weight.shape)}, got {tuple(grad.shape)}")
+            raise ValueError(f"{score} scores: expected a gradient of shape {tuple(weight.shape)}, "
+                             f"got {tuple(grad.shape)}")
         return weight.float() * grad.float(), rows
 
     sums = _summed(layers, values)

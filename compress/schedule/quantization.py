@@ -53,9 +53,8 @@ class QuantizationSchedule:
                             f"W8A8BlockConfig, or a mapping {{pattern: config}}, got {type(plan).__name__}")
         for pattern, value in rules.items():
             if not isinstance(value, QUANT_CONFIGS):
-                raise TypeError(f"QuantizationSchedule: expected W8A8Config, W4A16Config, W8A16Config or W8A8BlockConfig "
-                                f"for {pattern!r}, "
-                                f"got {type(value).__name__}")
+                raise TypeError("QuantizationSchedule: expected W8A8Config, W4A16Config, W8A16Config or "
+                                f"W8A8BlockConfig for {pattern!r}, got {type(value).__name__}")
         check_step("start_step", start_step)
         self.plan = Plan(rules, exclude=DEFAULT_EXCLUDE if exclude is None else tuple(exclude))
         self.start_step = start_step

@@ -171,7 +171,8 @@ class CompressionSchedule:
         gptq = gptq_layers(self.model)
         if gptq and calibration_data is None:
             raise ValueError(f"CompressionSchedule.finish: {len(gptq)} layers with algorithm='gptq' (e.g. "
-                             f"{next(iter(gptq))!r}) need calibration_data (an iterable of batches or a callable(model))")
+                             f"{next(iter(gptq))!r}) need calibration_data (an iterable of batches or a "
+                             "callable(model))")
         self._finish_schedules()
         rounded = run_hessian_passes_on_all_ranks(self.model, calibration_data)
         if rounded:

@@ -81,7 +81,8 @@ def gemv_serves(m: int, stored_bytes: int) -> bool:
 
 def pick(m: int, n: int, k: int, nnz: int, device, can_prefetch: bool) -> BsrConfig:
     """The DDS kernel and tiles for x (M, K) times the (N, K) weight with ``nnz`` stored 32x32 blocks on
-    ``device``; ``can_prefetch``: the values can be bulk-prefetched (:func:`compress_kernels.common.prefetch.prefetch_allowed`)."""
+    ``device``; ``can_prefetch``: the values can be bulk-prefetched
+    (:func:`compress_kernels.common.prefetch.prefetch_allowed`)."""
     few_programs = 2 * sm_count(device)  # about two programs per SM
     block_rows = n // BSR_BLOCK
     blocks_per_row = nnz / block_rows

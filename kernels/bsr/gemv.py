@@ -63,7 +63,8 @@ def _bsr_gemv_kernel(
         x_k = runs_of_block(col * BLOCK + k_in, BLOCK)  # x columns of the gathered blocks
         w_k = runs_of_block(blk * (BLOCK * BLOCK) + k_in, BLOCK)  # first row of each gathered block
         xv = tl.load(x_row + x_k, mask=valid, other=0.0)  # (32 GROUP,)
-        w = tl.load(val_ptr + w_k[None, :] + sub[:, None] * BLOCK, mask=valid[None, :], other=0.0)  # (BLOCK_N, 32 GROUP)
+        # (BLOCK_N, 32 GROUP)
+        w = tl.load(val_ptr + w_k[None, :] + sub[:, None] * BLOCK, mask=valid[None, :], other=0.0)
         acc += tl.sum(w.to(tl.float32) * xv.to(tl.float32)[None, :], axis=1)
 
     offs_n = block_row * BLOCK + sub

@@ -63,8 +63,8 @@ def _w4a16_fma_kernel(
     ws_ptr, cnt_ptr,  # SPLIT_K > 1: fp32 partials (SPLIT_K, M, N), int32 ticket counters (M * N / BLOCK_N,)
     M, N, K,
     stride_xm, stride_xk, stride_qk, stride_qn, stride_sg, stride_sn, stride_om,
-    GROUP_SHIFT: tl.constexpr, SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_SHIFT: tl.constexpr, SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr,
+    EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     row = tl.program_id(0)
     pid_n = tl.program_id(1)

@@ -145,7 +145,8 @@ def main(argv: list[str] | None = None) -> int:
                         default=[0.25, 0.375, 0.5, 0.625])
     add_data_arguments(parser)
     parser.add_argument("--only", type=lambda s: [v for v in s.split(",") if v], default=None,
-                        help="run only these of our variants (comma-separated names, e.g. blocks-50-obs,blocks-50-obs-global)")
+                        help="run only these of our variants "
+                             "(comma-separated names, e.g. blocks-50-obs,blocks-50-obs-global)")
     parser.add_argument("--peer", action="store_true", help="also run llm-compressor's SparseGPT and Wanda")
     parser.add_argument("--out", type=Path, default=None, help="write the JSON results here")
     args = parser.parse_args(argv)

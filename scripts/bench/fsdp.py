@@ -50,7 +50,8 @@ def per_gpu_batch(recipe: dict) -> int:
     try:
         return int(recipe["data"]["init_args"]["batch_size"])
     except (KeyError, TypeError) as error:
-        raise ValueError(f"the recipe needs data.init_args.batch_size (the batch per GPU), got none ({error})") from None
+        raise ValueError("the recipe needs data.init_args.batch_size (the batch per GPU), "
+                         f"got none ({error})") from None
 
 
 def mode_overrides(mode: str, recipe: dict, steps: int, out: Path) -> list[str]:

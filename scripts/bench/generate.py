@@ -53,7 +53,8 @@ def bench_unit(source: ModelSource, variant: str, batch: int, args, report: dict
     """Build the variant, time every mode and the harness (a failing one is recorded, the others go on)."""
     began = time.perf_counter()
     model = source.build(variant)
-    result = dict(model=source.name, variant=variant, batch=batch, dtype=str(VARIANTS[variant].dtype).replace("torch.", ""),
+    result = dict(model=source.name, variant=variant, batch=batch,
+                  dtype=str(VARIANTS[variant].dtype).replace("torch.", ""),
                   weight_bytes=weight_bytes(model), build_s=time.perf_counter() - began)
     prompt = random_prompt(model, batch, args.prompt_len, args.seed)
     eager_out = None

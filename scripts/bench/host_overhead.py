@@ -38,13 +38,14 @@ def random_mask(linear: nn.Linear, seed: int = 0) -> torch.Tensor:
 
 
 MODULES: dict[str, Callable[[nn.Linear], nn.Module]] = {
-    "w8a8": lambda l: W8A8Linear.from_float(l, W8A8Config()),
-    "w8a8-static": lambda l: W8A8Linear.from_float(l, W8A8Config("static"), act_scale=torch.tensor(STATIC_SCALE)),
-    "w4a16": lambda l: W4A16Linear.from_float(l, W4A16Config(128)),
-    "w8a16": lambda l: W8A16Linear.from_float(l, W8A16Config()),
-    "w8a8-block": lambda l: W8A8BlockLinear.from_float(l, W8A8BlockConfig()),
-    "dds50": lambda l: BSRLinear.from_float(l, mask=random_mask(l)),
-    "dds50-w8a8": lambda l: BSRW8A8Linear.from_float(l, mask=random_mask(l)),
+    "w8a8": lambda linear: W8A8Linear.from_float(linear, W8A8Config()),
+    "w8a8-static": lambda linear: W8A8Linear.from_float(linear, W8A8Config("static"),
+                                                        act_scale=torch.tensor(STATIC_SCALE)),
+    "w4a16": lambda linear: W4A16Linear.from_float(linear, W4A16Config(128)),
+    "w8a16": lambda linear: W8A16Linear.from_float(linear, W8A16Config()),
+    "w8a8-block": lambda linear: W8A8BlockLinear.from_float(linear, W8A8BlockConfig()),
+    "dds50": lambda linear: BSRLinear.from_float(linear, mask=random_mask(linear)),
+    "dds50-w8a8": lambda linear: BSRW8A8Linear.from_float(linear, mask=random_mask(linear)),
 }
 
 
@@ -108,6 +109,7 @@ def format_table(rows: list[dict]) -> str:
         lines.append(f"| {row['k']}x{row['n']} | F.linear | {row['linear_us']:.1f} | 1.00x | - |")
         for kind, fig in row["modules"].items():
             public = fig.get("public_launcher_us")
+            public_cell = "-" if public is None else f"{public:.1f}"
             lines.append(f"| {row['k']}x{row['n']} | {kind} | {fig['forward_us']:.1f} | "
-                         f"{fig['forward_us'] / row['linear_us']:.2f}x | {'-' if public is None else f'{public:.1f}'} |")
+                         f"{fig['forward_us'] / row['linear_us']:.2f}x | {public_cell} |")
     return "\n".join(lines)

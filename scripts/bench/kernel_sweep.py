@@ -14,9 +14,10 @@ Every op computes ``y = x @ W.T`` for x (M, K) and a weight of N x K, in its own
   int8 x: a layer both pruned and W8A8-quantized; compare with ``ours_w8a8``).
 
 Weights are random in each op's format (values do not change the time): fp16 ``N(0, 0.02)``;
-int8 uniform with per-channel (or per-group, or per-128 x 128-block) scales; packed int4 from uniform words; 32x32 block masks drawn
-uniformly with exactly ``round(p * blocks)`` blocks absent, the same way for ``torch_bsr_p`` and
-``ours_dds_p``. One generator per shape, seeded from K and N, makes every op's sets in turn.
+int8 uniform with per-channel (or per-group, or per-128 x 128-block) scales; packed int4 from uniform
+words; 32x32 block masks drawn uniformly with exactly ``round(p * blocks)`` blocks absent, the same
+way for ``torch_bsr_p`` and ``ours_dds_p``. One generator per shape, seeded from K and N, makes every
+op's sets in turn.
 
 Method (:func:`compress.eval.timing.rotation_ms`): each op rotates over several weight / input
 sets, together at least ``rotate_mb`` (default 200 MB, 4x the H100's 50 MB L2), so no weight

@@ -115,7 +115,8 @@ def evaluate_targets(results) -> list[dict]:
                                "ratio_vs_cublas", need))
     for kernel, peer, label, (lo, hi), need in PEER_TARGETS:
         key = f"ratio_vs_{peer.removeprefix('ours_')}"
-        cells = [r for r in results if r["kernel"] == kernel and key in r and r["M"] >= lo and (hi is None or r["M"] <= hi)]
+        cells = [r for r in results
+                 if r["kernel"] == kernel and key in r and r["M"] >= lo and (hi is None or r["M"] <= hi)]
         out.append(_target_row(f"{label}, {_m_label(lo, hi)} (every shape)", f">= {need}x", cells, key, need))
     for kernel, anchor in ANCHOR_OF.items():
         cells = [r for r in results if r["kernel"] == kernel and "ratio_vs_anchor" in r]

@@ -161,15 +161,18 @@ def pruning_section(name: str, data: dict) -> list[str]:
         peer = not variant.startswith("blocks-")
         counted = [e for e, run in zip(entries, runs) if e is not None
                    and (peer or run.get("stages", CURRENT_STAGES) == CURRENT_STAGES)]
+        mean = "-"
         if counted:
             means[variant] = sum(e["perplexity"] for e in counted) / len(counted)
-        mean = "-" if not counted else f"{means[variant]:.2f} ({100 * (means[variant] / first['dense_perplexity'] - 1):+.1f}%)"
+            change = 100 * (means[variant] / first["dense_perplexity"] - 1)
+            mean = f"{means[variant]:.2f} ({change:+.1f}%)"
         rows.append([variant] + [f"{e['perplexity']:.2f} ({e['prune_s']:.0f} s)" if e else "-" for e in entries]
                     + [mean])
     headers = [f"seed {require(run, 'seed', name)}, {run.get('stages', CURRENT_STAGES)}"
                + (f" (`{run['commit']}`)" if run.get("commit") else "") for run in runs]
     lines += table(["variant"] + headers + ["mean today vs dense"], rows)
-    notes = [f"- seed {run['seed']}, {run.get('stages', CURRENT_STAGES)}: {run['note']}" for run in runs if run.get("note")]
+    notes = [f"- seed {run['seed']}, {run.get('stages', CURRENT_STAGES)}: {run['note']}"
+             for run in runs if run.get("note")]
     if notes:
         lines += [""] + notes
     if PRUNING_ANCHOR in means:
@@ -177,7 +180,8 @@ def pruning_section(name: str, data: dict) -> list[str]:
         lines += ["", f"Target: one-shot 50% blocks, alone and with W4A16 g32, no worse than {PRUNING_ANCHOR} "
                       f"({anchor:.2f}):", ""]
         lines += table(["variant", "mean perplexity", "target"],
-                       [[v, f"{means[v]:.2f}" if v in means else "-", VERDICT[(means[v] <= anchor) if v in means else None]]
+                       [[v, f"{means[v]:.2f}" if v in means else "-",
+                         VERDICT[(means[v] <= anchor) if v in means else None]]
                         for v in PRUNING_TARGET_VARIANTS])
     return lines + [""]
 

@@ -168,8 +168,9 @@ KERNELS_INTRO = ("y = x @ W.T for x (M, K) and a weight of N x K, every kernel o
                  "Kernels: `ours_w8a8` (dynamic per-token activations, quantization included), `ours_w4a16_g128` "
                  "(group 128), `ours_w8a16` / `ours_w8a16_g128` (int8 weights per channel / per 128 inputs, fp16 "
                  "activations; in the runs that time them), `ours_w8a8_block` (int8 with 1 x 128 activation and "
-                 "128 x 128 weight scales, quantization included; in the runs that time them), `ours_dds_p` (p% of the 32x32 blocks absent, uniformly "
-                 "random masks), `ours_dds_w8a8_p` (int8 blocks x int8 tokens).")
+                 "128 x 128 weight scales, quantization included; in the runs that time them), `ours_dds_p` "
+                 "(p% of the 32x32 blocks absent, uniformly random masks), `ours_dds_w8a8_p` (int8 blocks x int8 "
+                 "tokens).")
 
 
 # ---- decode benchmark ----------------------------------------------------------------------------
@@ -404,7 +405,8 @@ def kernel_summary(report: dict) -> list[str]:
             for m in ms:
                 cell = cells.get((kernel, k, n, m), {})
                 us = f"{1e3 * cell['ms']:.1f}" if "ms" in cell else "-"
-                row.append(us if kernel == "cublas_fp16" or us == "-" else f"{us} ({ratio(cell.get('ratio_vs_cublas'))})")
+                row.append(us if kernel == "cublas_fp16" or us == "-"
+                           else f"{us} ({ratio(cell.get('ratio_vs_cublas'))})")
             rows.append(row)
         lines += [f"{title}:", ""] + table(["K x N"] + [f"M={m}" for m in ms], rows) + [""]
     return lines

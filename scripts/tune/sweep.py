@@ -72,8 +72,9 @@ def argument_parser(op: str, description: str, shapes: str, ms: str) -> argparse
 
 def run(op: str, description: str, shapes: str, ms: str, sweep_case: Callable, argv=None,
         add_arguments: Callable[[argparse.ArgumentParser], None] | None = None) -> list[dict]:
-    """The command line of the sweep ``python -m scripts.tune.<op>``: parse ``argv`` (the common options, ``add_arguments``' own), then
-    ``sweep_case(k, n, m, args, device)`` for every shape and M, report the rows and return them."""
+    """The command line of the sweep ``python -m scripts.tune.<op>``: parse ``argv`` (the common options,
+    ``add_arguments``' own), then ``sweep_case(k, n, m, args, device)`` for every shape and M, report the
+    rows and return them."""
     parser = argument_parser(op, description, shapes, ms)
     if add_arguments is not None:
         add_arguments(parser)

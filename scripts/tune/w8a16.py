@@ -82,8 +82,9 @@ def sweep_case(k: int, n: int, m: int, args, device) -> list[dict]:
     sets, fp16 = weight_sets(k, n, m, grouped, dtype, device, args)
     picked = pick(m, n, k, grouped, device)
     case = {"op": "w8a16", "K": k, "N": n, "M": m, "dtype": args.dtype, "group": args.group or "channel"}
-    return sweep.time_case(case, candidates(picked, m, n, k, grouped, device), picked, sets, lambda cfg, s: launch(*s, config=cfg),
-                           lambda s: w8a16_matmul_ref(*s), TOL[dtype], fp16, args)
+    return sweep.time_case(case, candidates(picked, m, n, k, grouped, device), picked, sets,
+                           lambda cfg, s: launch(*s, config=cfg), lambda s: w8a16_matmul_ref(*s), TOL[dtype], fp16,
+                           args)
 
 
 def group_size(text: str) -> int:

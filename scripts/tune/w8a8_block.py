@@ -4,9 +4,10 @@
 
 For each weight shape K x N and token count M it times ``w8a8_block_matmul``'s path with the config
 :func:`compress_kernels.w8a8_block.dispatch.pick` gives, and the same path with one launch parameter
-changed (row and column tile, K split, warps, stages; TMA tiles run unsplit and 128 wide), each checked against ``compress_kernels.reference.w8a8_block_matmul_ref``,
-next to cuBLAS fp16. ``--int8-out`` times the int8 + 1 x 128-scale output with the GELU epilogue (the
-up-projection of a linked MLP chain; 128-wide tiles only). Rows and method: :mod:`scripts.tune.sweep`.
+changed (row and column tile, K split, warps, stages; TMA tiles run unsplit and 128 wide), each checked
+against ``compress_kernels.reference.w8a8_block_matmul_ref``, next to cuBLAS fp16. ``--int8-out``
+times the int8 + 1 x 128-scale output with the GELU epilogue (the up-projection of a linked MLP chain;
+128-wide tiles only). Rows and method: :mod:`scripts.tune.sweep`.
 Runs on a GPU; on the CPU (Triton's interpreter, ``TRITON_INTERPRET=1``) only tiny shapes are practical.
 """
 from __future__ import annotations

@@ -118,7 +118,8 @@ ARCHITECTURES = {
                            vocab_size=VOCAB, max_position_embeddings=64, pad_token_id=0),
     "vit": Architecture(lambda: T.ViTModel(T.ViTConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=1,
                                                        num_attention_heads=2, image_size=32, patch_size=8)),
-                        lambda: {"pixel_values": torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(1))}),
+                        lambda: {"pixel_values": torch.randn(2, 3, 32, 32,
+                                                             generator=torch.Generator().manual_seed(1))}),
 }
 
 SCHEMES = {

@@ -139,7 +139,8 @@ def test_export_from_the_lightning_checkpoint_matches_the_export_callback(sparse
     checkpoints = sorted((root / "out").rglob("*.ckpt"))
     assert checkpoints, "the run should have written a Lightning checkpoint"
     target = root / "from_ckpt"
-    assert run_command(["export", "--config", recipe, "--ckpt_path", str(checkpoints[-1]), "--export_dir", str(target)]) == 0
+    assert run_command(["export", "--config", recipe, "--ckpt_path", str(checkpoints[-1]),
+                        "--export_dir", str(target)]) == 0
     ours = load_file(str(target / "model.safetensors"))
     reference = load_file(str(root / "out" / "compressed" / "model.safetensors"))
     assert ours.keys() == reference.keys()
@@ -194,7 +195,8 @@ def test_export_to_compressed_tensors_refuses_block_sparse_layers_and_unknown_fo
     with pytest.raises(ValueError, match=r"block-sparse layers bert\.encoder\.layer\.0\..* no block-sparse layout"):
         run_command(["export", "--config", recipe, "--ckpt_path", checkpoint, "--export_dir", str(tmp_path / "ct"),
                      "--format", "compressed-tensors"])
-    with pytest.raises(ValueError, match=r"--format: expected one of \('compress', 'compressed-tensors'\), got \['gguf'\]"):
+    with pytest.raises(ValueError,
+                       match=r"--format: expected one of \('compress', 'compressed-tensors'\), got \['gguf'\]"):
         run_command(["export", "--config", recipe, "--ckpt_path", checkpoint, "--export_dir", str(tmp_path / "ct"),
                      "--format", "gguf"])
     assert list(tmp_path.iterdir()) == []
@@ -301,7 +303,8 @@ def test_evaluate_compares_saved_model_dirs(sparse_w8a8_run, tmp_path, caplog):
     (tmp_path / "report.md").write_text("an earlier report")
     with caplog.at_level(logging.INFO, logger="compress.cli"):
         code = run_command(["evaluate", "--config", recipe, "--models", *models, "--names", "dense", "w8a8",
-                            "--compress.output_dir", str(tmp_path), "--compress.latency_mode", "compile", "--overwrite"])
+                            "--compress.output_dir", str(tmp_path), "--compress.latency_mode", "compile",
+                            "--overwrite"])
     assert code == 0
     paths = ", ".join(str(tmp_path / f"report.{suffix}") for suffix in ("md", "json", "png"))
     assert f"the report goes to {paths} (replacing the earlier one)" in caplog.text
@@ -329,7 +332,8 @@ def test_fusion_and_link_options_reach_eval_options(flag):
 
 
 def test_unknown_latency_mode_fails_listing_the_allowed_ones(tmp_path, capsys):
-    with pytest.raises(ValueError, match=r"compress.latency_mode: expected one of \['cuda_graph', 'eager', 'compile'\]"):
+    with pytest.raises(ValueError,
+                       match=r"compress.latency_mode: expected one of \['cuda_graph', 'eager', 'compile'\]"):
         CompressOptions(latency_mode="graphs")
     recipe = tiny_recipe(tmp_path / "out", [], latency_mode="cuda_graphs")
     with pytest.raises((ValueError, SystemExit)) as error:

@@ -117,10 +117,12 @@ def test_norm_quantize_bad_row_has_a_nan_scale(value, op, static):
         got = layer_norm_quantize(x, weight, bias, 1e-5, x_scale)
         ref = reference.layer_norm_quantize_ref(x, weight, bias, 1e-5, x_scale)
     else:
-        got, ref = rms_norm_quantize(x, weight, 1e-6, x_scale), reference.rms_norm_quantize_ref(x, weight, 1e-6, x_scale)
+        got = rms_norm_quantize(x, weight, 1e-6, x_scale)
+        ref = reference.rms_norm_quantize_ref(x, weight, 1e-6, x_scale)
     (y, xq, s_x), (y_ref, xq_ref, s_ref) = got, ref
     assert torch.isnan(s_ref[BAD_ROW]) and torch.isnan(s_x[BAD_ROW])
-    assert torch.equal(torch.isfinite(y), torch.isfinite(y_ref))  # the op's own output: non-finite where the reference's is
+    # the op's own output: non-finite where the reference's is
+    assert torch.equal(torch.isfinite(y), torch.isfinite(y_ref))
     good = [r for r in range(m) if r != BAD_ROW]
     assert torch.isfinite(s_x[good]).all()
     assert torch.equal(s_x[good], s_ref[good]) and torch.equal(xq[good], xq_ref[good])

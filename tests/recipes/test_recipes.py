@@ -31,7 +31,8 @@ def test_the_fsdp_recipe_is_the_sparse_w8a8_one_on_two_gpus_without_distillation
     fsdp, one_gpu = _recipe("minilm-sst2-sparse50-w8a8-fsdp.yaml"), _recipe("minilm-sst2-sparse50-w8a8.yaml")
     strategy = fsdp["trainer"]["strategy"]
     assert strategy["class_path"] == "lightning.pytorch.strategies.ModelParallelStrategy"
-    assert strategy["init_args"] == {"data_parallel_size": 2, "tensor_parallel_size": 1} and fsdp["trainer"]["devices"] == 2
+    assert strategy["init_args"] == {"data_parallel_size": 2, "tensor_parallel_size": 1}
+    assert fsdp["trainer"]["devices"] == 2
     assert 2 * fsdp["data"]["init_args"]["batch_size"] == one_gpu["data"]["init_args"]["batch_size"]
     assert fsdp["trainer"]["callbacks"][:2] == one_gpu["trainer"]["callbacks"][:2]
     assert "distillation" not in fsdp["model"]["init_args"]
@@ -69,7 +70,8 @@ def test_the_block_scaled_recipe_asks_for_w8a8_block_and_trains_like_the_w8a8_on
     assert qat["init_args"]["config"]["init_args"]["block"] == 128
     block, per_channel = _recipe("minilm-sst2-w8a8block-qat.yaml"), _recipe("minilm-sst2-w8a8-qat.yaml")
     assert block["model"] == per_channel["model"] and block["data"] == per_channel["data"]
-    qat_steps = [cb["init_args"]["start_step"] for recipe in (block, per_channel) for cb in recipe["trainer"]["callbacks"]
+    qat_steps = [cb["init_args"]["start_step"]
+                 for recipe in (block, per_channel) for cb in recipe["trainer"]["callbacks"]
                  if cb["class_path"].endswith("QuantizationAware")]
     assert qat_steps == [500, 500]
 
@@ -116,7 +118,8 @@ def test_quickstart_end_to_end(tmp_path, monkeypatch):
     float_model, compressed = report["models"]
     assert float_model["metrics"]["accuracy"] > 0.3  # 10 classes: chance is 0.1
     # 2 layers x 6 linears, evaluated with q/k/v fused: 2 layers x 4 kernel calls
-    assert compressed["compression"].startswith("BSRW8A8Linear x8") and "(2 fused sibling groups, 6 fed int8" in compressed["compression"]
+    assert compressed["compression"].startswith("BSRW8A8Linear x8")
+    assert "(2 fused sibling groups, 6 fed int8" in compressed["compression"]
     assert [p["batch_size"] for p in compressed["latency"]] == [1, 8, 32]
     assert (out / "report.md").is_file() and (out / "report.png").is_file()
     model = compress.load_compressed(out / "compressed")
@@ -140,7 +143,8 @@ def test_minilm_family_trains_every_variant_for_the_dense_baselines_epochs():
 def test_sparse_minilm_recipes_distil_from_a_dense_snapshot(name):
     recipe = _recipe(name)
     distillation = recipe["model"]["init_args"]["distillation"]
-    pruning = next(cb["init_args"] for cb in recipe["trainer"]["callbacks"] if cb["class_path"].endswith("BlockPruning"))
+    pruning = next(cb["init_args"] for cb in recipe["trainer"]["callbacks"]
+                   if cb["class_path"].endswith("BlockPruning"))
     assert distillation.get("teacher") is None  # a snapshot: the suite trains the dense recipe side by side
     assert distillation["start_step"] <= pruning["start_step"] < pruning["end_step"]
     task = CompressCLI(args=["--config", str(RECIPES / name), "--trainer.accelerator=cpu"], run=False).model

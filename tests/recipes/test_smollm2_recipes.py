@@ -32,7 +32,8 @@ POST_TRAINING = {  # recipe -> (config class, group size, algorithm, exported mo
     "w8a16-ptq": ("W8A16Config", None, "gptq", W8A16Linear),
 }
 ALL = (*TRAINED, *POST_TRAINING)
-FROM_DENSE = ("w8a8-qat", "w4a16-qat", "sparse50", "sparse50-w8a8", "sparse50-w4a16")  # train on the dense run's float model, distil from it
+# Train on the dense run's float model, distil from it.
+FROM_DENSE = ("w8a8-qat", "w4a16-qat", "sparse50", "sparse50-w8a8", "sparse50-w4a16")
 DENSE_FLOAT = "runs/smollm2-wikitext-dense/float"
 EXPORTED_MODULE = {"w8a8-qat": W8A8Linear, "w4a16-qat": W4A16Linear, "sparse50": BSRLinear,
                    "sparse50-w8a8": BSRW8A8Linear, "sparse50-w4a16": W4A16Linear}

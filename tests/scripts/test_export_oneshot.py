@@ -19,8 +19,8 @@ def tiny_bert_dir(tmp_path):
 def test_every_scheme_exports_and_reloads(tiny_bert_dir, tmp_path):
     out = tmp_path / "out"
     export_oneshot.main(["--model", str(tiny_bert_dir), "--out", str(out)])
-    expected = {"w8a8": "W8A8Linear", "w8a8-block": "W8A8BlockLinear", "w4a16": "W4A16Linear", "w8a16": "W8A16Linear", "sparse50": "BSRLinear",
-                "sparse50-w8a8": "BSRW8A8Linear"}
+    expected = {"w8a8": "W8A8Linear", "w8a8-block": "W8A8BlockLinear", "w4a16": "W4A16Linear",
+                "w8a16": "W8A16Linear", "sparse50": "BSRLinear", "sparse50-w8a8": "BSRW8A8Linear"}
     ids = torch.randint(0, 50, (2, 16))
     dense_logits = compress.load_compressed(out / "dense")(input_ids=ids).logits
     for name, module_type in expected.items():

@@ -30,7 +30,7 @@ def test_missing_recipe_is_refused_before_training(tmp_path):
 def test_recipe_copy_rewrites_run_paths(tmp_path):
     # the sed line the script uses, applied to the shipped sparse recipe
     script = (REPO / "scripts" / "sst2_variants.sh").read_text()
-    line = next(l for l in script.splitlines() if l.strip().startswith("sed -E"))
+    line = next(text for text in script.splitlines() if text.strip().startswith("sed -E"))
     command = line.strip().split(">")[0]
     command = command.replace('"$recipe"', "recipes/minilm-sst2-sparse50.yaml").replace("$name", "v1")
     copied = subprocess.run(["bash", "-c", command], cwd=REPO, capture_output=True, text=True, check=True).stdout

@@ -47,7 +47,8 @@ from compress.nn.inference import W4A16Linear, W8A8Linear, padded_in_features
 QUANT_METHOD = "compressed-tensors"
 # The compressed-tensors release whose config keys and tensor names this writes (checked against it).
 FORMAT_VERSION = "0.20.0"
-INT_QUANTIZED, PACK_QUANTIZED, NAIVE_QUANTIZED, MIXED = "int-quantized", "pack-quantized", "naive-quantized", "mixed-precision"
+INT_QUANTIZED, PACK_QUANTIZED = "int-quantized", "pack-quantized"
+NAIVE_QUANTIZED, MIXED = "naive-quantized", "mixed-precision"
 SUPPORTED = ("W8A8: int8 symmetric weights per output channel (strategy 'channel') with int8 symmetric "
              "input activations per token computed at run time (strategy 'token', dynamic) or one static "
              "scale (strategy 'tensor', input_scale), format int-quantized; W4A16: int4 symmetric weights "
@@ -184,7 +185,8 @@ def module_from(config: W8A8Config | W4A16Config, tensors: dict[str, torch.Tenso
     else:
         shape = tensors["weight_shape"].tolist()
         if shape != [out_features, in_features]:
-            raise CheckpointError(f"{where}: tensor 'weight_shape' holds {shape}, expected [{out_features}, {in_features}]")
+            raise CheckpointError(f"{where}: tensor 'weight_shape' holds {shape}, "
+                                  f"expected [{out_features}, {in_features}]")
         module = W4A16Linear(in_features, out_features, bias, config)
         q = unpack_offset_int4(tensors["weight_packed"], in_features)  # (N, K)
         padded, _ = padded_in_features(in_features, config.group_size)

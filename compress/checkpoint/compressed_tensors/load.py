@@ -75,7 +75,9 @@ def _check_patterns(patterns, field: str, where: str) -> list[str]:
     return patterns
 
 
-def _layer_configs(directory: pathlib.Path, quantization: dict) -> tuple[dict[str, tuple[list[str], object]], list[str]]:
+def _layer_configs(
+    directory: pathlib.Path, quantization: dict
+) -> tuple[dict[str, tuple[list[str], object]], list[str]]:
     """({group name: (targets, our config)}, ignore); CheckpointError for what we do not run."""
     where = f"{directory / MODEL_CONFIG}: quantization_config"
     status = quantization.get("quantization_status")

@@ -19,9 +19,10 @@ Layout of ``path/`` (a Hugging Face model directory; the tensor layout is
 
 Refused with a ValueError naming the layers, before anything is written: a model that is not a
 ``transformers`` model; MoE experts blocks (``QuantizedExperts``: fused 3-D weights in ``transformers``,
-per-expert names that differ by architecture in a checkpoint); block-sparse layers (compressed-tensors 0.20 removed its sparsity
-compressors, and their bitmask and 2:4 formats never held 32x32 blocks; writing the zeros densely
-would keep the numbers but silently drop the speed-up, so they are refused); W8A8 layers holding SmoothQuant factors no norm absorbed (the format divides no input
+per-expert names that differ by architecture in a checkpoint); block-sparse layers (compressed-tensors
+0.20 removed its sparsity compressors, and their bitmask and 2:4 formats never held 32x32 blocks;
+writing the zeros densely would keep the numbers but silently drop the speed-up, so they are
+refused); W8A8 layers holding SmoothQuant factors no norm absorbed (the format divides no input
 channel; folding them into the weight would change its integers); W4A16 layers whose group size does
 not divide K (compressed-tensors refuses such groups); a compressed layer that the architecture, as
 ``transformers`` builds it from the config, does not hold as an ``nn.Linear`` of the same shape
@@ -73,7 +74,8 @@ def _quantized_layers(model: nn.Module) -> dict[str, W8A8Linear | W4A16Linear]:
                          "format has no block-sparse layout (compressed-tensors 0.20 reads and writes no sparsity "
                          "compressor; its former bitmask and 2:4 formats cannot hold 32x32 blocks); save them with "
                          "format='compress', or convert the model without BlockSparseConfig")
-    other = [f"{name} ({type(m).__name__})" for name, m in layers.items() if not isinstance(m, (W8A8Linear, W4A16Linear))]
+    other = [f"{name} ({type(m).__name__})" for name, m in layers.items()
+             if not isinstance(m, (W8A8Linear, W4A16Linear))]
     if other:
         raise ValueError(f"save_compressed(format='compressed-tensors'): layers {_names(other)}: only W8A8Linear and "
                          "W4A16Linear layers are written in this format; save with format='compress'")
@@ -142,14 +144,15 @@ def _dense_tensors(model: nn.Module, layers: dict, architecture: nn.Module) -> d
                              "quantized layer's weight cannot be tied; keep that layer dense")
         present = [ours[name] for name in group if name in ours]
         if len({(t.untyped_storage().data_ptr(), t.storage_offset()) for t in present}) > 1:
-            raise ValueError(f"save_compressed(format='compressed-tensors'): the config ties {group} (transformers loads "
-                             "one tensor for all of them) but the model holds different tensors there")
+            raise ValueError(f"save_compressed(format='compressed-tensors'): the config ties {group} "
+                             "(transformers loads one tensor for all of them) but the model holds different "
+                             "tensors there")
         tied_copies.update(group[1:])
     ours = {name: t for name, t in ours.items() if name not in tied_copies}
     missing = sorted(set(expected) - set(ours) - quantized - tied_copies)
     extra = sorted(set(ours) - set(expected))
-    wrong = [f"{n} {list(ours[n].shape)} (expected {list(expected[n].shape)})" for n in sorted(set(ours) & set(expected))
-             if ours[n].shape != expected[n].shape]
+    wrong = [f"{n} {list(ours[n].shape)} (expected {list(expected[n].shape)})"
+             for n in sorted(set(ours) & set(expected)) if ours[n].shape != expected[n].shape]
     if missing or extra or wrong:
         raise ValueError(f"save_compressed(format='compressed-tensors'): the model's tensors differ from those of "
                          f"{type(model).__name__} as transformers builds it from the config: missing {missing[:5]}, "

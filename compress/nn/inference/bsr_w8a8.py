@@ -43,7 +43,8 @@ class BSRW8A8Linear(_BlockSparseIndices, _TakesHandedInput, _InferenceLinear):
                    *, weight: torch.Tensor | None = None, mask: torch.Tensor | None = None,
                    weight_scale: torch.Tensor | None = None, act_scale: torch.Tensor | None = None,
                    input_smoothing: torch.Tensor | None = None) -> "BSRW8A8Linear":
-        """Quantize as :meth:`W8A8Linear.from_float` does, then keep the blocks ``mask`` keeps (or the non-zero ones)."""
+        """Quantize as :meth:`W8A8Linear.from_float` does, then keep the blocks ``mask`` keeps
+        (or the non-zero ones)."""
         dense = W8A8Linear.from_float(linear, config, weight=weight, weight_scale=weight_scale, act_scale=act_scale,
                                       input_smoothing=input_smoothing)
         return cls.from_w8a8(dense, (sparse or BlockSparseConfig()).block, mask)

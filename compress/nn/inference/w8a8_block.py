@@ -37,7 +37,8 @@ class W8A8BlockLinear(_InferenceLinear):
     @classmethod
     def from_float(cls, linear: nn.Linear, config: W8A8BlockConfig | None = None, *,
                    weight: torch.Tensor | None = None, weight_scale: torch.Tensor | None = None) -> "W8A8BlockLinear":
-        """Quantize ``linear`` (or ``weight``, e.g. masked) in 128 x 128 blocks; ``weight_scale`` e.g. learned by LSQ."""
+        """Quantize ``linear`` (or ``weight``, e.g. masked) in 128 x 128 blocks; ``weight_scale`` e.g.
+        learned by LSQ."""
         module = cls(linear.in_features, linear.out_features, linear.bias is not None, config)
         source = (linear.weight if weight is None else weight).detach().float()
         w_q, scale = quantize_weight_blocks(source, weight_scale)
@@ -73,7 +74,8 @@ class W8A8BlockLinear(_InferenceLinear):
                                                          out_dtype=torch.int8)
 
     def matmul_quantized(self, x: torch.Tensor, xq: torch.Tensor, s_x: torch.Tensor) -> torch.Tensor:
-        """This layer on ``xq`` (M, K) int8 and ``s_x`` (M, ceil(K/128)) handed over for ``x``: (..., N) in x's dtype."""
+        """This layer on ``xq`` (M, K) int8 and ``s_x`` (M, ceil(K/128)) handed over for ``x``:
+        (..., N) in x's dtype."""
         if self._use_kernel(x):
             b = self._buffers
             y = self._quantized_kernel(bind_w8a8_block_matmul_quantized, x, xq, s_x, b["w_q"], b["w_scale"],

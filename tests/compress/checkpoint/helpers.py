@@ -83,7 +83,8 @@ def library_directory(path, scheme, model, calibration_ids=None, max_shard_size=
                 low, high = input_range.get(name, (x.min(), x.max()))
                 input_range[name] = (torch.minimum(low, x.min()), torch.maximum(high, x.max()))
             return hook
-        handles = [m.register_forward_pre_hook(observe(n)) for n, m in model.named_modules() if isinstance(m, nn.Linear)]
+        handles = [m.register_forward_pre_hook(observe(n))
+                   for n, m in model.named_modules() if isinstance(m, nn.Linear)]
         logits(model, calibration_ids)
         for handle in handles:
             handle.remove()

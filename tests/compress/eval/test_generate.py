@@ -241,7 +241,8 @@ def test_gpu_graphed_loop_replays_a_cuda_graph_and_matches_eager_generate():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("name", ["llama eager", "mistral window 4", "qwen2 window 4 on layer 1", "qwen3 window 4 eager"])
+@pytest.mark.parametrize("name", ["llama eager", "mistral window 4", "qwen2 window 4 on layer 1",
+                                  "qwen3 window 4 eager"])
 def test_gpu_graphed_loop_models_eager_attention_and_sliding_windows(name):
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")

@@ -240,7 +240,8 @@ def test_resume_restores_schedule_and_masks(tmp_path):
     trainer.fit(task, loader())
     ckpt = tmp_path / "mid.ckpt"
     trainer.save_checkpoint(ckpt)
-    saved = {name: (layer.mask.clone(), layer.act_scale.clone()) for name, layer in compressed_layers(task.model).items()}
+    saved = {name: (layer.mask.clone(), layer.act_scale.clone())
+             for name, layer in compressed_layers(task.model).items()}
     assert 0 < mask_sparsity(saved["up"][0]) < 0.5  # mid-schedule
 
     restored = {}

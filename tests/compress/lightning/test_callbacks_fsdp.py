@@ -219,7 +219,8 @@ def test_a_model_parallel_run_whose_model_was_not_sharded_is_refused_at_train_st
     from lightning.pytorch.strategies import ModelParallelStrategy
 
     trainer = _Trainer(ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1))
-    with pytest.raises(ValueError, match="the model is not sharded: apply FSDP2 in the LightningModule's configure_model"):
+    with pytest.raises(ValueError,
+                       match="the model is not sharded: apply FSDP2 in the LightningModule's configure_model"):
         trained_model(trainer, FsdpTask(), "BlockPruning")
 
 

@@ -394,7 +394,8 @@ def test_causal_lm_loss_is_the_formula_over_the_predicted_tokens():
     every = [(b, i) for b in range(2) for i in range(4)]
     by_hand = _formula(torch.stack([student[b, i] for b, i in every]), torch.stack([teacher[b, i] for b, i in every]),
                        torch.stack([full[b, i + 1] for b, i in every]), 0.5, 2.0)
-    assert causal_lm_distillation_loss(student, teacher, full, 0.5, 2.0).item() == pytest.approx(by_hand.item(), rel=1e-5)
+    loss = causal_lm_distillation_loss(student, teacher, full, 0.5, 2.0)
+    assert loss.item() == pytest.approx(by_hand.item(), rel=1e-5)
     with pytest.raises(ValueError, match=r"\(B, S, V\)"):
         causal_lm_distillation_loss(student[0], teacher[0], labels[0], 0.5, 2.0)
     with pytest.raises(ValueError, match=r"labels of shape \(B, S\) = \(2, 5\)"):

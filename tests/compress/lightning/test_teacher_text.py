@@ -74,7 +74,8 @@ def test_the_file_round_trips_and_refuses_what_does_not_fit(tmp_path):
         save_teacher_text(path, blocks, info)
     save_teacher_text(path, blocks[:1], info, overwrite=True)
     assert len(load_teacher_text(path, 8, "tok", 64)[0]) == 1
-    with pytest.raises(ValueError, match=r"expected input_ids of shape \(n, 16\) for blocks of 16 tokens, got \(1, 8\)"):
+    with pytest.raises(ValueError,
+                       match=r"expected input_ids of shape \(n, 16\) for blocks of 16 tokens, got \(1, 8\)"):
         load_teacher_text(path, 16, "tok", 64)
     with pytest.raises(ValueError, match="sampled with tokenizer 'tok', the data uses 'other'"):
         load_teacher_text(path, 8, "other", 64)

@@ -115,8 +115,9 @@ def test_routers_and_gates_stay_dense_and_prepare_logs_the_share_of_matrix_weigh
     assert isinstance(mlp.shared_expert.gate_proj, CompressedLinear)
     assert "shared_expert_gate left dense: a router or gate" in caplog.text
     matrices = sum(p.numel() for p in model.parameters() if p.dim() >= 2)
-    prepared = sum(m.weight_parameter.numel() for m in compressed_layers(model).values()
-                   if not isinstance(m, ExpertLinear)) + mlp.experts.gate_up_proj.numel() + mlp.experts.down_proj.numel()
+    prepared = (sum(m.weight_parameter.numel() for m in compressed_layers(model).values()
+                    if not isinstance(m, ExpertLinear))
+                + mlp.experts.gate_up_proj.numel() + mlp.experts.down_proj.numel())
     assert f"prepared layers hold {100 * prepared / matrices:.1f}% of the model's matrix weights" in caplog.text
 
 

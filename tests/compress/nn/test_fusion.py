@@ -102,7 +102,7 @@ def test_bsr_block_rows_are_appended():
     torch.manual_seed(0)
     linears = [nn.Linear(64, n) for n in (32, 64)]
     masks = [torch.tensor([[True, False]]), torch.tensor([[False, False], [True, True]])]
-    members = [BSRLinear.from_float(l, weight=l.weight, mask=m) for l, m in zip(linears, masks)]
+    members = [BSRLinear.from_float(linear, weight=linear.weight, mask=mask) for linear, mask in zip(linears, masks)]
     fused = fuse_members(members)
     assert fused.crow_indices.tolist() == [0, 1, 1, 3] and fused.col_indices.tolist() == [0, 0, 1]
     dense = torch.cat([m.dequantized_weight() for m in members])
@@ -169,7 +169,8 @@ def test_save_refuses_a_fused_model_until_it_is_unfused(tmp_path):
     assert not is_fused(loaded) and fuse_siblings(loaded) == 4
     assert unfuse_siblings(model) == 4 and not is_fused(model)
     compress.save_compressed(model, tmp_path / "again")
-    assert (tmp_path / "again" / "model.safetensors").read_bytes() == (tmp_path / "unfused" / "model.safetensors").read_bytes()
+    again, unfused = (tmp_path / name / "model.safetensors" for name in ("again", "unfused"))
+    assert again.read_bytes() == unfused.read_bytes()
 
 
 @pytest.mark.parametrize("kind", [*CONFIGS, "dense"])

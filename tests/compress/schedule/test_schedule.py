@@ -84,7 +84,8 @@ def test_fake_quantization_starts_at_its_step():
         train(model, optimizer, schedule, batches(), until=step + 1)
         flags.append(model.up.fake_quant_enabled)
     assert flags == [False, False, True, True]
-    assert CompressionSchedule(PreNormMLP(), quantization=W8A8Config()).model.up.fake_quant_enabled  # a bare config: step 0
+    # a bare config: step 0
+    assert CompressionSchedule(PreNormMLP(), quantization=W8A8Config()).model.up.fake_quant_enabled
 
 
 def test_finishing_early_gives_final_masks_and_fake_quantization():

@@ -12,7 +12,8 @@ from tests.kernels.helpers import DEVICE, block_sparse_dense, bsr_parts
 TOL = {torch.float16: dict(atol=2e-2, rtol=1e-2), torch.bfloat16: dict(atol=1e-1, rtol=2e-2)}
 
 
-@pytest.mark.parametrize("config", [BsrConfig("gemv", 1, bn, g, 4, 2) for bn in (8, 16, 32) for g in (1, 2, 4)], ids=str)
+@pytest.mark.parametrize("config", [BsrConfig("gemv", 1, bn, g, 4, 2) for bn in (8, 16, 32) for g in (1, 2, 4)],
+                         ids=str)
 @pytest.mark.parametrize("m", [1, 3])
 def test_every_config_matches_reference(config, m):
     n, k = 96, 160
@@ -30,4 +31,5 @@ def test_prefetch_is_refused_where_it_cannot_run():
     crow, col, values = bsr_parts(block_sparse_dense(n, k, 0.5, torch.float16))
     x = torch.randn(1, k).half()
     with pytest.raises(ValueError, match="prefetch=8192 needs values a 16-byte aligned contiguous CUDA tensor"):
-        launch_gemv(x, crow, col, values, None, torch.empty(1, n).half(), BsrConfig("gemv", 1, 8, 16, 4, 3, prefetch=8192))
+        launch_gemv(x, crow, col, values, None, torch.empty(1, n).half(),
+                    BsrConfig("gemv", 1, 8, 16, 4, 3, prefetch=8192))

@@ -30,9 +30,12 @@ BROKEN = {
     "crow starts past 0": (lambda crow, col: crow.__setitem__(0, 1), r"crow_indices\[0\] == 0, got 1"),
     "crow past nnz": (lambda crow, col: crow.__setitem__(-1, crow[-1] + 7), r"crow_indices\[-1\] == nnz"),
     "crow short of nnz": (lambda crow, col: crow.__setitem__(-1, crow[-1] - 1), r"crow_indices\[-1\] == nnz"),
-    "crow decreasing": (lambda crow, col: crow.__setitem__(1, crow[2] + 1), r"non-decreasing values, got crow_indices\[1\]"),
-    "column too large": (lambda crow, col: col.__setitem__(0, 4), r"block columns in \[0, 4\) \(K / 32\), got col_indices\[0\] = 4"),
-    "negative column": (lambda crow, col: col.__setitem__(-1, -3), r"block columns in \[0, 4\) \(K / 32\), got col_indices\[\d+\] = -3"),
+    "crow decreasing": (lambda crow, col: crow.__setitem__(1, crow[2] + 1),
+                        r"non-decreasing values, got crow_indices\[1\]"),
+    "column too large": (lambda crow, col: col.__setitem__(0, 4),
+                         r"block columns in \[0, 4\) \(K / 32\), got col_indices\[0\] = 4"),
+    "negative column": (lambda crow, col: col.__setitem__(-1, -3),
+                        r"block columns in \[0, 4\) \(K / 32\), got col_indices\[\d+\] = -3"),
     "duplicate column": (lambda crow, col: col.__setitem__(1, col[0]), r"strictly increasing block columns"),
 }
 

@@ -51,7 +51,8 @@ def test_empty_block_rows_give_bias(m):
     x = torch.randn(m, k, device=DEVICE).half()
     y = check_against_reference(x, *bsr_parts(w), n, bias)
     for r in (0, 2):
-        assert torch.equal(y[:, r * BSR_BLOCK:(r + 1) * BSR_BLOCK], bias[r * BSR_BLOCK:(r + 1) * BSR_BLOCK].expand(m, BSR_BLOCK))
+        rows = slice(r * BSR_BLOCK, (r + 1) * BSR_BLOCK)
+        assert torch.equal(y[:, rows], bias[rows].expand(m, BSR_BLOCK))
 
 
 def test_all_absent_is_zero_without_bias():
@@ -74,13 +75,15 @@ def test_leading_dims_and_non_contiguous_input():
 
 def test_empty_batch_gives_empty_output():
     n, k = 64, 64
-    y = kernels.bsr_matmul_parts(torch.randn(0, k, device=DEVICE).half(), *bsr_parts(block_sparse_dense(n, k, 0.5, torch.float16)), n)
+    parts = bsr_parts(block_sparse_dense(n, k, 0.5, torch.float16))
+    y = kernels.bsr_matmul_parts(torch.randn(0, k, device=DEVICE).half(), *parts, n)
     assert y.shape == (0, n)
 
 
 def test_int32_indices():
     n, k = 96, 64
-    check_against_reference(torch.randn(17, k, device=DEVICE).half(), *bsr_parts(block_sparse_dense(n, k, 0.5, torch.float16), torch.int32), n)
+    parts = bsr_parts(block_sparse_dense(n, k, 0.5, torch.float16), torch.int32)
+    check_against_reference(torch.randn(17, k, device=DEVICE).half(), *parts, n)
 
 
 @pytest.mark.parametrize("m", [1, 17])
@@ -106,7 +109,8 @@ def test_compile_fullgraph_traces_launcher():
     n, k = 64, 96
     crow, col, values = bsr_parts(block_sparse_dense(n, k, 0.5, torch.float16, DEVICE))
     x = torch.randn(4, k, device=DEVICE).half()
-    fn = torch.compile(lambda t: kernels.bsr_matmul_parts(t, crow, col, values, n) * 2, fullgraph=True, backend="aot_eager")
+    fn = torch.compile(lambda t: kernels.bsr_matmul_parts(t, crow, col, values, n) * 2,
+                       fullgraph=True, backend="aot_eager")
     torch.testing.assert_close(fn(x), bsr_matmul_ref(x, crow, col, values, n) * 2, **TOL[torch.float16])
 
 

@@ -24,8 +24,8 @@ def test_interpreting_follows_triton_interpret(monkeypatch):
          r"bias: expected shape \(4,\)"),
         (lambda: checks.check_x_scale(torch.zeros(4, 8).half(), torch.ones(3)), ValueError,
          r"x_scale: expected a scalar or shape \(4,\)"),
-        (lambda: checks.check_quantized(torch.zeros(2, 8, dtype=torch.int8, device=DEVICE), torch.ones(2, device=DEVICE),
-                                        torch.float32), TypeError,
+        (lambda: checks.check_quantized(torch.zeros(2, 8, dtype=torch.int8, device=DEVICE),
+                                        torch.ones(2, device=DEVICE), torch.float32), TypeError,
          "out_dtype: expected torch.float16 or torch.bfloat16"),
     ],
 )

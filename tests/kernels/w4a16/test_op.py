@@ -77,8 +77,10 @@ def test_default_planes_with_16_bit_scales_match_reference(dtype):
 
 def test_unknown_path_is_refused_with_the_known_ones():
     qweight, _, scales = random_int4_weight(64, 32, 32, device=DEVICE)
-    with pytest.raises(ValueError, match=r"expected one of \['dequant', 'wholek', 'fma', 'tiled', 'wgmma'\], got 'swap'"):
-        launch(torch.randn(2, 64, device=DEVICE).half(), qweight, scales, 32, config=TileConfig(16, 32, 32, path="swap"))
+    with pytest.raises(ValueError,
+                       match=r"expected one of \['dequant', 'wholek', 'fma', 'tiled', 'wgmma'\], got 'swap'"):
+        launch(torch.randn(2, 64, device=DEVICE).half(), qweight, scales, 32,
+               config=TileConfig(16, 32, 32, path="swap"))
 
 
 def test_op_is_registered_with_fake():

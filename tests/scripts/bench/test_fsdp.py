@@ -40,7 +40,8 @@ def test_the_recipe_copy_takes_the_edits_its_own_export_dir_and_the_probe(tmp_pa
     pruning_args, _, export_args, probe = [cb.get("init_args") for cb in copy["trainer"]["callbacks"]]
     assert pruning_args["end_step"] == 3 and copy["trainer"]["max_epochs"] == 1
     assert export_args["dirpath"] == str(tmp_path / "fsdp" / "compressed")
-    assert copy["trainer"]["callbacks"][-1]["class_path"] == PROBE and probe == {"path": str(tmp_path / "fsdp" / "probe")}
+    assert copy["trainer"]["callbacks"][-1]["class_path"] == PROBE
+    assert probe == {"path": str(tmp_path / "fsdp" / "probe")}
     assert recipe["trainer"]["callbacks"][1]["init_args"]["start_step"] == 2  # the recipe itself is left as it was
     recipe["trainer"]["callbacks"] = recipe["trainer"]["callbacks"][:2]
     with pytest.raises(ValueError, match="no Export callback"):

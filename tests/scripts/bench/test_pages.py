@@ -92,8 +92,8 @@ def root(tmp_path):
              "smollm2-h100.json": {**wikitext_data(), "family": "smollm2", "plot": "benchmarks/results/smollm2.png",
                                    "plot_note": "The plot's runs are older."},
              "smollm2-post-training-cpu.json": post_training_data(), "generate-h100.json": generate_data(),
-             "smollm2-h200.json": {"sweep": sweep_data(),
-                                   "pruning": {"runs": [pruning_run(0, {"blocks-50-obs": 30.0, "sparsegpt-2of4": 36.0})]}}}
+             "smollm2-h200.json": {"sweep": sweep_data(), "pruning": {"runs": [
+                 pruning_run(0, {"blocks-50-obs": 30.0, "sparsegpt-2of4": 36.0})]}}}
     for name, data in files.items():
         (results / name).write_text(json.dumps(data))
     return tmp_path

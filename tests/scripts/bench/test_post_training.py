@@ -13,8 +13,8 @@ from scripts.bench.post_training import gptq_share, main, variants
 
 def test_variants_pair_round_to_nearest_with_gptq():
     names = list(variants([32, 128]))
-    assert names == ["w8a8-rtn", "w8a8-gptq", "w8a16-rtn", "w8a16-gptq", "w4a16-g32-rtn", "w4a16-g32-gptq", "w4a16-g128-rtn",
-                     "w4a16-g128-gptq", "w4a16-g128-gptq-natural-order"]
+    assert names == ["w8a8-rtn", "w8a8-gptq", "w8a16-rtn", "w8a16-gptq", "w4a16-g32-rtn", "w4a16-g32-gptq",
+                     "w4a16-g128-rtn", "w4a16-g128-gptq", "w4a16-g128-gptq-natural-order"]
 
 
 def test_gptq_share_is_the_removed_part_of_the_increase():

@@ -121,8 +121,8 @@ def test_the_tokenizer_given_or_beside_the_model_is_written(tmp_path):
     from tokenizers import Tokenizer, models
 
     vocab = {f"t{i}": i for i in range(256)}
-    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="t0")),
-                                                     unk_token="t0")
+    tokenizer = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="t0")), unk_token="t0")
     model = _converted(W4A16Config())
     path = compress.save_compressed(model, tmp_path / "given", format="compressed-tensors", tokenizer=tokenizer)
     assert transformers.AutoTokenizer.from_pretrained(str(path)).get_vocab() == vocab
@@ -196,7 +196,8 @@ def test_models_transformers_would_build_otherwise_are_refused(tmp_path):
 
 def test_bad_arguments_are_refused(tmp_path):
     model = _converted(W8A8Config())
-    _refused(tmp_path, model, r"format: expected one of \('compress', 'compressed-tensors'\), got 'gguf'", format="gguf")
+    _refused(tmp_path, model, r"format: expected one of \('compress', 'compressed-tensors'\), got 'gguf'",
+             format="gguf")
     _refused(tmp_path, model, "tokenizer: only format='compressed-tensors' writes a tokenizer", format="compress",
              tokenizer=object())
     _refused(tmp_path, model, "tokenizer: expected a transformers tokenizer .*got object", tokenizer=object())

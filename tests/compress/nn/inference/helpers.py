@@ -21,13 +21,13 @@ def linear_layer(n=64, k=128, seed=0):
 
 
 MAKERS = {
-    "w8a8": lambda l: W8A8Linear.from_float(l, W8A8Config()),
-    "w8a8-static": lambda l: W8A8Linear.from_float(l, W8A8Config("static"), act_scale=torch.tensor(0.03)),
-    "w4a16": lambda l: W4A16Linear.from_float(l, W4A16Config(32)),
-    "w8a16": lambda l: W8A16Linear.from_float(l, W8A16Config()),
-    "w8a8-block": lambda l: W8A8BlockLinear.from_float(l, W8A8BlockConfig()),
-    "bsr": lambda l: BSRLinear.from_float(l),
-    "bsr-w8a8": lambda l: BSRW8A8Linear.from_float(l, mask=block_mask(l.weight, 0.5)),
+    "w8a8": lambda linear: W8A8Linear.from_float(linear, W8A8Config()),
+    "w8a8-static": lambda linear: W8A8Linear.from_float(linear, W8A8Config("static"), act_scale=torch.tensor(0.03)),
+    "w4a16": lambda linear: W4A16Linear.from_float(linear, W4A16Config(32)),
+    "w8a16": lambda linear: W8A16Linear.from_float(linear, W8A16Config()),
+    "w8a8-block": lambda linear: W8A8BlockLinear.from_float(linear, W8A8BlockConfig()),
+    "bsr": lambda linear: BSRLinear.from_float(linear),
+    "bsr-w8a8": lambda linear: BSRW8A8Linear.from_float(linear, mask=block_mask(linear.weight, 0.5)),
 }
 
 

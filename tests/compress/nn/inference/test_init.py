@@ -73,15 +73,17 @@ def test_bad_arguments():
         W8A16Linear(8, 8, config=W4A16Config())
 
 
-@pytest.mark.parametrize("make", [lambda l: W8A8Linear.from_float(l, W8A8Config()),
-                                  lambda l: W8A8Linear.from_float(l, W8A8Config("static"), act_scale=torch.tensor(0.03)),
-                                  lambda l: W4A16Linear.from_float(l, W4A16Config(32)),
-                                  lambda l: W4A16Linear.from_float(l, W4A16Config(None)),
-                                  lambda l: W8A16Linear.from_float(l, W8A16Config()),
-                                  lambda l: W8A16Linear.from_float(l, W8A16Config(128)),
-                                  lambda l: W8A8BlockLinear.from_float(l, W8A8BlockConfig()),
-                                  lambda l: BSRLinear.from_float(l),
-                                  lambda l: BSRW8A8Linear.from_float(l, mask=block_mask(l.weight, 0.5))])
+@pytest.mark.parametrize("make", [
+    lambda linear: W8A8Linear.from_float(linear, W8A8Config()),
+    lambda linear: W8A8Linear.from_float(linear, W8A8Config("static"), act_scale=torch.tensor(0.03)),
+    lambda linear: W4A16Linear.from_float(linear, W4A16Config(32)),
+    lambda linear: W4A16Linear.from_float(linear, W4A16Config(None)),
+    lambda linear: W8A16Linear.from_float(linear, W8A16Config()),
+    lambda linear: W8A16Linear.from_float(linear, W8A16Config(128)),
+    lambda linear: W8A8BlockLinear.from_float(linear, W8A8BlockConfig()),
+    lambda linear: BSRLinear.from_float(linear),
+    lambda linear: BSRW8A8Linear.from_float(linear, mask=block_mask(linear.weight, 0.5)),
+])
 def test_kernel_dispatch_under_the_triton_interpreter(make, monkeypatch):
     """The forward's kernel branch (run on CPU by TRITON_INTERPRET=1) agrees with the reference branch."""
     import compress_kernels
@@ -100,15 +102,17 @@ def test_kernel_dispatch_under_the_triton_interpreter(make, monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("make", [lambda l: W8A8Linear.from_float(l, W8A8Config()),
-                                  lambda l: W8A8Linear.from_float(l, W8A8Config("static"), act_scale=torch.tensor(0.03)),
-                                  lambda l: W4A16Linear.from_float(l, W4A16Config(128)),
-                                  lambda l: W4A16Linear.from_float(l, W4A16Config(None)),
-                                  lambda l: W8A16Linear.from_float(l, W8A16Config()),
-                                  lambda l: W8A16Linear.from_float(l, W8A16Config(128)),
-                                  lambda l: W8A8BlockLinear.from_float(l, W8A8BlockConfig()),
-                                  lambda l: BSRLinear.from_float(l),
-                                  lambda l: BSRW8A8Linear.from_float(l, mask=block_mask(l.weight, 0.5))])
+@pytest.mark.parametrize("make", [
+    lambda linear: W8A8Linear.from_float(linear, W8A8Config()),
+    lambda linear: W8A8Linear.from_float(linear, W8A8Config("static"), act_scale=torch.tensor(0.03)),
+    lambda linear: W4A16Linear.from_float(linear, W4A16Config(128)),
+    lambda linear: W4A16Linear.from_float(linear, W4A16Config(None)),
+    lambda linear: W8A16Linear.from_float(linear, W8A16Config()),
+    lambda linear: W8A16Linear.from_float(linear, W8A16Config(128)),
+    lambda linear: W8A8BlockLinear.from_float(linear, W8A8BlockConfig()),
+    lambda linear: BSRLinear.from_float(linear),
+    lambda linear: BSRW8A8Linear.from_float(linear, mask=block_mask(linear.weight, 0.5)),
+])
 def test_cuda_kernels_agree_with_the_cpu_reference(make):
     torch.manual_seed(0)
     linear = nn.Linear(256, 192)
@@ -171,12 +175,12 @@ def minilm_activations():
 #   the bar is > 0 dB per layer (pruning keeps more signal than it removes) and > 3 dB on average.
 #   The BSR layout itself is checked exactly against the masked dense layer (> 100 dB).
 SCHEMES = {
-    "W8A8": (lambda l: W8A8Linear.from_float(l, W8A8Config()), 30.0, 30.0),
-    "W4A16-g128": (lambda l: W4A16Linear.from_float(l, W4A16Config(128)), 15.0, 15.0),
-    "W8A16": (lambda l: W8A16Linear.from_float(l, W8A16Config()), 36.0, 40.0),
-    "W8A16-g128": (lambda l: W8A16Linear.from_float(l, W8A16Config(128)), 38.0, 42.0),
-    "W8A8-block": (lambda l: W8A8BlockLinear.from_float(l, W8A8BlockConfig()), 28.0, 33.0),
-    "block-sparse-50": (lambda l: _pruned_bsr(l, 0.5), 0.0, 3.0),
+    "W8A8": (lambda linear: W8A8Linear.from_float(linear, W8A8Config()), 30.0, 30.0),
+    "W4A16-g128": (lambda linear: W4A16Linear.from_float(linear, W4A16Config(128)), 15.0, 15.0),
+    "W8A16": (lambda linear: W8A16Linear.from_float(linear, W8A16Config()), 36.0, 40.0),
+    "W8A16-g128": (lambda linear: W8A16Linear.from_float(linear, W8A16Config(128)), 38.0, 42.0),
+    "W8A8-block": (lambda linear: W8A8BlockLinear.from_float(linear, W8A8BlockConfig()), 28.0, 33.0),
+    "block-sparse-50": (lambda linear: _pruned_bsr(linear, 0.5), 0.0, 3.0),
 }
 
 
