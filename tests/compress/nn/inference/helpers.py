@@ -31,5 +31,12 @@ MAKERS = {
 }
 
 
+def every_variant(group_size: int) -> dict:
+    """:data:`MAKERS` with W4A16 in groups of ``group_size``, plus per-channel W4A16 and grouped W8A16."""
+    return {**MAKERS, "w4a16": lambda linear: W4A16Linear.from_float(linear, W4A16Config(group_size)),
+            "w4a16-per-channel": lambda linear: W4A16Linear.from_float(linear, W4A16Config(None)),
+            "w8a16-g128": lambda linear: W8A16Linear.from_float(linear, W8A16Config(128))}
+
+
 def bound_calls(module) -> dict:
     return module.__dict__.get("_bound_calls", {})

@@ -12,7 +12,7 @@ from compress.configs import W4A16Config, W8A8BlockConfig, W8A8Config, W8A16Conf
 from compress.core.sparsity import block_mask, expand_mask
 from compress.lightning.paths import data_root
 from compress.nn.inference import BSRLinear, BSRW8A8Linear, W4A16Linear, W8A8BlockLinear, W8A8Linear, W8A16Linear
-from tests.compress.nn.inference.helpers import linear_layer, sqnr_db
+from tests.compress.nn.inference.helpers import every_variant, linear_layer, sqnr_db
 
 
 def test_half_keeps_scales_and_indices_but_casts_bias_and_bsr_values():
@@ -73,17 +73,7 @@ def test_bad_arguments():
         W8A16Linear(8, 8, config=W4A16Config())
 
 
-@pytest.mark.parametrize("make", [
-    lambda linear: W8A8Linear.from_float(linear, W8A8Config()),
-    lambda linear: W8A8Linear.from_float(linear, W8A8Config("static"), act_scale=torch.tensor(0.03)),
-    lambda linear: W4A16Linear.from_float(linear, W4A16Config(32)),
-    lambda linear: W4A16Linear.from_float(linear, W4A16Config(None)),
-    lambda linear: W8A16Linear.from_float(linear, W8A16Config()),
-    lambda linear: W8A16Linear.from_float(linear, W8A16Config(128)),
-    lambda linear: W8A8BlockLinear.from_float(linear, W8A8BlockConfig()),
-    lambda linear: BSRLinear.from_float(linear),
-    lambda linear: BSRW8A8Linear.from_float(linear, mask=block_mask(linear.weight, 0.5)),
-])
+@pytest.mark.parametrize("make", every_variant(32).values(), ids=list(every_variant(32)))
 def test_kernel_dispatch_under_the_triton_interpreter(make, monkeypatch):
     """The forward's kernel branch (run on CPU by TRITON_INTERPRET=1) agrees with the reference branch."""
     import compress_kernels
@@ -102,17 +92,7 @@ def test_kernel_dispatch_under_the_triton_interpreter(make, monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("make", [
-    lambda linear: W8A8Linear.from_float(linear, W8A8Config()),
-    lambda linear: W8A8Linear.from_float(linear, W8A8Config("static"), act_scale=torch.tensor(0.03)),
-    lambda linear: W4A16Linear.from_float(linear, W4A16Config(128)),
-    lambda linear: W4A16Linear.from_float(linear, W4A16Config(None)),
-    lambda linear: W8A16Linear.from_float(linear, W8A16Config()),
-    lambda linear: W8A16Linear.from_float(linear, W8A16Config(128)),
-    lambda linear: W8A8BlockLinear.from_float(linear, W8A8BlockConfig()),
-    lambda linear: BSRLinear.from_float(linear),
-    lambda linear: BSRW8A8Linear.from_float(linear, mask=block_mask(linear.weight, 0.5)),
-])
+@pytest.mark.parametrize("make", every_variant(128).values(), ids=list(every_variant(128)))
 def test_cuda_kernels_agree_with_the_cpu_reference(make):
     torch.manual_seed(0)
     linear = nn.Linear(256, 192)
