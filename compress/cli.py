@@ -72,7 +72,6 @@ import compress.lightning.data  # noqa: F401  (see below)
 import compress.lightning.tasks  # noqa: F401  (see below)
 from compress.checkpoint import check_save_target, load_model_dir
 from compress.checkpoint.save import SAVE_FORMATS
-from compress.configs import BlockSparseConfig, W4A16Config, W8A16Config
 from compress.lightning.callbacks import Export, FloatWeightsSnapshot, target_model
 from compress.lightning.data import load_tokenizer
 from compress.lightning.recipe_yaml import bound_jsonargparse_yaml, check_config_files
@@ -273,10 +272,9 @@ def check_recipe(pl_module: pl.LightningModule, callbacks) -> None:
     """Raise ``ValueError`` before training when a callback's plan does not fit the model.
 
     Every callback with a compression ``plan`` (BlockPruning, QuantizationAware) must target at
-    least one layer. Logged, not refused: a W4A16 / W8A16 group size that does not divide a layer's
-    ``in_features`` (K is padded with zero channels to the next multiple: correct, at the cost of the
-    padding's bytes; e.g. SmolLM2's 576 with groups of 128 pads to 640), and sparse layers whose sizes
-    are not multiples of the block (they export as dense layers).
+    least one layer. Logged, not refused: what each config says a targeted layer's shape costs
+    (``config.layer_shape_warning``: a W4A16 / W8A16 group size that does not divide ``in_features``
+    pads K with zero channels; sparse layers whose sizes are not multiples of the block export dense).
     """
     model = target_model(pl_module)
     for callback in callbacks:
@@ -291,18 +289,9 @@ def check_recipe(pl_module: pl.LightningModule, callbacks) -> None:
         for name, configs in targets.items():
             in_features, out_features = linear_features(model.get_submodule(name))
             for config in configs:
-                if isinstance(config, (W4A16Config, W8A16Config)) and config.group_size is not None:
-                    if in_features % config.group_size:
-                        padded = -(-in_features // config.group_size) * config.group_size
-                        log.warning("%s: %s group_size=%d does not divide in_features=%d of layer %r: K is "
-                                    "padded with zero channels to %d (%.0f%% more %s weights there)", where,
-                                    type(config).__name__.removesuffix("Config"), config.group_size,
-                                    in_features, name, padded, 100 * (padded / in_features - 1),
-                                    "int4" if isinstance(config, W4A16Config) else "int8")
-                if isinstance(config, BlockSparseConfig):
-                    if in_features % config.block or out_features % config.block:
-                        log.warning("%s: layer %r (%dx%d) is not a multiple of %d blocks; it will export dense",
-                                    where, name, out_features, in_features, config.block)
+                warning = config.layer_shape_warning(name, in_features, out_features)
+                if warning is not None:
+                    log.warning("%s: %s", where, warning)
 
 
 # --- run -----------------------------------------------------------------------------------------
