@@ -48,15 +48,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from compress.configs import W8A8Config, W8A16Config
 from compress.core.gptq import add_to_hessian, gptq_quantize, hessian
 from compress.core.obs import activation_block_scores, allocate_pruned_blocks, obs_block_prune, obs_error_curve
-from compress.core.quant import INT4_QMAX, INT8_QMAX, dequantize_groupwise, dequantize_per_channel, per_channel_scale
+from compress.core.quant import dequantize_groupwise, dequantize_per_channel, per_channel_scale
 from compress.core.sharding import fsdp_modules, is_sharded, local_tensor, reshard_
 from compress.core.smoothquant import apply_smoothquant
 from compress.core.sparsity import allocation_bounds, expand_mask, mask_from_scores
 from compress.nn.experts import ExpertLinear
-from compress.nn.inference import padded_in_features
 from compress.nn.qat import CompressedLinear, compressed_layers
 
 logger = logging.getLogger(__name__)
@@ -120,9 +118,9 @@ def _observe(model: nn.Module, layers: dict[str, CompressedLinear], run_all: Cal
 
 def calibrate(model: nn.Module, calibration_data) -> None:
     """Observe W8A8 layers on ``calibration_data``; SmoothQuant where asked; freeze static scales."""
-    w8a8 = {n: m for n, m in compressed_layers(model).items() if isinstance(m.quant_config, W8A8Config)}
-    smooth = {n: m for n, m in w8a8.items() if m.quant_config.smoothquant_alpha is not None}
-    static = {n: m for n, m in w8a8.items() if m.quant_config.static}
+    quantized = {n: m for n, m in compressed_layers(model).items() if m.quant_config is not None}
+    smooth = {n: m for n, m in quantized.items() if m.quant_config.smoothquant}
+    static = {n: m for n, m in quantized.items() if m.quant_config.static}
     if not smooth and not static:
         return
     if calibration_data is None:
@@ -282,18 +280,17 @@ def gptq_layer(layer: CompressedLinear, xtx: torch.Tensor, tokens: int) -> tuple
         keep = expand_mask(layer.mask, (layer.out_features, k), layer.sparse_config.block)[rows]
     act_order = config.gptq_act_order if config.gptq_act_order is not None else keep is None
     knobs = dict(keep=keep, damping=config.gptq_damping, act_order=act_order, block=config.gptq_block)
-    if isinstance(config, W8A8Config) or (isinstance(config, W8A16Config) and config.group_size is None):
+    if config.weight_scales == "channel":
         row_scale = per_channel_scale(masked.float())  # the export's rule
-        q, scale = gptq_quantize(w, h, INT8_QMAX, k, scale=row_scale[:, None], **knobs)
+        q, scale = gptq_quantize(w, h, config.qmax, k, scale=row_scale[:, None], **knobs)
         scale = scale[:, 0]
         layer.set_quantized_weight(dequantize_per_channel(q, scale), scale)
         return q, scale
-    padded, group_size = padded_in_features(k, config.group_size)
+    padded, group_size = config.padding(k)
     pad = padded - k
     if keep is not None:
         knobs["keep"] = F.pad(keep, (0, pad), value=True)
-    qmax = INT8_QMAX if isinstance(config, W8A16Config) else INT4_QMAX
-    q, scale = gptq_quantize(F.pad(w, (0, pad)), F.pad(h, (0, pad, 0, pad)), qmax, group_size, **knobs)
+    q, scale = gptq_quantize(F.pad(w, (0, pad)), F.pad(h, (0, pad, 0, pad)), config.qmax, group_size, **knobs)
     layer.set_quantized_weight(dequantize_groupwise(q, scale, group_size)[:, :k], scale)
     return q, scale
 

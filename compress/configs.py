@@ -35,12 +35,35 @@ pruning: 0.27 against 0.78 of round-to-nearest's output error on a synthetic lay
 (columns per lazy batch). The knobs must keep their defaults with ``"rtn"``. Each config converts to and
 from a plain dict (``to_dict`` / :func:`config_from_dict`) for the checkpoint manifest, and
 jsonargparse builds them from YAML mappings since they are plain dataclasses.
+
+What a scheme means lives on its config: code elsewhere asks the config, not its type. Every config
+answers every question; a config without that part answers None / False (``_ConfigMixin``):
+
+* ``weight_bits`` and ``qmax``: 8 and 127 (W8A8, W8A16, W8A8Block), 4 and 7 (W4A16);
+* ``weight_scales``: ``"channel"`` (W8A8, W8A16 without groups), ``"group"`` (W4A16, also per channel:
+  one group of the whole padded row; W8A16 with groups), ``"block"`` (W8A8Block);
+* ``activation_scales``: ``"token"`` (dynamic W8A8), ``"tensor"`` (static W8A8), ``"block"`` (W8A8Block);
+  ``observes_activations``: W8A8 layers hold an activation observer (static scales, SmoothQuant);
+* calibration: ``static``, ``smoothquant``, ``gptq``, summed up by ``needs_calibration`` (for
+  :class:`BlockSparseConfig`: OBS or the activation score);
+* padding: ``padded_in_features(K)``, K unless the scheme pads it (W4A16 / W8A16: to a multiple of the
+  group size and of 8, ``padding(K)`` gives the group size too); ``whole_groups(K)``;
+  ``layer_shape_warning(name, K, N)``: what a layer's shape costs (padding, blocks that do not tile it),
+  which the recipe checks log;
+* export: ``inference_module`` (W8A8Linear, W4A16Linear, W8A16Linear, W8A8BlockLinear, BSRLinear) and
+  ``block_sparse_module`` (W8A8 on a block-sparse layer: BSRW8A8Linear; None elsewhere: the pruned
+  blocks are zeros in the int weight). :mod:`compress.nn.inference` registers its modules here
+  (:func:`register_inference_module`), so this module imports no ``nn``.
 """
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any, ClassVar, Optional, Union
+
+from compress.core import block_quant
+from compress.core.quant import INT4_QMAX, INT8_QMAX
 
 ACTIVATION_MODES = ("dynamic", "static")
 OBSERVERS = ("absmax", "percentile", "moving_average")
@@ -80,11 +103,96 @@ def _check_knobs_unused(config, algorithm: str, defaults: dict) -> None:
                              f"{knob}={getattr(config, knob)!r} with algorithm={config.algorithm!r}")
 
 
+# config class -> the inference module it exports to, and (quantization configs) -> the module of a layer
+# that is also block-sparse; filled by compress.nn.inference through register_inference_module.
+_INFERENCE_MODULES: dict[type, type] = {}
+_BLOCK_SPARSE_MODULES: dict[type, type] = {}
+
+
+def register_inference_module(config_class: type, module: type, *, block_sparse: bool = False) -> None:
+    """Record that ``config_class`` exports to ``module`` (``block_sparse``: on a layer that also has a
+    :class:`BlockSparseConfig`); :mod:`compress.nn.inference` registers every module it defines."""
+    (_BLOCK_SPARSE_MODULES if block_sparse else _INFERENCE_MODULES)[config_class] = module
+
+
+def pad_in_features(in_features: int, group_size: int | None) -> tuple[int, int]:
+    """(Kp, G): K padded to a multiple of 8 and of the group size (the grouped layers' rule); G = Kp
+    for one group per output channel (``group_size`` None)."""
+    if group_size is None:
+        padded = -(-in_features // 8) * 8
+        return padded, padded
+    step = math.lcm(group_size, 8)
+    return -(-in_features // step) * step, group_size
+
+
 class _ConfigMixin:
-    """Dict round trip shared by every config (``{"type": ClassName, **fields}``)."""
+    """What every config answers about its scheme (these defaults: a config without that part; the
+    module docstring's table), and the dict round trip (``{"type": ClassName, **fields}``)."""
+
+    weight_bits: ClassVar[Optional[int]] = None  # bits of a quantized weight
+    qmax: ClassVar[Optional[int]] = None  # the largest integer of the symmetric weight grid
+    observes_activations: ClassVar[bool] = False  # an activation observer: static scales, SmoothQuant
 
     def to_dict(self) -> dict[str, Any]:
         return {"type": type(self).__name__, **dataclasses.asdict(self)}
+
+    @property
+    def weight_scales(self) -> Optional[str]:
+        """How the weight scales are laid out: ``"channel"`` (N,), ``"group"`` (N, Kp/G), ``"block"``
+        (ceil(N/128), ceil(K/128)), or None (weights not quantized)."""
+        return None
+
+    @property
+    def activation_scales(self) -> Optional[str]:
+        """How activations are quantized: ``"token"`` (a dynamic scale per row), ``"tensor"`` (one
+        calibrated static scale), ``"block"`` (per row and 128 channels), or None (kept in float)."""
+        return None
+
+    @property
+    def static(self) -> bool:
+        """Whether the activation scale is calibrated (static W8A8)."""
+        return self.activation_scales == "tensor"
+
+    @property
+    def smoothquant(self) -> bool:
+        """Whether SmoothQuant migrates activation outliers into the weights first (calibrated)."""
+        return False
+
+    @property
+    def gptq(self) -> bool:
+        """Whether GPTQ rounds the weights (on calibration inputs)."""
+        return False
+
+    @property
+    def needs_calibration(self) -> bool:
+        """Whether the scheme reads calibration data: static scales, SmoothQuant or GPTQ here."""
+        return self.static or self.smoothquant or self.gptq
+
+    def padded_in_features(self, in_features: int) -> int:
+        """The K the layer's weight is stored with: ``in_features`` unless the scheme pads it."""
+        return in_features
+
+    def whole_groups(self, in_features: int) -> bool:
+        """Whether ``in_features`` splits into whole groups (no padding to the group size); True without groups."""
+        return True
+
+    def layer_shape_warning(self, name: str, in_features: int, out_features: int) -> Optional[str]:
+        """What layer ``name``'s shape costs under this scheme (logged, never refused), or None."""
+        return None
+
+    @property
+    def inference_module(self) -> type:
+        """The inference module (:mod:`compress.nn.inference`) a layer with this config exports to."""
+        if type(self) not in _INFERENCE_MODULES:
+            raise LookupError(f"{type(self).__name__}: no inference module registered (import compress.nn.inference)")
+        return _INFERENCE_MODULES[type(self)]
+
+    @property
+    def block_sparse_module(self) -> Optional[type]:
+        """The module of a layer both pruned (:class:`BlockSparseConfig`) and quantized with this config,
+        storing the kept blocks only; None: the pruned blocks stay zeros in :attr:`inference_module`'s
+        weight."""
+        return _BLOCK_SPARSE_MODULES.get(type(self))
 
 
 class _AlgorithmMixin:
@@ -117,6 +225,10 @@ class W8A8Config(_AlgorithmMixin, _ConfigMixin):
     (the per-row scales stay ``max|W[n,:]| / 127``).
     """
 
+    weight_bits: ClassVar[int] = 8
+    qmax: ClassVar[int] = INT8_QMAX
+    observes_activations: ClassVar[bool] = True
+
     activation: str = "dynamic"
     observer: str = "absmax"
     percentile: float = 99.99
@@ -143,8 +255,16 @@ class W8A8Config(_AlgorithmMixin, _ConfigMixin):
         self._check_algorithm()
 
     @property
-    def static(self) -> bool:
-        return self.activation == "static"
+    def weight_scales(self) -> str:
+        return "channel"
+
+    @property
+    def activation_scales(self) -> str:
+        return "tensor" if self.activation == "static" else "token"
+
+    @property
+    def smoothquant(self) -> bool:
+        return self.smoothquant_alpha is not None
 
 
 @dataclass(frozen=True)
@@ -168,6 +288,31 @@ class _WeightOnlyConfig(_AlgorithmMixin, _ConfigMixin):
         _check_type(f"{name}.learnable_scale", self.learnable_scale, (bool,))
         self._check_algorithm()
 
+    @property
+    def weight_scales(self) -> str:
+        return "channel" if self.group_size is None else "group"
+
+    def padding(self, in_features: int) -> tuple[int, int]:
+        """(Kp, G): the padded K and the group size the layer's weight is quantized with (G = Kp: one
+        group per output channel); K is padded with zero channels to a multiple of G and of 8."""
+        return pad_in_features(in_features, self.group_size)
+
+    def padded_in_features(self, in_features: int) -> int:
+        return self.padding(in_features)[0]
+
+    def whole_groups(self, in_features: int) -> bool:
+        return self.group_size is None or in_features % self.group_size == 0
+
+    def layer_shape_warning(self, name: str, in_features: int, out_features: int) -> Optional[str]:
+        """K padded to the group size (correct, at the cost of the padding's bytes; e.g. SmolLM2's 576
+        with groups of 128 pads to 640)."""
+        if self.whole_groups(in_features):
+            return None
+        padded = self.padded_in_features(in_features)
+        return (f"{type(self).__name__.removesuffix('Config')} group_size={self.group_size} does not divide "
+                f"in_features={in_features} of layer {name!r}: K is padded with zero channels to {padded} "
+                f"({100 * (padded / in_features - 1):.0f}% more int{self.weight_bits} weights there)")
+
 
 @dataclass(frozen=True)
 class W4A16Config(_WeightOnlyConfig):
@@ -179,11 +324,18 @@ class W4A16Config(_WeightOnlyConfig):
     """
 
     GROUP_SIZES: ClassVar[tuple] = W4_GROUP_SIZES
+    weight_bits: ClassVar[int] = 4
+    qmax: ClassVar[int] = INT4_QMAX
     group_size: Optional[int] = 128
 
+    @property
+    def weight_scales(self) -> str:
+        """Always ``"group"``: per channel, W4A16 is one group of the whole (padded) row, scales (N, 1)."""
+        return "group"
+
     def group_size_for(self, in_features: int) -> int:
-        """The group size used for a layer with ``in_features`` input channels."""
-        return in_features if self.group_size is None else self.group_size
+        """The group size used for a layer with ``in_features`` input channels (per channel: the padded K)."""
+        return self.padding(in_features)[1]
 
 
 @dataclass(frozen=True)
@@ -197,6 +349,8 @@ class W8A16Config(_WeightOnlyConfig):
     """
 
     GROUP_SIZES: ClassVar[tuple] = W8_GROUP_SIZES
+    weight_bits: ClassVar[int] = 8
+    qmax: ClassVar[int] = INT8_QMAX
 
 
 @dataclass(frozen=True)
@@ -206,6 +360,9 @@ class W8A8BlockConfig(_ConfigMixin):
     ``block``: 128 (the kernels' step). ``learnable_scale``: the weight block scales are trained with
     the LSQ gradient during QAT. ``algorithm``: ``"rtn"`` only (GPTQ on block scales is not implemented).
     """
+
+    weight_bits: ClassVar[int] = 8
+    qmax: ClassVar[int] = block_quant.QMAX  # symmetric: [-127, 127]
 
     block: int = 128
     learnable_scale: bool = False
@@ -218,8 +375,12 @@ class W8A8BlockConfig(_ConfigMixin):
         _check_choice("W8A8BlockConfig.algorithm", self.algorithm, ("rtn",))
 
     @property
-    def gptq(self) -> bool:
-        return False
+    def weight_scales(self) -> str:
+        return "block"
+
+    @property
+    def activation_scales(self) -> str:
+        return "block"
 
 
 @dataclass(frozen=True)
@@ -283,6 +444,16 @@ class BlockSparseConfig(_ConfigMixin):
     def needs_calibration(self) -> bool:
         """Whether pruning reads calibration inputs (OBS, or the activation score)."""
         return self.algorithm == "obs" or self.score in CALIBRATED_SCORES
+
+    def tiles(self, out_features: int, in_features: int) -> bool:
+        """Whether the ``block`` x ``block`` blocks tile an (N, K) weight; a layer they do not tile exports dense."""
+        return out_features % self.block == 0 and in_features % self.block == 0
+
+    def layer_shape_warning(self, name: str, in_features: int, out_features: int) -> Optional[str]:
+        if self.tiles(out_features, in_features):
+            return None
+        return (f"layer {name!r} ({out_features}x{in_features}) is not a multiple of {self.block} blocks; "
+                "it will export dense")
 
 
 QuantConfig = Union[W8A8Config, W4A16Config, W8A16Config, W8A8BlockConfig]

@@ -32,7 +32,8 @@ to a multiple of 8) with zero channels (:class:`compress.nn.inference.W4A16Linea
 :class:`compress.nn.inference.W8A16Linear`); block sparsity alone on a layer whose N or K is not a
 multiple of 32 is exported as a dense ``nn.Linear`` holding the masked weight, with a logged reason.
 
-Export picks the inference module from a layer's configs: W8A8 with block sparsity ->
+Export picks the inference module from a layer's configs (``config.inference_module`` and
+``config.block_sparse_module``, :mod:`compress.configs`): W8A8 with block sparsity ->
 :class:`compress.nn.inference.BSRW8A8Linear` (int8 blocks, the pruned ones not stored; N or K not a
 multiple of 32: ``W8A8Linear`` with zero blocks); W8A8 -> ``W8A8Linear``; W4A16 / W8A16 / W8A8Block, with
 or without sparsity -> ``W4A16Linear`` / ``W8A16Linear`` / ``W8A8BlockLinear`` (pruned blocks are zeros in
@@ -52,7 +53,7 @@ import torch
 from torch import nn
 
 from compress.calibration import calibrate, gptq_layers, hessian_layers, run_hessian_passes
-from compress.configs import BlockSparseConfig, W4A16Config, W8A8BlockConfig, W8A8Config, W8A16Config, is_config
+from compress.configs import is_config
 from compress.core.sharding import is_sharded
 from compress.core.sparsity import block_mask
 from compress.nn.conv1d import is_conv1d, is_linear_or_conv1d
@@ -64,7 +65,6 @@ from compress.nn.experts import (
     experts_module_name,
     is_fused_experts,
 )
-from compress.nn.inference import BSRLinear, BSRW8A8Linear, W4A16Linear, W8A8BlockLinear, W8A8Linear, W8A16Linear
 from compress.nn.qat import CompressedLinear, compressed_layers, split_configs
 
 logger = logging.getLogger(__name__)
@@ -184,13 +184,13 @@ def _experts_config_problem(configs) -> str | None:
     """Why an experts block cannot take ``configs`` yet, or None: experts take dynamic W8A8, W4A16, W8A16 and
     block sparsity; static scales, SmoothQuant and GPTQ need calibration data routed to every expert."""
     for config in configs:
-        if isinstance(config, W8A8Config) and config.static:
+        if config.static:
             return "static W8A8 activation scales are not supported for experts (use activation='dynamic')"
-        if isinstance(config, W8A8Config) and config.smoothquant_alpha is not None:
+        if config.smoothquant:
             return "SmoothQuant is not supported for experts"
-        if getattr(config, "gptq", False):
+        if config.gptq:
             return "GPTQ is not supported for experts (use algorithm='rtn')"
-        if isinstance(config, W8A8BlockConfig):
+        if config.weight_scales == "block":
             return "block-scaled W8A8 (W8A8BlockConfig) is not supported for experts yet"
     return None
 
@@ -480,30 +480,26 @@ def export_module(name: str, layer: CompressedLinear) -> nn.Module:
     """The inference module for one prepared layer (see the module docstring for the rules)."""
     quant, sparse = layer.quant_config, layer.sparse_config
     weight = layer.masked_weight().detach()
-    if isinstance(quant, W8A8Config):
-        dense = W8A8Linear.from_float(layer, quant, weight=weight, weight_scale=layer.weight_scale,
-                                      act_scale=layer.static_act_scale(), input_smoothing=layer.smoothing())
-        if isinstance(sparse, BlockSparseConfig) and _bsr_shaped(name, layer, sparse.block, "int8 weight"):
-            return BSRW8A8Linear.from_w8a8(dense, sparse.block, layer.mask)
-        return dense
-    if isinstance(quant, W4A16Config):
-        return W4A16Linear.from_float(layer, quant, weight=weight, weight_scale=layer.weight_scale)
-    if isinstance(quant, W8A16Config):
-        return W8A16Linear.from_float(layer, quant, weight=weight, weight_scale=layer.weight_scale)
-    if isinstance(quant, W8A8BlockConfig):
-        return W8A8BlockLinear.from_float(layer, quant, weight=weight, weight_scale=layer.weight_scale)
-    if isinstance(sparse, BlockSparseConfig) and _bsr_shaped(name, layer, sparse.block, "weight"):
-        return BSRLinear.from_float(layer, sparse, weight=weight, mask=layer.mask)
+    if quant is not None:
+        state = {"weight": weight, "weight_scale": layer.weight_scale}
+        if quant.observes_activations:
+            state.update(act_scale=layer.static_act_scale(), input_smoothing=layer.smoothing())
+        blocks = quant.block_sparse_module if sparse is not None else None
+        if blocks is not None and _bsr_shaped(name, layer, sparse, "int8 weight"):
+            return blocks.from_float(layer, quant, sparse, mask=layer.mask, **state)
+        return quant.inference_module.from_float(layer, quant, **state)
+    if sparse is not None and _bsr_shaped(name, layer, sparse, "weight"):
+        return sparse.inference_module.from_float(layer, sparse, weight=weight, mask=layer.mask)
     return layer.to_float()
 
 
-def _bsr_shaped(name: str, layer: CompressedLinear, block: int, what: str) -> bool:
-    """True when N and K are multiples of ``block``; otherwise logs that the layer stays dense."""
+def _bsr_shaped(name: str, layer: CompressedLinear, sparse, what: str) -> bool:
+    """True when ``sparse``'s blocks tile the layer; otherwise logs that the layer stays dense."""
     n, k = layer.out_features, layer.in_features
-    if n % block == 0 and k % block == 0:
+    if sparse.tiles(n, k):
         return True
     logger.warning("convert: %s (N=%d, K=%d) left dense: BSR needs N and K multiples of %d; "
-                   "its pruned blocks are zero in the dense %s", name, n, k, block, what)
+                   "its pruned blocks are zero in the dense %s", name, n, k, sparse.block, what)
     return False
 
 
@@ -553,11 +549,11 @@ def _convert(model: nn.Module, plan, calibration_data, rollback: _Rollback) -> N
         raise ValueError(f"convert: {len(second_order)} layers with algorithm='gptq', algorithm='obs' or "
                          f"score='activation' (e.g. {next(iter(second_order))!r}) need calibration_data (an "
                          "iterable of batches or a callable(model))")
+    quantized = [m for m in layers.values() if m.quant_config is not None]
     needs_calibration = any(
-        isinstance(m.quant_config, W8A8Config) and (
-            (m.quant_config.static and not m.calibrated)
-            or (m.quant_config.smoothquant_alpha is not None and m.smoothing() is None and plan is not None))
-        for m in layers.values())
+        (m.quant_config.static and not m.calibrated)
+        or (m.quant_config.smoothquant and m.smoothing() is None and plan is not None)
+        for m in quantized)
     if needs_calibration and second_order and isinstance(calibration_data, Iterable) and not isinstance(
             calibration_data, (list, tuple)):
         calibration_data = list(calibration_data)  # read once, run by calibration and by GPTQ
@@ -566,8 +562,7 @@ def _convert(model: nn.Module, plan, calibration_data, rollback: _Rollback) -> N
     # Calibration alone writes buffers only; pruning zeroes weights; SmoothQuant scales the layers'
     # weights and folds into norms (whose parameters are all 1-D); GPTQ rewrites its layers' weights
     # (and learnable scales): copy just those, never the model.
-    smoothing = needs_calibration and any(m.quant_config.smoothquant_alpha is not None for m in layers.values()
-                                          if isinstance(m.quant_config, W8A8Config))
+    smoothing = needs_calibration and any(m.quant_config.smoothquant for m in quantized)
     for name, layer in layers.items():
         config = layer.sparse_config
         to_prune = config is not None and config.sparsity != 0 and bool(layer.mask.all())

@@ -48,14 +48,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from compress.configs import BlockSparseConfig, QuantConfig, W8A8BlockConfig, W8A8Config, W8A16Config, is_config
+from compress.configs import BlockSparseConfig, QuantConfig, is_config
 from compress.core import block_quant
 from compress.core.block_quant import fake_quantize_act_blocks, fake_quantize_weight_blocks
 from compress.core.float32 import Float32Buffers
 from compress.core.observers import Observer, make_observer
 from compress.core.quant import (
-    INT4_QMAX,
-    INT8_QMAX,
     fake_quantize_groupwise,
     fake_quantize_per_channel,
     fake_quantize_per_token,
@@ -66,7 +64,6 @@ from compress.core.quant import (
 from compress.core.sharding import is_sharded, local_rows, local_tensor, max_over_shards_, rows_to_full
 from compress.core.sparsity import block_grid, expand_mask
 from compress.nn.conv1d import conv1d_from_linear, is_conv1d, linear_from_conv1d
-from compress.nn.inference import padded_in_features
 
 logger = logging.getLogger(__name__)
 
@@ -157,7 +154,7 @@ class CompressedLinear(Float32Buffers, nn.Linear):
     def _init_quant(self, config) -> None:
         self.quant_config = config
         device = self.weight.device
-        if isinstance(config, W8A8Config):
+        if config.observes_activations:
             self.observer = make_observer(config.observer, self.in_features, config.percentile).to(device)
             self.act_scale = torch.zeros((), device=device)
             self.input_smoothing = torch.ones(self.in_features, device=device)
@@ -204,25 +201,17 @@ class CompressedLinear(Float32Buffers, nn.Linear):
             return weight, rows
         return weight * self._element_mask_rows(rows).to(weight.dtype), rows
 
-    def _per_channel_int8(self) -> bool:
-        """Whether the weight has one int8 scale per output channel (W8A8, per-channel W8A16)."""
-        config = self.quant_config
-        return isinstance(config, W8A8Config) or (isinstance(config, W8A16Config) and config.group_size is None)
-
-    def _group_qmax(self) -> int:
-        """The largest value of a group-wise grid: int8 (W8A16) or int4 (W4A16)."""
-        return INT8_QMAX if isinstance(self.quant_config, W8A16Config) else INT4_QMAX
-
     def _absmax_weight_scale(self) -> torch.Tensor:
         """The absmax scales of this process's rows of ``weight_scale`` (all rows without FSDP): (R,) per
         channel, (R, Kp/G) per group; block-scaled W8A8: its rows of the (N/128, K/128) block scales."""
         w, rows = self.local_masked_weight()
-        if isinstance(self.quant_config, W8A8BlockConfig):
+        config = self.quant_config
+        if config.weight_scales == "block":
             return self._block_weight_scale(w, rows)
-        if self._per_channel_int8():
+        if config.weight_scales == "channel":
             return per_channel_scale(w)
-        padded, group_size = padded_in_features(self.in_features, self.quant_config.group_size)
-        return group_scale(F.pad(w, (0, padded - self.in_features)), group_size, self._group_qmax())
+        padded, group_size = config.padding(self.in_features)
+        return group_scale(F.pad(w, (0, padded - self.in_features)), group_size, config.qmax)
 
     def _block_weight_scale(self, w: torch.Tensor, rows: slice) -> torch.Tensor:
         """Block-scaled W8A8's (N/128, K/128) absmax scales from this process's rows ``w`` of the masked
@@ -235,9 +224,9 @@ class CompressedLinear(Float32Buffers, nn.Linear):
     def _fake_quantize_groups(self, w: torch.Tensor) -> torch.Tensor:
         """Group-wise fake quantization (int4, or int8 for W8A16), K zero-padded to the group size as the
         export does."""
-        padded, group_size = padded_in_features(self.in_features, self.quant_config.group_size)
+        padded, group_size = self.quant_config.padding(self.in_features)
         w_padded = F.pad(w, (0, padded - self.in_features))
-        w_fq = fake_quantize_groupwise(w_padded, group_size, self.weight_scale, self._group_qmax())
+        w_fq = fake_quantize_groupwise(w_padded, group_size, self.weight_scale, self.quant_config.qmax)
         return w_fq[:, : self.in_features]
 
     @torch.no_grad()
@@ -328,7 +317,7 @@ class CompressedLinear(Float32Buffers, nn.Linear):
 
     def static_act_scale(self) -> torch.Tensor | None:
         """The calibrated static scale, or None for dynamic (or not yet calibrated) layers."""
-        if isinstance(self.quant_config, W8A8Config) and self.quant_config.static and self.calibrated:
+        if self.quant_config is not None and self.quant_config.static and self.calibrated:
             return self.act_scale
         return None
 
@@ -349,17 +338,18 @@ class CompressedLinear(Float32Buffers, nn.Linear):
         if not self.fake_quant_enabled:
             return F.linear(x, w, self.bias)
         bias = None if self.bias is None else self.bias.float()
-        if isinstance(self.quant_config, W8A8BlockConfig):
+        config = self.quant_config
+        if config.weight_scales == "block":
             w_fq = fake_quantize_weight_blocks(w, self.weight_scale)
             return F.linear(fake_quantize_act_blocks(x), w_fq, bias).to(x.dtype)
-        if isinstance(self.quant_config, W8A8Config):
+        if config.activation_scales in ("token", "tensor"):  # W8A8: per token, or the calibrated static scale
             static = self.static_act_scale()
-            if self.quant_config.static and static is None:
+            if config.static and static is None:
                 logger.debug("%s: static W8A8 layer not calibrated yet; fake-quantizing per token", type(self).__name__)
             x_fq = fake_quantize_per_token(x, static)
         else:
             x_fq = x.float()
-        if self._per_channel_int8():
+        if config.weight_scales == "channel":
             w_fq = fake_quantize_per_channel(w, self.weight_scale)
         else:
             w_fq = self._fake_quantize_groups(w)

@@ -44,7 +44,7 @@ from compress.calibration import (
     hessian_layers,
     run_hessian_passes,
 )
-from compress.configs import OBSERVERS, W8A8Config
+from compress.configs import OBSERVERS
 from compress.core.sharding import is_sharded
 from compress.core.smoothquant import apply_smoothquant
 from compress.nn.experts import ExpertLinear
@@ -60,7 +60,7 @@ PHASES = ("smooth", "observe", "done")
 def w8a8_layers(model: nn.Module) -> dict[str, CompressedLinear]:
     """The prepared layers of ``model`` with a W8A8 config (the ones with an activation observer)."""
     return {name: m for name, m in compressed_layers(model).items()  # experts: dynamic scales only, never smoothed
-            if isinstance(m.quant_config, W8A8Config) and not isinstance(m, ExpertLinear)}
+            if m.quant_config is not None and m.quant_config.observes_activations and not isinstance(m, ExpertLinear)}
 
 
 class CalibrationSchedule:

@@ -23,7 +23,7 @@ from typing import Optional
 
 from torch import nn
 
-from compress.configs import QUANT_CONFIGS, W8A8Config
+from compress.configs import QUANT_CONFIGS
 from compress.core.sharding import reshard_
 from compress.nn.qat import CompressedLinear
 from compress.plan import DEFAULT_EXCLUDE, Plan, prepare
@@ -69,7 +69,7 @@ class QuantizationSchedule:
     @property
     def needs_static_scales(self) -> bool:
         """Whether some config asks for static W8A8 activation scales (they need calibration)."""
-        return any(isinstance(c, W8A8Config) and c.static for c in self.configs)
+        return any(c.static for c in self.configs)
 
     @property
     def needs_gptq(self) -> bool:

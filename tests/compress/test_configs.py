@@ -90,3 +90,103 @@ def test_block_config_is_a_quantization_config_without_gptq():
 
     assert W8A8BlockConfig in QUANT_CONFIGS and is_config(W8A8BlockConfig())
     assert W8A8BlockConfig().gptq is False and W8A8BlockConfig().block == 128
+
+
+# ---- what a scheme means, asked of its config ------------------------------------------------------
+@pytest.mark.parametrize("config, bits, qmax, weight_scales, activation_scales, observes", [
+    (W8A8Config(), 8, 127, "channel", "token", True),
+    (W8A8Config(activation="static"), 8, 127, "channel", "tensor", True),
+    (W4A16Config(), 4, 7, "group", None, False),
+    (W4A16Config(group_size=None), 4, 7, "group", None, False),  # one group of the whole padded row
+    (W8A16Config(), 8, 127, "channel", None, False),
+    (W8A16Config(group_size=128), 8, 127, "group", None, False),
+    (W8A8BlockConfig(), 8, 127, "block", "block", False),
+    (BlockSparseConfig(), None, None, None, None, False),
+])
+def test_each_config_says_its_grid_and_scale_layout(config, bits, qmax, weight_scales, activation_scales, observes):
+    assert (config.weight_bits, config.qmax) == (bits, qmax)
+    assert config.weight_scales == weight_scales and config.activation_scales == activation_scales
+    assert config.observes_activations is observes
+
+
+def test_qmax_is_the_symmetric_grid_of_the_weight_bits_and_the_math_modules_constant():
+    from compress.core import block_quant
+    from compress.core.quant import INT4_QMAX, INT8_QMAX
+
+    assert W4A16Config.qmax == INT4_QMAX == 2 ** (W4A16Config.weight_bits - 1) - 1
+    assert W8A8Config.qmax == W8A16Config.qmax == INT8_QMAX == 2 ** (W8A16Config.weight_bits - 1) - 1
+    assert W8A8BlockConfig.qmax == block_quant.QMAX == 127
+
+
+@pytest.mark.parametrize("config, static, smoothquant, gptq, needs_calibration", [
+    (W8A8Config(), False, False, False, False),
+    (W8A8Config(activation="static"), True, False, False, True),
+    (W8A8Config(smoothquant_alpha=0.5), False, True, False, True),
+    (W8A8Config(algorithm="gptq"), False, False, True, True),
+    (W4A16Config(), False, False, False, False),
+    (W4A16Config(algorithm="gptq"), False, False, True, True),
+    (W8A16Config(128, algorithm="gptq"), False, False, True, True),
+    (W8A8BlockConfig(), False, False, False, False),
+    (BlockSparseConfig(), False, False, False, False),
+    (BlockSparseConfig(algorithm="obs"), False, False, False, True),
+    (BlockSparseConfig(score="activation"), False, False, False, True),
+    (BlockSparseConfig(score="fisher"), False, False, False, False),  # training gradients, not calibration data
+])
+def test_each_config_says_what_calibration_it_needs(config, static, smoothquant, gptq, needs_calibration):
+    assert (config.static, config.smoothquant, config.gptq) == (static, smoothquant, gptq)
+    assert config.needs_calibration is needs_calibration
+
+
+@pytest.mark.parametrize("config, in_features, padded, group, whole", [
+    (W4A16Config(128), 576, 640, 128, False),  # SmolLM2's hidden size: padded to 5 groups
+    (W4A16Config(32), 576, 576, 32, True),
+    (W4A16Config(None), 100, 104, 104, True),  # per channel: K to a multiple of 8, one group of it
+    (W8A16Config(None), 100, 104, 104, True),
+    (W8A16Config(128), 200, 256, 128, False),
+])
+def test_grouped_configs_pad_k_to_the_group_size_and_to_8(config, in_features, padded, group, whole):
+    assert config.padding(in_features) == (padded, group)
+    assert config.padded_in_features(in_features) == padded
+    assert config.whole_groups(in_features) is whole
+
+
+@pytest.mark.parametrize("config", [W8A8Config(), W8A8BlockConfig(), BlockSparseConfig()])
+def test_configs_without_groups_pad_nothing(config):
+    assert config.padded_in_features(100) == 100 and config.whole_groups(100)
+
+
+def test_layer_shape_warnings_name_the_padding_or_the_untiled_blocks():
+    assert W4A16Config(128).layer_shape_warning("fc", 64, 32) == (
+        "W4A16 group_size=128 does not divide in_features=64 of layer 'fc': K is padded with zero channels to "
+        "128 (100% more int4 weights there)")
+    assert W8A16Config(128).layer_shape_warning("fc", 576, 32) == (
+        "W8A16 group_size=128 does not divide in_features=576 of layer 'fc': K is padded with zero channels to "
+        "640 (11% more int8 weights there)")
+    assert BlockSparseConfig().layer_shape_warning("attn", 48, 144) == (
+        "layer 'attn' (144x48) is not a multiple of 32 blocks; it will export dense")
+    for config in (W4A16Config(64), W4A16Config(None), W8A16Config(), W8A8Config(), W8A8BlockConfig(),
+                   BlockSparseConfig()):
+        assert config.layer_shape_warning("fc", 128, 96) is None
+    assert BlockSparseConfig().tiles(96, 128) and not BlockSparseConfig().tiles(96, 48)
+
+
+def test_each_config_names_the_module_it_exports_to():
+    from compress.nn.inference import BSRLinear, BSRW8A8Linear, W4A16Linear, W8A8BlockLinear, W8A8Linear, W8A16Linear
+
+    assert W8A8Config(activation="static").inference_module is W8A8Linear
+    assert W4A16Config(None).inference_module is W4A16Linear
+    assert W8A16Config(128).inference_module is W8A16Linear
+    assert W8A8BlockConfig().inference_module is W8A8BlockLinear
+    assert BlockSparseConfig().inference_module is BSRLinear
+    assert W8A8Config().block_sparse_module is BSRW8A8Linear  # stores the kept int8 blocks only
+    for config in (W4A16Config(), W8A16Config(), W8A8BlockConfig(), BlockSparseConfig()):
+        assert config.block_sparse_module is None  # pruned blocks stay zeros in the int weight
+
+
+def test_a_config_class_with_no_registered_module_says_so():
+    @dataclasses.dataclass(frozen=True)
+    class Unregistered(W8A8Config):
+        pass
+
+    with pytest.raises(LookupError, match="Unregistered: no inference module registered"):
+        Unregistered().inference_module

@@ -42,7 +42,7 @@ import torch
 from compress.checkpoint.manifest import CheckpointError
 from compress.configs import W4_GROUP_SIZES, W4A16Config, W8A8Config
 from compress.core.quant import pack_int4, unpack_int4
-from compress.nn.inference import W4A16Linear, W8A8Linear, padded_in_features
+from compress.nn.inference import W4A16Linear, W8A8Linear
 
 QUANT_METHOD = "compressed-tensors"
 # The compressed-tensors release whose config keys and tensor names this writes (checked against it).
@@ -169,7 +169,7 @@ def module_from(config: W8A8Config | W4A16Config, tensors: dict[str, torch.Tenso
             expected["input_scale"] = ((1,), "float")
     else:
         groups = 1 if config.group_size is None else in_features // config.group_size
-        if config.group_size is not None and in_features % config.group_size:
+        if not config.whole_groups(in_features):
             raise CheckpointError(f"{where}: group size {config.group_size} does not divide in_features={in_features}")
         expected = {"weight_packed": ((out_features, -(-in_features // 8)), "int32"),
                     "weight_scale": ((out_features, groups), "float"), "weight_shape": ((2,), "integer")}
@@ -189,7 +189,7 @@ def module_from(config: W8A8Config | W4A16Config, tensors: dict[str, torch.Tenso
                                   f"expected [{out_features}, {in_features}]")
         module = W4A16Linear(in_features, out_features, bias, config)
         q = unpack_offset_int4(tensors["weight_packed"], in_features)  # (N, K)
-        padded, _ = padded_in_features(in_features, config.group_size)
+        padded = config.padded_in_features(in_features)
         module.qweight.copy_(pack_int4(torch.nn.functional.pad(q, (0, padded - in_features)).T.contiguous()))
         module.scales.copy_(tensors["weight_scale"].float().T)
     if bias:

@@ -86,7 +86,7 @@ def _quantized_layers(model: nn.Module) -> dict[str, W8A8Linear | W4A16Linear]:
                          "has no such per-input-channel factor and folding it into the weight would change the int8 "
                          "weights; save with format='compress', or convert with smoothquant_alpha=None")
     padded = [f"{name} (in_features={m.in_features}, group_size={m.group_size})" for name, m in layers.items()
-              if isinstance(m, W4A16Linear) and m.config.group_size is not None and m.in_features % m.group_size]
+              if not m.config.whole_groups(m.in_features)]
     if padded:
         raise ValueError(f"save_compressed(format='compressed-tensors'): W4A16 layers {_names(padded)}: the group size "
                          "does not divide in_features (the layer pads K with zero channels); compressed-tensors "

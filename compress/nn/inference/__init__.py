@@ -26,12 +26,16 @@ BSRW8A8Linear  the BSR indices, ``values`` (nnz, 32, 32) int8, and   ``kernels.b
 
 Files: ``w8a8.py``, ``w4a16.py``, ``w8a16.py``, ``w8a8_block.py``, ``bsr.py``, ``bsr_w8a8.py`` (one
 module each), ``base.py``. Here: :data:`INFERENCE_MODULES` (the classes by name, as checkpoint
-manifests list them), :func:`to_float`, :func:`is_inference_module`.
+manifests list them), :func:`to_float`, :func:`is_inference_module`, and the registration of the module
+each config exports to (``config.inference_module``, ``config.block_sparse_module``: the configs import
+no ``nn``, so the table is filled here).
 """
 import torch
 from torch import nn
 
-from compress.nn.inference.base import _InferenceLinear, kernels_run, padded_in_features
+from compress.configs import (BlockSparseConfig, W4A16Config, W8A8BlockConfig, W8A8Config, W8A16Config,
+                              register_inference_module)
+from compress.nn.inference.base import _InferenceLinear, kernels_run
 from compress.nn.inference.bsr import BSRLinear
 from compress.nn.inference.bsr_w8a8 import BSRW8A8Linear
 from compress.nn.inference.w4a16 import W4A16Linear
@@ -41,6 +45,11 @@ from compress.nn.inference.w8a16 import W8A16Linear
 
 INFERENCE_MODULES = {cls.__name__: cls for cls in (W8A8Linear, W4A16Linear, W8A16Linear, W8A8BlockLinear, BSRLinear,
                                                    BSRW8A8Linear)}
+
+for _config, _module in ((W8A8Config, W8A8Linear), (W4A16Config, W4A16Linear), (W8A16Config, W8A16Linear),
+                         (W8A8BlockConfig, W8A8BlockLinear), (BlockSparseConfig, BSRLinear)):
+    register_inference_module(_config, _module)
+register_inference_module(W8A8Config, BSRW8A8Linear, block_sparse=True)  # only W8A8 stores blocks on its own
 
 
 def to_float(module: _InferenceLinear) -> nn.Linear:
@@ -59,4 +68,4 @@ def is_inference_module(module: nn.Module) -> bool:
 
 
 __all__ = ["BSRLinear", "BSRW8A8Linear", "INFERENCE_MODULES", "W4A16Linear", "W8A8BlockLinear", "W8A8Linear",
-           "W8A16Linear", "is_inference_module", "kernels_run", "padded_in_features", "to_float"]
+           "W8A16Linear", "is_inference_module", "kernels_run", "to_float"]

@@ -1,6 +1,6 @@
 """What every inference module shares (:class:`_InferenceLinear`): dtype-stable buffers, the choice
-between the kernels and the reference, the bound kernel calls, the bias and the ``weight`` marker; and
-:func:`padded_in_features`, the K that the W4A16 and W8A16 layers (and their training layers) pad to.
+between the kernels and the reference, the bound kernel calls, the bias and the ``weight`` marker, and
+the check of the config a module is built from (``config_class``).
 
 ``bias`` (N,) is a buffer in the model dtype. ``weight`` is no weight: an empty tensor in the model
 dtype on the module's device (a non-persistent buffer, never saved), for model code that asks
@@ -12,7 +12,8 @@ BSR ``values`` follow the model dtype.
 On CUDA inputs in fp16/bf16 the forward calls the Triton kernels; everywhere else it calls the
 pure-PyTorch reference of the same op (``kernels/reference.py``), logged once per class. Padding
 (W4A16 and W8A16 with K not a multiple of the group size, or of 8) appends zero input channels to the
-weight and to ``x``, so the result is exact.
+weight and to ``x``, so the result is exact; the padded K is the config's
+(:meth:`compress.configs.W4A16Config.padding`).
 
 How the kernels are called. In eager mode (e.g. ``model.generate`` as most users run it) a forward
 must cost little host time, since a decode step calls every linear layer once with a few rows. The
@@ -30,7 +31,7 @@ trace time, their ``torch.library`` custom ops in the graph).
 from __future__ import annotations
 
 import logging
-import math
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -83,19 +84,11 @@ def _pad_inputs(x: torch.Tensor, in_features: int, padded_in_features: int) -> t
     return F.pad(x, (0, pad)) if pad else x
 
 
-def padded_in_features(in_features: int, group_size: int | None) -> tuple[int, int]:
-    """(Kp, G): K padded to a multiple of 8 and of the group size; G = Kp for per-channel."""
-    if group_size is None:
-        padded = -(-in_features // 8) * 8
-        return padded, padded
-    step = math.lcm(group_size, 8)
-    return -(-in_features // step) * step, group_size
-
-
 class _InferenceLinear(Float32Buffers):
     """Shared plumbing: dtype-stable float32 buffers, kernel-or-reference dispatch, bound kernel calls, bias."""
 
     _CACHES = ("_bound_calls", "_dtype_copies")  # instance caches: dropped by a cast, a move, pickling and copying
+    config_class: ClassVar[type | None] = None  # the config the module holds as ``config`` (None: none)
 
     def __init__(self, in_features: int, out_features: int, bias: bool):
         super().__init__()
@@ -105,6 +98,13 @@ class _InferenceLinear(Float32Buffers):
         self.in_features, self.out_features = in_features, out_features
         self.register_buffer("bias", torch.zeros(out_features) if bias else None)
         self.register_buffer("compute_dtype_marker", torch.empty(0), persistent=False)
+
+    def _checked_config(self, config):
+        """``config``, or the default ``config_class()`` for None; TypeError for a config of another class."""
+        config = config or self.config_class()
+        if not isinstance(config, self.config_class):
+            raise TypeError(f"config: expected {self.config_class.__name__}, got {type(config).__name__}")
+        return config
 
     @property
     def weight(self) -> torch.Tensor:

@@ -22,14 +22,13 @@ class BSRW8A8Linear(_BlockSparseIndices, _TakesHandedInput, _InferenceLinear):
     """Block-sparse (32x32 BSR) int8 weight per output channel, int8 activations per token (dynamic) or static."""
 
     _float32_buffers = ("w_scale", "act_scale", "input_smoothing")
+    config_class = W8A8Config
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, config: W8A8Config | None = None,
                  nnz: int = 0, block: int = 32, smoothing: bool = False):
         super().__init__(in_features, out_features, bias)
         check_bsr_shape((out_features, in_features), block)
-        self.config = config or W8A8Config()
-        if not isinstance(self.config, W8A8Config):
-            raise TypeError(f"config: expected W8A8Config, got {type(self.config).__name__}")
+        self.config = self._checked_config(config)
         self.block = block
         self.register_buffer("crow_indices", torch.zeros(out_features // block + 1, dtype=torch.int32))
         self.register_buffer("col_indices", torch.zeros(nnz, dtype=torch.int32))

@@ -13,7 +13,7 @@ from torch import nn
 from compress._kernels import bind_w4a16_matmul, reference, w4a16_matmul
 from compress.configs import W4A16Config
 from compress.core.quant import dequantize_groupwise, pack_int4, quantize_groupwise, unpack_int4
-from compress.nn.inference.base import _InferenceLinear, _pad_inputs, padded_in_features
+from compress.nn.inference.base import _InferenceLinear, _pad_inputs
 
 logger = logging.getLogger(__name__)
 
@@ -22,13 +22,12 @@ class W4A16Linear(_InferenceLinear):
     """int4 weights with group-wise scales, fp16/bf16 activations."""
 
     _float32_buffers = ("scales",)
+    config_class = W4A16Config
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, config: W4A16Config | None = None):
         super().__init__(in_features, out_features, bias)
-        self.config = config or W4A16Config()
-        if not isinstance(self.config, W4A16Config):
-            raise TypeError(f"config: expected W4A16Config, got {type(self.config).__name__}")
-        self.padded_in_features, self.group_size = padded_in_features(in_features, self.config.group_size)
+        self.config = self._checked_config(config)
+        self.padded_in_features, self.group_size = self.config.padding(in_features)
         self.register_buffer("qweight", torch.zeros(self.padded_in_features // 8, out_features, dtype=torch.int32))
         self.register_buffer("scales", torch.ones(self.padded_in_features // self.group_size, out_features))
 

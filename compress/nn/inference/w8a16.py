@@ -11,8 +11,8 @@ from torch import nn
 
 from compress._kernels import bind_w8a16_matmul, reference, w8a16_matmul
 from compress.configs import W8A16Config
-from compress.core.quant import INT8_QMAX, quantize_groupwise, quantize_per_channel
-from compress.nn.inference.base import _InferenceLinear, _pad_inputs, padded_in_features
+from compress.core.quant import quantize_groupwise, quantize_per_channel
+from compress.nn.inference.base import _InferenceLinear, _pad_inputs
 
 
 class W8A16Linear(_InferenceLinear):
@@ -20,13 +20,12 @@ class W8A16Linear(_InferenceLinear):
     activations."""
 
     _float32_buffers = ("w_scale",)
+    config_class = W8A16Config
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, config: W8A16Config | None = None):
         super().__init__(in_features, out_features, bias)
-        self.config = config or W8A16Config()
-        if not isinstance(self.config, W8A16Config):
-            raise TypeError(f"config: expected W8A16Config, got {type(self.config).__name__}")
-        self.padded_in_features, group_size = padded_in_features(in_features, self.config.group_size)
+        self.config = self._checked_config(config)
+        self.padded_in_features, group_size = self.config.padding(in_features)
         self.register_buffer("w_q", torch.zeros(out_features, self.padded_in_features, dtype=torch.int8))
         groups = () if self.config.group_size is None else (self.padded_in_features // group_size,)
         self.register_buffer("w_scale", torch.ones(out_features, *groups))  # (N,) or (N, Kp/128)
@@ -43,7 +42,7 @@ class W8A16Linear(_InferenceLinear):
         if config.group_size is None:
             w_q, scale = quantize_per_channel(source, weight_scale)
         else:
-            w_q, scale = quantize_groupwise(source, config.group_size, weight_scale, qmax=INT8_QMAX)
+            w_q, scale = quantize_groupwise(source, config.group_size, weight_scale, qmax=config.qmax)
         module.w_q.copy_(w_q)
         module.w_scale.copy_(scale)
         cls._copy_float_state(module, linear)

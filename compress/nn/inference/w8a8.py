@@ -44,13 +44,12 @@ class W8A8Linear(_TakesHandedInput, _InferenceLinear):
     """int8 weights per output channel, int8 activations per token (dynamic) or static."""
 
     _float32_buffers = ("w_scale", "act_scale", "input_smoothing")
+    config_class = W8A8Config
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, config: W8A8Config | None = None,
                  smoothing: bool = False):
         super().__init__(in_features, out_features, bias)
-        self.config = config or W8A8Config()
-        if not isinstance(self.config, W8A8Config):
-            raise TypeError(f"config: expected W8A8Config, got {type(self.config).__name__}")
+        self.config = self._checked_config(config)
         self.register_buffer("w_q", torch.zeros(out_features, in_features, dtype=torch.int8))
         self.register_buffer("w_scale", torch.ones(out_features))
         self.register_buffer("act_scale", torch.ones(()) if self.config.static else None)

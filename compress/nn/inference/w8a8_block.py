@@ -24,12 +24,11 @@ class W8A8BlockLinear(_InferenceLinear):
     token and 128 channels)."""
 
     _float32_buffers = ("w_scale",)
+    config_class = W8A8BlockConfig
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, config: W8A8BlockConfig | None = None):
         super().__init__(in_features, out_features, bias)
-        self.config = config or W8A8BlockConfig()
-        if not isinstance(self.config, W8A8BlockConfig):
-            raise TypeError(f"config: expected W8A8BlockConfig, got {type(self.config).__name__}")
+        self.config = self._checked_config(config)
         block = self.config.block
         self.register_buffer("w_q", torch.zeros(out_features, in_features, dtype=torch.int8))
         self.register_buffer("w_scale", torch.ones(-(-out_features // block), -(-in_features // block)))

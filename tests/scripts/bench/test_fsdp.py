@@ -9,7 +9,7 @@ import pathlib
 import pytest
 
 from scripts.bench.fsdp import PROBE, main, mode_overrides, probe_summary, recipe_copy, report_metrics
-from tests.compress.test_cli import export, pruning, qat, tiny_recipe
+from tests.compress.cli.helpers import export, pruning, qat, tiny_recipe
 
 REPO = pathlib.Path(__file__).resolve().parents[3]
 FSDP = {"class_path": "lightning.pytorch.strategies.ModelParallelStrategy",

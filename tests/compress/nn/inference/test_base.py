@@ -91,3 +91,10 @@ def test_kernels_run_on_cuda_fp16_bf16_inputs_only_as_the_forward_decides(dtype)
     assert kernels_run("cpu", dtype) is False
     module = W8A8Linear.from_float(nn.Linear(128, 64), W8A8Config())
     assert module._use_kernel(torch.zeros(1, 128, dtype=dtype)) is kernels_run("cpu", dtype)
+
+
+@pytest.mark.parametrize("module, other", [(W8A8Linear, W4A16Config()), (W4A16Linear, W8A8Config())])
+def test_a_module_refuses_a_config_of_another_scheme_and_defaults_to_its_own(module, other):
+    with pytest.raises(TypeError, match=f"config: expected {module.config_class.__name__}, got {type(other).__name__}"):
+        module(64, 32, config=other)
+    assert module(64, 32).config == module.config_class()

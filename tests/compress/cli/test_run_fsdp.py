@@ -1,9 +1,8 @@
 """``compress run`` under FSDP2: a recipe whose trainer section names ``ModelParallelStrategy`` on 2 CPU
 processes (gloo), run as the command itself (Lightning starts the second rank by running the same
-command line again; 2 steps per epoch), then resumed from its sharded checkpoint directory. The tiny Bert of test_cli.py
-is sharded by SequenceClassificationTask.configure_model (each BertLayer and BertEmbeddings, then the
-model); pruning and W8A8 QAT; the export and the report are written by rank 0. Also: which
-``--ckpt_path`` each command takes."""
+command line again; 2 steps per epoch), then resumed from its sharded checkpoint directory. The tiny Bert
+of tests/compress/cli/helpers.py is sharded by SequenceClassificationTask.configure_model (each BertLayer
+and BertEmbeddings, then the model); pruning and W8A8 QAT; the export and the report are written by rank 0."""
 import json
 import os
 import pathlib
@@ -13,10 +12,9 @@ import sys
 import pytest
 
 import compress
-from compress.cli import checkpoint_option
-from tests.compress.test_cli import export, pruning, qat, tiny_recipe, write_recipe
+from tests.compress.cli.helpers import export, pruning, qat, tiny_recipe, write_recipe
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
+REPO = pathlib.Path(__file__).resolve().parents[3]
 FSDP = {"class_path": "lightning.pytorch.strategies.ModelParallelStrategy",
         "init_args": {"data_parallel_size": 2, "tensor_parallel_size": 1}}
 
@@ -59,15 +57,3 @@ def test_compress_run_resumes_from_the_sharded_checkpoint_directory(fsdp_run):
     assert result.returncode == 0, result.stderr[-3000:]
     assert "Restored all states from the checkpoint" in result.stderr
     assert compress.load_compressed(root / "out" / "compressed") is not None
-
-
-def test_run_takes_a_sharded_checkpoint_directory_and_export_refuses_it(tmp_path):
-    (tmp_path / "sharded").mkdir()
-    (tmp_path / "sharded" / "meta.pt").write_bytes(b"")
-    args = ["--ckpt_path", str(tmp_path / "sharded")]
-    assert checkpoint_option(args, "run", sharded=True) == (str(tmp_path / "sharded"), [])
-    with pytest.raises(ValueError, match="sharded \\(FSDP2\\) checkpoint directory.*dcp_to_torch_save"):
-        checkpoint_option(args, "export")
-    (tmp_path / "plain").mkdir()
-    with pytest.raises(ValueError, match="expected an existing Lightning checkpoint file or sharded checkpoint"):
-        checkpoint_option(["--ckpt_path", str(tmp_path / "plain")], "run", sharded=True)
