@@ -49,17 +49,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from compress.core.gptq import add_to_hessian, gptq_quantize, hessian
-from compress.core.obs import activation_block_scores, allocate_pruned_blocks, obs_block_prune, obs_error_curve
+from compress.core.obs import activation_block_scores, obs_block_prune
 from compress.core.quant import dequantize_groupwise, dequantize_per_channel, per_channel_scale
 from compress.core.sharding import fsdp_modules, is_sharded, local_tensor, reshard_
 from compress.core.smoothquant import apply_smoothquant
-from compress.core.sparsity import allocation_bounds, expand_mask, mask_from_scores
+from compress.core.sparsity import expand_mask, mask_from_scores
 from compress.nn.experts import ExpertLinear
 from compress.nn.qat import CompressedLinear, compressed_layers
 
 logger = logging.getLogger(__name__)
-
-ALLOCATION_CURVE_POINTS = 12  # sparsities per layer at which global OBS allocation measures the predicted loss
 
 
 def forward_batch(model: nn.Module, batch):
@@ -318,112 +316,18 @@ def check_layer_inputs(name: str, xtx: torch.Tensor, tokens: int) -> None:
                        "nearest); calibrate on at least %d tokens", name, tokens, k, k)
 
 
-def output_gradient_weights(model: nn.Module, layers: dict[str, CompressedLinear], calibration_data,
-                            sync: Callable | None = None) -> dict[str, torch.Tensor]:
-    """``{name: (N,)}`` the mean over calibration tokens of ``(dL/dy_r)^2`` for each output ``r`` of each layer,
-    ``L`` the loss the model returns on each batch (one forward and backward per batch, eval mode; the
-    parameters' gradients and ``requires_grad`` are restored after). ``sync`` as in :func:`run_hessian_passes`."""
-    if callable(calibration_data):
-        raise ValueError("obs_allocation='global' weighs each layer by the loss's gradient; expected calibration "
-                         "batches (an iterable) whose forward returns a loss, got a callable")
-    sums = {name: [torch.zeros(m.out_features, device=m.weight.device), 0] for name, m in layers.items()}
-
-    def hook_for(name):
-        def accumulate(grad):
-            flat = grad.detach().float().reshape(-1, grad.shape[-1])
-            sums[name][0] += flat.pow(2).sum(dim=0)
-            sums[name][1] += flat.shape[0]
-
-        def hook(module, args, output):
-            output.register_hook(accumulate)
-        return hook
-
-    saved = {p: (p.requires_grad, p.grad) for p in model.parameters()}
-    handles = [layer.register_forward_hook(hook_for(name)) for name, layer in layers.items()]
-    was_training = model.training
-    model.eval()
-    try:
-        for p in model.parameters():
-            p.requires_grad_(False)
-        for layer in layers.values():
-            layer.weight.requires_grad_(True)  # the outputs then carry gradients
-        with torch.enable_grad():
-            for batch in calibration_data:
-                output = forward_batch(model, batch)
-                loss = output.get("loss") if isinstance(output, Mapping) else getattr(output, "loss", None)
-                if loss is None:
-                    raise ValueError("obs_allocation='global': the model returned no loss on a calibration batch; "
-                                     "expected batches with labels (e.g. input_ids, attention_mask, labels)")
-                loss.backward()
-    finally:
-        model.train(was_training)
-        for handle in handles:
-            handle.remove()
-        for p, (requires_grad, grad) in saved.items():
-            p.requires_grad_(requires_grad)
-            p.grad = grad
-    if sync is not None:
-        sync(sums)
-    return {name: total / max(count, 1) for name, (total, count) in sums.items()}
-
-
-def global_obs_counts(model: nn.Module, layers: dict[str, CompressedLinear], calibration_data, run_all: Callable,
-                      sync: Callable | None = None) -> dict[str, tuple[int, torch.Tensor]]:
-    """``{name: (blocks to prune, row weights)}`` for the layers whose config says ``obs_allocation="global"``.
-
-    On the model as it is (before any is pruned): the row weights ``g`` (:func:`output_gradient_weights`)
-    and every such layer's Hessian (one pass), then each layer's predicted loss
-    (:func:`compress.core.obs.obs_error_curve`) at :data:`ALLOCATION_CURVE_POINTS` block counts between
-    its bounds (``allocation_bounds(sparsity, obs_spread)``), and :func:`allocate_pruned_blocks` shares
-    ``floor(sparsity * all their blocks)`` among them. The layers must share sparsity, spread and block."""
-    chosen = {name: m for name, m in layers.items()
-              if m.sparse_config.algorithm == "obs" and m.sparse_config.obs_allocation == "global"}
-    if not chosen:
-        return {}
-    settings = {(m.sparse_config.sparsity, m.sparse_config.obs_spread, m.sparse_config.block) for m in chosen.values()}
-    if len(settings) > 1:
-        raise ValueError("obs_allocation='global' ranks its layers against one target; expected one (sparsity, "
-                         f"obs_spread, block) among them, got {sorted(settings)}")
-    sparsity, spread, block = settings.pop()
-    low, high = allocation_bounds(sparsity, spread)
-    weights = output_gradient_weights(model, chosen, calibration_data, sync)
-    stats = collect_hessians(model, chosen, run_all)
-    if sync is not None:
-        sync(stats)
-    curves, total = {}, 0
-    for name, layer in chosen.items():
-        xtx, tokens = stats.pop(name)
-        try:
-            check_layer_inputs(name, xtx, tokens)
-        except ValueError as error:
-            raise ValueError(f"calibration: layer {name!r}: {error}") from error
-        blocks = layer.mask.numel()
-        counts = sorted({int(f * blocks) for f in torch.linspace(low, high, ALLOCATION_CURVE_POINTS).tolist()})
-        errors = obs_error_curve(layer.weight, hessian(xtx, tokens), counts, weights[name], block,
-                                 layer.sparse_config.obs_damping)
-        curves[name], total = (counts, errors), total + blocks
-    counts = allocate_pruned_blocks(curves, min(int(sparsity * total), sum(c[-1] for c, _ in curves.values())))
-    logger.info("OBS allocation: %d layers, %s of their blocks pruned, each between %.0f%% and %.0f%%", len(chosen),
-                f"{sum(counts.values())} of {total}", 100 * min(counts[n] / chosen[n].mask.numel() for n in counts),
-                100 * max(counts[n] / chosen[n].mask.numel() for n in counts))
-    return {name: (counts[name], weights[name]) for name in chosen}
-
-
 @torch.no_grad()
-def prune_layer(layer: CompressedLinear, xtx: torch.Tensor, tokens: int,
-                allocated: tuple[int, torch.Tensor] | None = None) -> None:
+def prune_layer(layer: CompressedLinear, xtx: torch.Tensor, tokens: int) -> None:
     """One-shot pruning of a layer whose sparse config reads calibration inputs: OBS (the layer then holds
-    the compensated weights) or the activation score (pruned weights zeroed). ``allocated``: (blocks to
-    prune, row weights) from :func:`global_obs_counts`."""
+    the compensated weights) or the activation score (pruned weights zeroed)."""
     config = layer.sparse_config
     if is_sharded(layer.weight):
         raise ValueError(f"{config.algorithm}/{config.score} pruning ranks each layer's blocks over its whole "
                          "weight; expected an unsharded layer (prune before fully_shard, or use FSDP's full model)")
     weight = layer.weight.detach()
     if config.algorithm == "obs":
-        count, row_weights = allocated if allocated is not None else (None, None)
         pruned, mask = obs_block_prune(weight, hessian(xtx, tokens), config.sparsity, config.block,
-                                       config.obs_damping, config.obs_rounds, row_weights=row_weights, count=count)
+                                       config.obs_damping, config.obs_rounds)
         weight.copy_(pruned.to(weight.dtype))
         layer.set_mask(mask)
         return
@@ -452,11 +356,8 @@ def run_hessian_passes(model: nn.Module, calibration_data, sync: Callable | None
     layers = {**to_prune, **to_round}
     if not layers:
         return {}
-    if not callable(calibration_data) and isinstance(calibration_data, Iterable):
-        calibration_data = list(calibration_data)  # read more than once (an iterator would run dry)
     run_all, run_one = calibration_runner(calibration_data)
     stops_early = not callable(calibration_data) and not fsdp_modules(model)
-    allocated = global_obs_counts(model, to_prune, calibration_data, run_all, sync)
     results = {}
     for stage in gptq_stages(model, layers, run_one, per_block=bool(to_prune)):
         stats = collect_hessians(model, {name: layers[name] for name in stage}, run_all,
@@ -473,7 +374,7 @@ def run_hessian_passes(model: nn.Module, calibration_data, sync: Callable | None
             try:
                 check_layer_inputs(name, xtx, tokens)
                 if name in to_prune:
-                    prune_layer(layers[name], xtx, tokens, allocated.get(name))
+                    prune_layer(layers[name], xtx, tokens)
                 if name in to_round:
                     results[name] = gptq_layer(layers[name], xtx, tokens)
             except ValueError as error:

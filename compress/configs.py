@@ -75,8 +75,7 @@ BLOCK_SCORES = ("magnitude", "l2", "movement", "fisher")  # the scores gradual p
 GRADIENT_SCORES = ("movement", "fisher")  # scores summed from gradients over training steps
 CALIBRATED_SCORES = ("activation",)  # scores from calibration inputs (one-shot pruning only)
 PRUNING_ALGORITHMS = ("score", "obs")  # prune the lowest-scoring blocks, or by second-order (OBS) cost
-OBS_DEFAULTS = {"obs_damping": 0.01, "obs_rounds": 8, "obs_allocation": "layer", "obs_spread": 0.9}
-OBS_ALLOCATIONS = ("layer", "global")  # each layer at the config's sparsity, or all such layers ranked together
+OBS_DEFAULTS = {"obs_damping": 0.01, "obs_rounds": 8}
 ALGORITHMS = ("rtn", "gptq")  # how weights are rounded: to nearest, or GPTQ's error-compensating sweep
 GPTQ_DEFAULTS = {"gptq_damping": 0.01, "gptq_act_order": None, "gptq_block": 128}
 
@@ -400,12 +399,7 @@ class BlockSparseConfig(_ConfigMixin):
     inverse Hessian of the layer's inputs), the kept weights of their rows updated to compensate.
     ``obs_damping`` (fraction of the Hessian's mean diagonal added to it, in (0, 1]) and ``obs_rounds``
     (selection rounds, each re-scoring after the last one's updates) are its knobs; ``score`` is not
-    used and must keep its default. ``obs_allocation="global"``: the layers with this config reach
-    ``sparsity`` together, not each on its own: every block's cost is weighted by the loss's mean
-    squared gradient on its output rows (one backward pass over the calibration batches, which must
-    yield a loss), so costs compare across layers, and each layer prunes between ``(1 - obs_spread)``
-    and ``sparsity + obs_spread * (1 - sparsity)`` of its blocks, as the predicted loss asks
-    (:func:`compress.calibration.global_obs_counts`).
+    used and must keep its default.
     """
 
     sparsity: float = 0.5
@@ -414,8 +408,6 @@ class BlockSparseConfig(_ConfigMixin):
     algorithm: str = "score"
     obs_damping: float = 0.01
     obs_rounds: int = 8
-    obs_allocation: str = "layer"
-    obs_spread: float = 0.9
 
     def __post_init__(self):
         _check_type("BlockSparseConfig.sparsity", self.sparsity, (int, float))
@@ -431,10 +423,6 @@ class BlockSparseConfig(_ConfigMixin):
         _check_type("BlockSparseConfig.obs_rounds", self.obs_rounds, (int,))
         if self.obs_rounds < 1:
             raise ValueError(f"BlockSparseConfig.obs_rounds: expected a positive int, got {self.obs_rounds}")
-        _check_choice("BlockSparseConfig.obs_allocation", self.obs_allocation, OBS_ALLOCATIONS)
-        _check_type("BlockSparseConfig.obs_spread", self.obs_spread, (int, float))
-        if not 0.0 <= self.obs_spread < 1.0:
-            raise ValueError(f"BlockSparseConfig.obs_spread: expected a fraction in [0, 1), got {self.obs_spread}")
         if self.algorithm == "obs" and self.score != "magnitude":
             raise ValueError(f"BlockSparseConfig.score: not used with algorithm='obs' (blocks are ranked by their "
                              f"second-order cost); expected the default 'magnitude', got {self.score!r}")

@@ -192,17 +192,6 @@ def read_safetensors_header(path) -> dict[str, tuple[torch.dtype, list[int]]]:
     return {name: (dtype, shape) for name, (dtype, shape, _, _) in entries.items()}
 
 
-def read_safetensors_metadata(path) -> dict[str, str]:
-    """The ``__metadata__`` string map of the safetensors file ``path`` (empty if none), the header checked as
-    :func:`read_safetensors_header` checks it."""
-    with regular_file(path) as handle:
-        header, _ = _read_header(path, handle, os.fstat(handle.fileno()).st_size)
-    metadata = header.get("__metadata__", {})
-    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
-        raise _fail(path, f"'__metadata__' is {metadata!r}, expected an object of strings")
-    return metadata
-
-
 def read_safetensors(path) -> dict[str, torch.Tensor]:
     """Every tensor of the safetensors file ``path``; CheckpointError naming the file when it is not a
     regular file or its header does not fit the file (checked before any tensor data is read).

@@ -70,13 +70,10 @@ def row_inverse_hessians(h: torch.Tensor, pruned_columns: torch.Tensor):
         yield start, torch.cholesky_inverse(lower)
 
 
-def block_costs(
-    w: torch.Tensor, hinv: torch.Tensor, block: int, row_weights: torch.Tensor | None = None
-) -> torch.Tensor:
-    """(R, C) OBS cost of removing each block alone: ``1/2 sum_r g_r w_{r,S} ([Hinv]_{SS})^-1 w_{r,S}^T``.
+def block_costs(w: torch.Tensor, hinv: torch.Tensor, block: int) -> torch.Tensor:
+    """(R, C) OBS cost of removing each block alone: ``1/2 sum_r w_{r,S} ([Hinv]_{SS})^-1 w_{r,S}^T``.
 
-    ``w`` (R*b, C*b) padded weights, ``hinv`` (R, C*b, C*b) each block row's inverse Hessian, ``row_weights``
-    (R*b,) the rows' ``g_r`` (all 1 when None)."""
+    ``w`` (R*b, C*b) padded weights, ``hinv`` (R, C*b, C*b) each block row's inverse Hessian."""
     rows, cols = w.shape[0] // block, w.shape[1] // block
     diag = hinv.reshape(rows, cols, block, cols, block).diagonal(dim1=1, dim2=3).permute(0, 3, 1, 2)  # (R, C, b, b)
     lower, info = torch.linalg.cholesky_ex(diag)  # (R, C, b, b); pruned blocks' are identity
@@ -84,10 +81,7 @@ def block_costs(
         raise ValueError("OBS: a diagonal block of the inverse Hessian is not positive definite")
     blocks = w.reshape(rows, block, cols, block).permute(0, 2, 3, 1)  # (R, C, b cols, b rows)
     solved = torch.cholesky_solve(blocks, lower)  # ([Hinv]_SS)^-1 w_S^T for each row of the block
-    per_row = (blocks * solved).sum(dim=2)  # (R, C, b rows)
-    if row_weights is not None:
-        per_row = per_row * row_weights.reshape(rows, 1, block)
-    return 0.5 * per_row.sum(dim=2)
+    return 0.5 * (blocks * solved).sum(dim=(2, 3))
 
 
 def remove_columns_(w_rows: torch.Tensor, hinv: torch.Tensor, columns: torch.Tensor) -> None:
@@ -99,15 +93,12 @@ def remove_columns_(w_rows: torch.Tensor, hinv: torch.Tensor, columns: torch.Ten
 
 
 def obs_block_prune(weight: torch.Tensor, h: torch.Tensor, sparsity: float, block: int = 32,
-                    damping: float = 0.01, rounds: int = 8, keep: torch.Tensor | None = None,
-                    row_weights: torch.Tensor | None = None,
-                    count: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                    damping: float = 0.01, rounds: int = 8,
+                    keep: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Prune ``floor(sparsity * blocks)`` b x b blocks of ``weight`` (N, K) by OBS cost and compensate
     (module docstring). ``h``: (K, K) Hessian of the layer's inputs. ``keep``: a block mask (N/b, K/b)
-    whose pruned blocks stay pruned (and count towards the total). ``row_weights`` (N,): each output row's
-    weight ``g_r`` in the costs (selection only: a row's best update does not depend on it). ``count``:
-    prune exactly this many blocks instead. Returns (the updated weight (N, K) float32 with the pruned
-    blocks exactly zero, the block mask (N/b, K/b) bool, True = kept)."""
+    whose pruned blocks stay pruned (and count towards the total). Returns (the updated weight (N, K)
+    float32 with the pruned blocks exactly zero, the block mask (N/b, K/b) bool, True = kept)."""
     _check_sparsity(sparsity)
     n, k = weight.shape
     if tuple(h.shape) != (k, k):
@@ -125,22 +116,14 @@ def obs_block_prune(weight: torch.Tensor, h: torch.Tensor, sparsity: float, bloc
     h = F.pad(damped(h, damping), (0, pad_k, 0, pad_k))
     h.diagonal()[k:] = 1.0
     w.view(rows, block, cols, block).mul_(mask[:, None, :, None])
-    target = int(sparsity * rows * cols) if count is None else count
-    if not 0 <= target <= rows * cols:
-        raise ValueError(f"OBS: count: expected 0 to {rows * cols} blocks, got {count}")
-    if row_weights is not None:
-        if tuple(row_weights.shape) != (n,):
-            raise ValueError(f"OBS: expected row weights of shape ({n},), got {tuple(row_weights.shape)}")
-        row_weights = F.pad(row_weights.float(), (0, pad_n), value=1.0)
+    target = int(sparsity * rows * cols)
     for round_index in range(rounds):
         pruned_now = int((~mask).sum())
         goal = max(pruned_now, target - (target - pruned_now) * (rounds - 1 - round_index) // (rounds - round_index))
         if goal <= pruned_now:
             continue
         pruned_columns = (~mask).repeat_interleave(block, dim=1)
-        costs = torch.cat([block_costs(w[start * block:(start + len(hinv)) * block], hinv, block,
-                                       None if row_weights is None else
-                                       row_weights[start * block:(start + len(hinv)) * block])
+        costs = torch.cat([block_costs(w[start * block:(start + len(hinv)) * block], hinv, block)
                            for start, hinv in row_inverse_hessians(h, pruned_columns)])
         costs = costs.masked_fill(~mask, float("inf"))
         chosen = torch.argsort(costs.flatten(), stable=True)[:goal - pruned_now]
@@ -166,51 +149,3 @@ def activation_block_scores(weight: torch.Tensor, input_norms: torch.Tensor, blo
                          f"got {tuple(input_norms.shape)}")
     values = weight.detach().float().abs() * input_norms.float()[None, :]
     return block_sums(values, block) / block_counts(tuple(weight.shape), block, weight.device)
-
-
-def weighted_output_error(original: torch.Tensor, pruned: torch.Tensor, h: torch.Tensor,
-                          row_weights: torch.Tensor) -> float:
-    """``1/2 sum_r g_r (w_r - w'_r) H (w_r - w'_r)^T``: the output error of replacing ``original`` (N, K) by
-    ``pruned``, each row's weighted by ``row_weights`` (N,); with ``H = 2/n X^T X`` and ``g_r`` the mean
-    squared gradient of the loss on output r, the loss increase it predicts (to the model's own scale)."""
-    delta = original.float() - pruned.float()
-    return 0.5 * float((((delta @ h.float()) * delta).sum(dim=1) * row_weights.float()).sum())
-
-
-def obs_error_curve(weight: torch.Tensor, h: torch.Tensor, counts: list[int], row_weights: torch.Tensor,
-                    block: int = 32, damping: float = 0.01, rounds: int = 1) -> list[float]:
-    """:func:`weighted_output_error` after OBS-pruning ``weight`` to each block count of ``counts`` (increasing)
-    in turn, each step keeping the blocks the last one pruned (``rounds`` selection rounds a step)."""
-    weight = weight.detach().float()
-    pruned, mask, errors = weight, None, []
-    for count in counts:
-        pruned, mask = obs_block_prune(pruned, h, 0.0, block, damping, rounds, keep=mask, row_weights=row_weights,
-                                       count=count)
-        errors.append(weighted_output_error(weight, pruned, h, row_weights))
-    return errors
-
-
-def allocate_pruned_blocks(curves: dict[str, tuple[list[int], list[float]]], target: int) -> dict[str, int]:
-    """Blocks to prune per layer so that they sum to ``target`` with the least predicted loss: each layer's
-    ``(counts, errors)`` curve (counts increasing, the first the least it may prune, the last the most) is
-    climbed greedily, always taking the step with the smallest error added per block; the last step taken
-    stops part way, so the sum is exact. ``target`` must lie between the sums of the first and last counts."""
-    low = sum(counts[0] for counts, _ in curves.values())
-    high = sum(counts[-1] for counts, _ in curves.values())
-    if not low <= target <= high:
-        raise ValueError(f"OBS allocation: expected a target between {low} and {high} blocks, got {target}")
-    position = {name: 0 for name in curves}
-    chosen = {name: counts[0] for name, (counts, _) in curves.items()}
-    remaining = target - low
-    while remaining > 0:
-        def slope(name):
-            counts, errors = curves[name]
-            i = position[name]
-            return (errors[i + 1] - errors[i]) / max(counts[i + 1] - counts[i], 1)
-        name = min((n for n in curves if position[n] + 1 < len(curves[n][0])), key=slope)
-        counts = curves[name][0]
-        step = min(counts[position[name] + 1] - counts[position[name]], remaining)
-        chosen[name] += step
-        remaining -= step
-        position[name] += 1
-    return chosen

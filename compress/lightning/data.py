@@ -198,9 +198,6 @@ class LanguageModelingData(_DictData):
     Local ``<data_dir>/valid.txt`` (default ``$COMPRESS_DATA_DIR/wikitext-2``) is split by lines: the
     first ``1 - validation_fraction`` of the lines train, the rest validate. Without local text, the
     hub data set ``hub_dataset``/``hub_config`` with its own ``train`` / ``validation`` splits.
-    ``teacher_text``: a file of blocks sampled from the distillation teacher
-    (:mod:`compress.lightning.teacher_text`), appended to the training split after ``max_train_blocks``
-    picks from it.
     """
 
     def __init__(
@@ -218,7 +215,6 @@ class LanguageModelingData(_DictData):
         max_eval_blocks: int | None = None,
         num_workers: int = 0,
         seed: int = 42,
-        teacher_text: str | None = None,
     ):
         super().__init__(batch_size, eval_batch_size, num_workers)
         _check_positive_int("block_size", block_size)
@@ -232,7 +228,6 @@ class LanguageModelingData(_DictData):
         self.validation_fraction = validation_fraction
         self.max_train_blocks, self.max_eval_blocks = max_train_blocks, max_eval_blocks
         self.seed = seed
-        self.teacher_text = teacher_text
 
     def local_file(self) -> Path | None:
         """The local text file to split, or None to use the hub."""
@@ -269,8 +264,6 @@ class LanguageModelingData(_DictData):
         train = self._to_blocks(raw["train"], tokenizer)
         evaluation = self._to_blocks(raw["validation"], tokenizer)
         self.train_set = _subset(train, self.max_train_blocks, self.seed)
-        if self.teacher_text is not None:
-            self.train_set = self._with_teacher_text(self.train_set, tokenizer)
         self.eval_set = _subset(evaluation, self.max_eval_blocks, self.seed)
         if len(self.train_set) == 0 or len(self.eval_set) == 0:
             raise ValueError(
@@ -278,19 +271,6 @@ class LanguageModelingData(_DictData):
                 f"(train {len(self.train_set)} blocks, validation {len(self.eval_set)} blocks)"
             )
         self.collate_fn = default_data_collator
-
-    def _with_teacher_text(self, train, tokenizer):
-        """The training blocks followed by the teacher-sampled ones (their labels the tokens themselves)."""
-        from datasets import Dataset, concatenate_datasets
-
-        from compress.lightning.teacher_text import load_teacher_text
-
-        blocks, info = load_teacher_text(self.teacher_text, self.block_size, self.tokenizer_name, len(tokenizer))
-        rows = blocks.tolist()
-        sampled = Dataset.from_dict({"input_ids": rows, "attention_mask": [[1] * self.block_size for _ in rows],
-                                     "labels": rows}).cast(train.features)
-        log.info("training data: %d blocks of the split and %d sampled by %s", len(train), len(rows), info.get("model"))
-        return concatenate_datasets([train, sampled])
 
     def _to_blocks(self, split, tokenizer):
         """Tokenize every line, join them and cut into ``block_size`` blocks (remainder dropped)."""

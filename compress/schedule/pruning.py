@@ -26,9 +26,8 @@ every layer is scored by magnitude, so the ranking compares one kind of score.
 ``algorithm="obs"``: the masks come from second-order one-shot pruning on calibration data before the
 first step (:mod:`compress.core.obs`; the Lightning ``Calibration`` callback runs it when training
 starts, a plain loop passes ``calibration_data`` to :class:`compress.schedule.CompressionSchedule`), and
-training then keeps them: the schedule re-scores nothing, its steps and ``score`` are not used;
-``allocation="global"`` becomes the configs' ``obs_allocation="global"`` (with ``spread``): the one-shot
-pass ranks the blocks of all matched layers by their predicted loss.
+training then keeps them: the schedule re-scores nothing, its steps and ``score`` are not used, and
+``allocation`` must stay ``"layer"`` (each layer at its sparsity).
 
 ``reorder_neurons``: before the layers are swapped, list each MLP's hidden neurons by importance so weak
 neurons share blocks (:func:`compress.core.neuron_order.reorder_mlp_neurons`; the function is unchanged).
@@ -98,7 +97,8 @@ class PruningSchedule:
 
     ``plan``: None (every eligible linear) or ``{pattern: final sparsity}`` (fnmatch patterns on module
     names; each matched layer ends at its own sparsity). ``exclude``: patterns left dense (None:
-    embeddings, classifier heads, ``lm_head``). ``allocation="global"`` needs ``plan=None``.
+    embeddings, classifier heads, ``lm_head``). ``allocation="global"`` needs ``plan=None`` and
+    ``algorithm="score"``.
 
     Per training step, in this order: :meth:`prune_if_due` before the step's forward,
     :meth:`accumulate` after its backward (gradient scores only), :meth:`apply_masks` after the
@@ -116,10 +116,11 @@ class PruningSchedule:
         if allocation == "global" and plan is not None:
             raise ValueError("allocation='global' ranks all layers against one sparsity; expected plan=None, "
                              f"got plan={plan!r}")
+        if allocation == "global" and algorithm == "obs":
+            raise ValueError("allocation='global' ranks the gradual scores of all layers; algorithm='obs' prunes each "
+                             "layer to its sparsity one-shot: expected allocation='layer'")
         allocation_bounds(sparsity, spread)  # validates spread
-        # algorithm="obs": the one-shot pass allocates (global: ranked over the layers, within the spread)
-        obs_knobs = {"obs_allocation": allocation, "obs_spread": spread} if algorithm == "obs" else {}
-        BlockSparseConfig(sparsity=sparsity, score=score, algorithm=algorithm, **obs_knobs)  # validates them
+        BlockSparseConfig(sparsity=sparsity, score=score, algorithm=algorithm)  # validates sparsity, algorithm
         check_step("start_step", start_step)
         check_step("end_step", end_step)
         if end_step < start_step:
@@ -128,8 +129,7 @@ class PruningSchedule:
         if not isinstance(reorder_neurons, bool):
             raise ValueError(f"reorder_neurons: expected a bool, got {reorder_neurons!r}")
         rules = {"*": sparsity} if plan is None else dict(plan)
-        self.plan = Plan({p: BlockSparseConfig(sparsity=s, score=score, algorithm=algorithm, **obs_knobs)
-                          for p, s in rules.items()},
+        self.plan = Plan({p: BlockSparseConfig(sparsity=s, score=score, algorithm=algorithm) for p, s in rules.items()},
                          exclude=DEFAULT_EXCLUDE if exclude is None else tuple(exclude))
         self.sparsity, self.start_step, self.end_step, self.frequency = sparsity, start_step, end_step, frequency
         self.score, self.allocation, self.spread, self.reorder_neurons = score, allocation, spread, reorder_neurons

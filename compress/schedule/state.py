@@ -61,22 +61,10 @@ def check_saved_layers(where: str, ours: dict[str, Optional[dict]], saved) -> No
     check_mapping(f"{where}: saved layers", saved)
     check_saved_layer_names(where, set(ours), set(saved))
     for name, config in ours.items():
-        saved_config = _with_defaults(saved[name])
-        if saved_config != config:
-            raise ValueError(f"{where}: layer {name!r}: {_first_difference(config, saved_config)}; a resumed run "
+        if saved[name] != config:
+            raise ValueError(f"{where}: layer {name!r}: {_first_difference(config, saved[name])}; a resumed run "
                              "keeps its settings: resume with the saved ones, or start a new run (from the saved "
                              "weights, without this state)")
-
-
-def _with_defaults(saved):
-    """A saved config dict with the fields added since it was written at their defaults (a config's new knob
-    keeps its old behaviour at its default); anything that is not a readable config dict as it came."""
-    from compress.configs import config_from_dict
-
-    try:
-        return config_from_dict(saved).to_dict()
-    except (TypeError, ValueError):
-        return saved
 
 
 def check_saved_layer_names(where: str, ours: set[str], saved: set[str]) -> None:

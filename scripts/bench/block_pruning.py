@@ -6,10 +6,7 @@ default plan targets (``lm_head`` and embeddings stay dense), 32x32 blocks:
 * ``blocks-{s}-magnitude`` / ``-activation``: the lowest-scoring blocks by mean |w|, or by mean
   ``|w_ij| * ||x_j||`` (calibration inputs' channel norms),
 * ``blocks-{s}-obs``: second-order (OBS) blocks with the kept weights compensated, layer by layer,
-* ``blocks-{s}-obs-global``: the same with the blocks of all layers ranked together by their predicted
-  loss (``obs_allocation="global"``: costs weighted by the loss's squared output gradients, each layer
-  between 5% and 95% of the way to all its blocks at the default ``obs_spread`` 0.9),
-* ``blocks-50-obs[-global]-w4a16-g32`` / ``-w8a8``: OBS 50%, then GPTQ of the survivors in the same pass.
+* ``blocks-50-obs-w4a16-g32`` / ``-w8a8``: OBS 50%, then GPTQ of the survivors in the same pass.
 
 The peer (``--peer``; llm-compressor, installed for this benchmark only, never a dependency):
 ``oneshot`` with ``SparseGPTModifier`` at 2:4 and at 50% unstructured and ``WandaPruningModifier`` at
@@ -51,13 +48,11 @@ def our_variants(sparsities: list[float]) -> dict[str, list]:
     found = {}
     for s in sparsities:
         tag = f"{100 * s:g}"
-        for allocation, suffix in (("layer", ""), ("global", "-global")):
-            obs = BlockSparseConfig(s, algorithm="obs", obs_allocation=allocation)
-            found[f"blocks-{tag}-obs{suffix}"] = [obs]
-            if s == 0.5:
-                found[f"blocks-{tag}-obs{suffix}-w4a16-g32"] = [obs, W4A16Config(group_size=32, algorithm="gptq")]
-                found[f"blocks-{tag}-obs{suffix}-w8a8"] = [obs, W8A8Config(algorithm="gptq")]
+        obs = BlockSparseConfig(s, algorithm="obs")
+        found[f"blocks-{tag}-obs"] = [obs]
         if s == 0.5:
+            found[f"blocks-{tag}-obs-w4a16-g32"] = [obs, W4A16Config(group_size=32, algorithm="gptq")]
+            found[f"blocks-{tag}-obs-w8a8"] = [obs, W8A8Config(algorithm="gptq")]
             found[f"blocks-{tag}-magnitude"] = [BlockSparseConfig(s)]
             found[f"blocks-{tag}-activation"] = [BlockSparseConfig(s, score="activation")]
     return found
@@ -146,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     add_data_arguments(parser)
     parser.add_argument("--only", type=lambda s: [v for v in s.split(",") if v], default=None,
                         help="run only these of our variants "
-                             "(comma-separated names, e.g. blocks-50-obs,blocks-50-obs-global)")
+                             "(comma-separated names, e.g. blocks-50-obs,blocks-50-magnitude)")
     parser.add_argument("--peer", action="store_true", help="also run llm-compressor's SparseGPT and Wanda")
     parser.add_argument("--out", type=Path, default=None, help="write the JSON results here")
     args = parser.parse_args(argv)

@@ -5,8 +5,7 @@ import itertools
 import pytest
 import torch
 
-from compress.core.obs import (activation_block_scores, allocate_pruned_blocks, obs_block_prune, obs_error_curve,
-                               weighted_output_error)
+from compress.core.obs import activation_block_scores, obs_block_prune
 from compress.core.sparsity import block_mask, expand_mask
 
 
@@ -54,63 +53,6 @@ def test_one_block_is_the_cheapest_by_enumeration():
     (r, c), = (~mask).nonzero().tolist()
     assert (r, c) == min(costs, key=costs.get)
     assert _loss(w, pruned.double(), hd) == pytest.approx(costs[(r, c)], rel=1e-4)
-
-
-def test_row_weights_pick_the_block_of_least_weighted_cost_and_leave_the_update_alone():
-    torch.manual_seed(5)
-    w, h = torch.randn(8, 12, dtype=torch.float64), _hessian(_inputs(256, 12, seed=5).double())
-    hd = _damped(h)
-    g = torch.tensor([100.0, 100.0, 1.0, 1.0, 0.01, 0.01, 1.0, 1.0], dtype=torch.float64)
-    costs = {}
-    for r, c in itertools.product(range(4), range(6)):
-        keep = torch.ones(4, 6, dtype=torch.bool)
-        keep[r, c] = False
-        optimum = _optimal_weight(w, hd, expand_mask(keep, (8, 12), 2))
-        costs[(r, c)] = weighted_output_error(w, optimum, hd, g)
-    pruned, mask = obs_block_prune(w, h, 0.0, block=2, rounds=1, row_weights=g, count=1)
-    (r, c), = (~mask).nonzero().tolist()
-    assert (r, c) == min(costs, key=costs.get) and r == 2  # the rows weighted 0.01 go first
-    element = expand_mask(mask, (8, 12), 2)
-    assert torch.allclose(pruned.double(), _optimal_weight(w, hd, element), atol=1e-8)
-    with pytest.raises(ValueError, match=r"expected row weights of shape \(8,\), got \(4,\)"):
-        obs_block_prune(w, h, 0.5, block=2, row_weights=g[:4])
-    with pytest.raises(ValueError, match="count: expected 0 to 24 blocks, got 25"):
-        obs_block_prune(w, h, 0.5, block=2, count=25)
-
-
-def test_the_error_curve_follows_the_pruned_weights_and_grows():
-    w, h = torch.randn(64, 96), _hessian(_inputs(512, 96))
-    g = torch.rand(64) + 0.5
-    errors = obs_error_curve(w, h, [0, 1, 2, 3, 5], g, block=32)
-    assert errors[0] == 0.0 and all(a <= b for a, b in zip(errors, errors[1:])) and errors[-1] > errors[1] > 0
-    step, mask = w, None  # the same chain of prunes by hand
-    for count in [1, 2, 3, 5]:
-        step, mask = obs_block_prune(step, h, 0.0, block=32, rounds=1, keep=mask, row_weights=g, count=count)
-    assert weighted_output_error(w, step, h, g) == pytest.approx(errors[-1], rel=1e-5)
-
-
-def test_allocation_sums_to_the_target_and_is_optimal_on_convex_curves():
-    curves = {"a": ([0, 2, 4, 6], [0.0, 1.0, 3.0, 9.0]),  # convex: marginal costs 0.5, 1, 3 per block
-              "b": ([1, 3, 5], [0.0, 0.2, 5.0]),          # 0.1, 2.4
-              "c": ([0, 4], [0.0, 4.0])}                  # 1.0
-    for target in range(1, 16):
-        chosen = allocate_pruned_blocks(curves, target)
-        assert sum(chosen.values()) == target
-        assert all(curves[n][0][0] <= chosen[n] <= curves[n][0][-1] for n in curves)
-
-    def cost(name, count):  # the curve between its points, linearly
-        counts, errors = curves[name]
-        for i in range(len(counts) - 1):
-            if counts[i] <= count <= counts[i + 1]:
-                return errors[i] + (errors[i + 1] - errors[i]) * (count - counts[i]) / (counts[i + 1] - counts[i])
-        return errors[0]
-    for target in range(1, 16):
-        chosen = allocate_pruned_blocks(curves, target)
-        best = min(sum(cost(n, k) for n, k in zip("abc", ks))
-                   for ks in itertools.product(range(7), range(1, 6), range(5)) if sum(ks) == target)
-        assert sum(cost(n, k) for n, k in chosen.items()) == pytest.approx(best)
-    with pytest.raises(ValueError, match="expected a target between 1 and 15 blocks, got 16"):
-        allocate_pruned_blocks(curves, 16)
 
 
 @pytest.mark.parametrize("rounds", [1, 3, 8])

@@ -75,12 +75,7 @@ def test_plain_loop_schedule_without_calibration_data_is_refused():
         compress.CompressionSchedule(TinyTask().model, pruning=PruningSchedule(0.5, algorithm="obs"))
 
 
-def test_global_allocation_reaches_the_one_shot_configs():
-    schedule = PruningSchedule(0.5, algorithm="obs", allocation="global", spread=0.8)
-    model = TinyTask().model
-    schedule.prepare(model)
-    configs = [layer.sparse_config for layer in compressed_layers(model).values()]
-    assert configs and all(c.obs_allocation == "global" and c.obs_spread == 0.8 for c in configs)
-    schedule = PruningSchedule(0.5, allocation="global", spread=0.8)  # gradual: the schedule ranks, not OBS
-    schedule.prepare(model := TinyTask().model)
-    assert all(layer.sparse_config.obs_allocation == "layer" for layer in compressed_layers(model).values())
+def test_global_allocation_is_refused_with_obs():
+    with pytest.raises(ValueError, match="algorithm='obs' prunes each layer to its sparsity one-shot: "
+                                         "expected allocation='layer'"):
+        BlockPruning(sparsity=0.5, algorithm="obs", allocation="global")

@@ -13,10 +13,8 @@ from tests.scripts.bench.test_post_training import _tiny_llama
 
 def test_variants_sweep_obs_and_compare_scores_and_quantization_at_half():
     names = list(our_variants([0.25, 0.5]))
-    assert names == ["blocks-25-obs", "blocks-25-obs-global", "blocks-50-obs", "blocks-50-obs-w4a16-g32",
-                     "blocks-50-obs-w8a8", "blocks-50-obs-global", "blocks-50-obs-global-w4a16-g32",
-                     "blocks-50-obs-global-w8a8", "blocks-50-magnitude", "blocks-50-activation"]
-    assert our_variants([0.5])["blocks-50-obs-global"][0].obs_allocation == "global"
+    assert names == ["blocks-25-obs", "blocks-50-obs", "blocks-50-obs-w4a16-g32", "blocks-50-obs-w8a8",
+                     "blocks-50-magnitude", "blocks-50-activation"]
 
 
 def test_an_unknown_peer_variant_is_refused():
@@ -30,8 +28,8 @@ def test_runs_end_to_end_on_a_tiny_llama(tmp_path, capsys):
     out = tmp_path / "result.json"
     assert main(["--model", _tiny_llama(tmp_path, layers=1), "--tokenizer", "all-MiniLM-L6-v2", "--sparsities", "0.5",
                  "--calibration-batches", "2", "--batch-size", "2", "--block-size", "32", "--max-eval-blocks", "2",
-                 "--only", "blocks-50-obs-global,blocks-50-magnitude", "--out", str(out)]) == 0
+                 "--only", "blocks-50-obs,blocks-50-magnitude", "--out", str(out)]) == 0
     result = json.loads(out.read_text())
-    assert set(result["variants"]) == {"blocks-50-obs-global", "blocks-50-magnitude"}
+    assert set(result["variants"]) == {"blocks-50-obs", "blocks-50-magnitude"}
     assert all(math.isfinite(v["perplexity"]) for v in result["variants"].values())
     assert "blocks-50-obs" in capsys.readouterr().out
