@@ -219,8 +219,9 @@ def decode_section(name: str, report: dict) -> list[str]:
 
 DECODE_INTRO = ("Tokens per second of a `transformers` `LlamaForCausalLM` with Llama-2-7B shapes, dense against "
                 "every compressed variant, in one run per GPU. `fp16`: cuBLAS; `w4a16`, `w8a8`, `w8a16`, `dds50`, "
-                "`dds90`, `dds50-w8a8`: ours (`dds` prunes exactly p% of the 32x32 blocks of every decoder matrix, "
-                "at random); `int4-aten`: PyTorch's tinygemm int4 kernel on the same int4 weights (bf16 "
+                "`dds90`, `dds50-w8a8`, `dds50-w4a16`: ours (`dds` prunes exactly p% of the 32x32 blocks of every "
+                "decoder matrix, at random; `dds50-w4a16` int4 in groups of 128 as `w4a16`); `int4-aten`: "
+                "PyTorch's tinygemm int4 kernel on the same int4 weights (bf16 "
                 "activations); `int8-aten`: `torch._weight_int8pack_mm` on the same int8 weights as `w8a16`; "
                 "`fp16-eager`: plain eager PyTorch; `no-linears`: the decoder linears return zeros, so it times "
                 "the rest of a step. Ratios are tokens/s over fp16's at the same batch. Weights TB/s: decoder "
