@@ -170,7 +170,8 @@ KERNELS_INTRO = ("y = x @ W.T for x (M, K) and a weight of N x K, every kernel o
                  "activations; in the runs that time them), `ours_w8a8_block` (int8 with 1 x 128 activation and "
                  "128 x 128 weight scales, quantization included; in the runs that time them), `ours_dds_p` "
                  "(p% of the 32x32 blocks absent, uniformly random masks), `ours_dds_w8a8_p` (int8 blocks x int8 "
-                 "tokens).")
+                 "tokens), `ours_dds_w4a16_p` (int4 blocks, one scale per row of each block; in the runs that time "
+                 "them).")
 
 
 # ---- decode benchmark ----------------------------------------------------------------------------
