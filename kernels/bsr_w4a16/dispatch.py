@@ -7,8 +7,9 @@ kernel and tiles that run, in :class:`compress_kernels.bsr.dispatch.BsrConfig` f
 
 Read the table top to bottom: the first row that matches decides. The rows are the DDS table's
 (:func:`compress_kernels.bsr.dispatch.pick`) with the int4 block's bytes: no row has been timed for
-this op yet (``python -m scripts.tune.bsr`` has no int4 mode; ``python -m scripts.bench.decode`` has the
-``dds50-w4a16`` variant), so each row says which DDS figure it was taken from. There is no dense path
+this op yet (``python -m scripts.tune.bsr`` has no int4 mode; ``python -m scripts.bench.kernels`` times
+``ours_dds_w4a16_{50,90}``, ``python -m scripts.bench.decode`` the ``dds50-w4a16`` variant), so each row
+says which DDS figure it was taken from. There is no dense path
 at large M (DDS writes the weight out for cuBLAS from 2048 rows): the tiles serve every M. The table
 depends on shapes and the number of stored blocks only, so a call is the same every time and can be
 captured in a CUDA graph; :func:`cached_pick` remembers it per argument tuple (what the launchers call).

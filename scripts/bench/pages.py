@@ -385,7 +385,8 @@ SUMMARY_KERNELS = (("ours_w8a8", "W8A8 (dynamic per-token activations, quantizat
                    ("ours_w8a16_g128", "W8A16 (G = 128)"),
                    ("ours_w8a8_block", "W8A8 block-scaled (1 x 128 activations, 128 x 128 weights)"),
                    ("ours_dds_50", "DDS, 50% of the blocks absent"), ("ours_dds_90", "DDS, 90% of the blocks absent"),
-                   ("ours_dds_w8a8_50", "DDS + W8A8, 50% absent"), ("ours_dds_w8a8_90", "DDS + W8A8, 90% absent"))
+                   ("ours_dds_w8a8_50", "DDS + W8A8, 50% absent"), ("ours_dds_w8a8_90", "DDS + W8A8, 90% absent"),
+                   ("ours_dds_w4a16_50", "DDS + W4A16, 50% absent"), ("ours_dds_w4a16_90", "DDS + W4A16, 90% absent"))
 
 
 def kernel_summary(report: dict) -> list[str]:
