@@ -34,7 +34,8 @@ from compress.configs import BlockSparseConfig, W4A16Config, W8A8BlockConfig, W8
 from compress.nn.block_chain import link_block_chains
 from compress.nn.fusion import fuse_siblings
 from compress.nn.input_quant import link_quantized_inputs
-from compress.nn.inference import BSRLinear, BSRW8A8Linear, W4A16Linear, W8A8BlockLinear, W8A8Linear, W8A16Linear
+from compress.nn.inference import (BSRLinear, BSRW4A16Linear, BSRW8A8Linear, W4A16Linear, W8A8BlockLinear, W8A8Linear,
+                                   W8A16Linear)
 from compress.nn.qat import CompressedLinear
 from compress.plan import DEFAULT_EXCLUDE, Plan, convert, prepare
 from compress.schedule import CalibrationSchedule, CompressionSchedule, PruningSchedule, QuantizationSchedule
@@ -62,6 +63,7 @@ for _name in ("callbacks", "tasks", "data"):
 
 __all__ = [
     "BSRLinear",
+    "BSRW4A16Linear",
     "BSRW8A8Linear",
     "BlockSparseConfig",
     "CalibrationSchedule",

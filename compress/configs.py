@@ -51,8 +51,8 @@ answers every question; a config without that part answers None / False (``_Conf
   ``layer_shape_warning(name, K, N)``: what a layer's shape costs (padding, blocks that do not tile it),
   which the recipe checks log;
 * export: ``inference_module`` (W8A8Linear, W4A16Linear, W8A16Linear, W8A8BlockLinear, BSRLinear) and
-  ``block_sparse_module`` (W8A8 on a block-sparse layer: BSRW8A8Linear; None elsewhere: the pruned
-  blocks are zeros in the int weight). :mod:`compress.nn.inference` registers its modules here
+  ``block_sparse_module`` (on a block-sparse layer: W8A8 BSRW8A8Linear, W4A16 BSRW4A16Linear; None
+  elsewhere: the pruned blocks are zeros in the int weight). :mod:`compress.nn.inference` registers its modules here
   (:func:`register_inference_module`), so this module imports no ``nn``.
 """
 from __future__ import annotations

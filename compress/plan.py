@@ -33,13 +33,13 @@ to a multiple of 8) with zero channels (:class:`compress.nn.inference.W4A16Linea
 multiple of 32 is exported as a dense ``nn.Linear`` holding the masked weight, with a logged reason.
 
 Export picks the inference module from a layer's configs (``config.inference_module`` and
-``config.block_sparse_module``, :mod:`compress.configs`): W8A8 with block sparsity ->
-:class:`compress.nn.inference.BSRW8A8Linear` (int8 blocks, the pruned ones not stored; N or K not a
-multiple of 32: ``W8A8Linear`` with zero blocks); W8A8 -> ``W8A8Linear``; W4A16 / W8A16 / W8A8Block, with
-or without sparsity -> ``W4A16Linear`` / ``W8A16Linear`` / ``W8A8BlockLinear`` (pruned blocks are zeros in
-the int4 / int8 weight; the kernels read them like any other weight, so there pruning saves no bytes or
-time); sparsity alone -> ``BSRLinear``. ``W8A8BlockLinear`` needs no padding: its kernels mask a last
-partial 128-channel block.
+``config.block_sparse_module``, :mod:`compress.configs`): W8A8 / W4A16 with block sparsity ->
+:class:`compress.nn.inference.BSRW8A8Linear` / :class:`compress.nn.inference.BSRW4A16Linear` (int8 / int4
+blocks, the pruned ones not stored; N or K not a multiple of 32: ``W8A8Linear`` / ``W4A16Linear`` with
+zero blocks); W8A8 / W4A16 alone -> ``W8A8Linear`` / ``W4A16Linear``; W8A16 / W8A8Block, with or without
+sparsity -> ``W8A16Linear`` / ``W8A8BlockLinear`` (pruned blocks are zeros in the int8 weight; the
+kernels read them like any other weight, so there pruning saves no bytes or time); sparsity alone ->
+``BSRLinear``. ``W8A8BlockLinear`` needs no padding: its kernels mask a last partial 128-channel block.
 """
 from __future__ import annotations
 
@@ -485,7 +485,7 @@ def export_module(name: str, layer: CompressedLinear) -> nn.Module:
         if quant.observes_activations:
             state.update(act_scale=layer.static_act_scale(), input_smoothing=layer.smoothing())
         blocks = quant.block_sparse_module if sparse is not None else None
-        if blocks is not None and _bsr_shaped(name, layer, sparse, "int8 weight"):
+        if blocks is not None and _bsr_shaped(name, layer, sparse, f"int{quant.weight_bits} weight"):
             return blocks.from_float(layer, quant, sparse, mask=layer.mask, **state)
         return quant.inference_module.from_float(layer, quant, **state)
     if sparse is not None and _bsr_shaped(name, layer, sparse, "weight"):

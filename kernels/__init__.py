@@ -1,5 +1,5 @@
 """Triton kernels for compressed linear layers (import name ``compress_kernels``): W8A8, block-scaled W8A8,
-W4A16, W8A16, DDS and DDS + W8A8.
+W4A16, W8A16, DDS, DDS + W8A8 and DDS + W4A16.
 
 One package per op, each with its dispatch table (``dispatch.py``: from the shapes to the kernel and
 tiles that run, one commented row per case), its launcher, validation and ``torch.library`` custom op
@@ -18,6 +18,8 @@ docs/architecture.md. The public calls, by package::
     bsr/         bsr_matmul(x, weight, bias=None), bsr_matmul_parts(x, crow, col, values, out_features, bias=None)
     bsr_w8a8/    bsr_w8a8_matmul_parts(x, crow, col, values_int8, w_scale, out_features, bias=None, x_scale=None),
                  bsr_w8a8_matmul_quantized(xq, s_x, crow, col, values_int8, w_scale, out_features, bias, out_dtype)
+    bsr_w4a16/   bsr_w4a16_matmul(x, crow, col, values_int4 (nnz, 32, 4) int32, scales (nnz, 32), out_features,
+                 bias=None): int4 blocks, one scale per row of each stored block
     norm_quant/  layer_norm_quantize(x, weight, bias, eps, x_scale=None), rms_norm_quantize(x, weight, eps,
                  x_scale=None), gelu_quantize(x, x_scale=None): ``(y, xq, s_x)``, the op's output and its
                  per-token int8 copy (rows of at most ``NORM_QUANT_MAX_ROW`` features)
@@ -26,10 +28,10 @@ docs/architecture.md. The public calls, by package::
 ``bind_<op>(x, ...)`` for each matmul op above (``bind_w8a8_matmul``, ``bind_w8a8_matmul_quantized``,
 ``bind_w4a16_matmul``, ``bind_w8a16_matmul``, ``bind_w8a8_block_matmul``, ``bind_w8a8_block_matmul_int8``,
 ``bind_w8a8_block_matmul_quantized``, ``bind_bsr_matmul_parts``, ``bind_bsr_w8a8_matmul_parts``,
-``bind_bsr_w8a8_matmul_quantized``) takes the op's arguments, validates them in full once and returns
-a call bound to the weight side: ``call(x)`` checks only x (dtype, device, K) and, in eager mode,
-launches without the custom op's dispatch (:mod:`compress_kernels.common.bound`). The inference
-modules call the ops this way.
+``bind_bsr_w8a8_matmul_quantized``, ``bind_bsr_w4a16_matmul``) takes the op's arguments, validates them in
+full once and returns a call bound to the weight side: ``call(x)`` checks only x (dtype, device, K) and,
+in eager mode, launches without the custom op's dispatch (:mod:`compress_kernels.common.bound`). The
+inference modules call the ops this way.
 
 ``interpreting()`` says whether Triton runs its CPU interpreter (``TRITON_INTERPRET=1``), where the
 launchers accept CPU tensors. This package never imports ``compress``.
@@ -37,6 +39,7 @@ launchers accept CPU tensors. This package never imports ``compress``.
 from compress_kernels.common.checks import interpreting
 from compress_kernels.reference import (
     bsr_matmul_ref,
+    bsr_w4a16_matmul_ref,
     bsr_w8a8_matmul_quantized_ref,
     bsr_w8a8_matmul_ref,
     dequantize_act_blocks,
@@ -50,6 +53,7 @@ from compress_kernels.reference import (
     rms_norm_quantize_ref,
     rms_norm_ref,
     unpack_int4,
+    unpack_int4_blocks,
     w4a16_matmul_ref,
     w8a8_matmul_quantized_ref,
     w8a8_block_matmul_quantized_ref,
@@ -67,6 +71,7 @@ except ImportError:  # pragma: no cover - Triton ships with every Linux install 
 
 if TRITON_AVAILABLE:
     from compress_kernels.bsr import bind_bsr_matmul_parts, bsr_matmul, bsr_matmul_parts
+    from compress_kernels.bsr_w4a16 import bind_bsr_w4a16_matmul, bsr_w4a16_matmul
     from compress_kernels.bsr_w8a8 import (bind_bsr_w8a8_matmul_parts, bind_bsr_w8a8_matmul_quantized,
                                            bsr_w8a8_matmul_parts, bsr_w8a8_matmul_quantized)
     from compress_kernels.norm_quant import MAX_ROW as NORM_QUANT_MAX_ROW
@@ -86,7 +91,7 @@ else:  # pragma: no cover
     w8a8_matmul_quantized = bsr_w8a8_matmul_quantized = layer_norm_quantize = gelu_quantize = _missing
     rms_norm_quantize = bind_w8a8_matmul = bind_w8a8_matmul_quantized = bind_w4a16_matmul = _missing
     bind_bsr_matmul_parts = bind_bsr_w8a8_matmul_parts = bind_bsr_w8a8_matmul_quantized = _missing
-    w8a16_matmul = bind_w8a16_matmul = _missing
+    w8a16_matmul = bind_w8a16_matmul = bsr_w4a16_matmul = bind_bsr_w4a16_matmul = _missing
     w8a8_block_matmul = bind_w8a8_block_matmul = bind_w8a8_block_matmul_int8 = _missing
     bind_w8a8_block_matmul_quantized = quantize_act_blocks = quantize_weight_blocks = gelu_int8_blocks = _missing
     NORM_QUANT_MAX_ROW = 0
@@ -95,6 +100,7 @@ __all__ = [
     "NORM_QUANT_MAX_ROW",
     "TRITON_AVAILABLE",
     "bind_bsr_matmul_parts",
+    "bind_bsr_w4a16_matmul",
     "bind_bsr_w8a8_matmul_parts",
     "bind_bsr_w8a8_matmul_quantized",
     "bind_w4a16_matmul",
@@ -107,6 +113,8 @@ __all__ = [
     "bsr_matmul",
     "bsr_matmul_parts",
     "bsr_matmul_ref",
+    "bsr_w4a16_matmul",
+    "bsr_w4a16_matmul_ref",
     "bsr_w8a8_matmul_parts",
     "bsr_w8a8_matmul_quantized",
     "bsr_w8a8_matmul_quantized_ref",
@@ -129,6 +137,7 @@ __all__ = [
     "rms_norm_quantize_ref",
     "rms_norm_ref",
     "unpack_int4",
+    "unpack_int4_blocks",
     "w4a16_matmul",
     "w4a16_matmul_ref",
     "w8a8_block_matmul",

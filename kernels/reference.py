@@ -27,6 +27,11 @@ division so the quantized values are 0 and nothing is NaN or Inf.
   rule for non-finite input: a NaN or Inf in a row of ``x`` reaches that output row by arithmetic.
 * DDS: ``W`` as ``torch.sparse_bsr`` with 32x32 blocks; absent blocks are zero.
 * Sparse W8A8: W8A8 with the int8 weight ``W_q`` in BSR parts (int8 ``values``); absent blocks are zero.
+* Sparse W4A16: W4A16 with the int4 weight in BSR parts: ``values`` (nnz, 32, 4) int32, word ``r`` of row
+  ``i`` of stored block ``b`` packs the 8 consecutive input channels ``8r .. 8r + 7`` of that block row as
+  ``qweight`` does (nibble ``j``: channel ``8r + j``, two's complement), and ``scales`` (nnz, 32), one
+  scale per row of each stored block (its group's: a group of G >= 32 channels covers whole blocks);
+  ``W[32 R + i, 32 col[b] + k] = q[b, i, k] * scales[b, i]``, absent blocks zero; fp32 accumulation.
 * LayerNorm / RMSNorm / GELU + quantize: the op's output in x's dtype and ``quantize_per_token`` of it.
 * Block-scaled W8A8 (DeepSeek-V3 / Jetfire style), blocks of ``B = 128``: activations per token with one
   scale per B consecutive channels, ``s_x[m, kb] = max|x[m, B kb : B (kb+1)]| / 127``; weights with one
@@ -170,6 +175,32 @@ def bsr_w8a8_matmul_quantized_ref(xq, s_x, crow_indices, col_indices, values, w_
     """:func:`w8a8_matmul_quantized_ref` with the int8 weight given by its BSR parts."""
     w_q = bsr_to_dense_ref(crow_indices, col_indices, values, out_features, xq.shape[-1])
     return w8a8_matmul_quantized_ref(xq, s_x, w_q, w_scale, bias, out_dtype)
+
+
+def unpack_int4_blocks(values: torch.Tensor) -> torch.Tensor:
+    """(nnz, 32, 4) int32 -> (nnz, 32, 32) int8 in [-8, 7]: nibble ``j`` of word ``r`` of row ``i`` is column
+    ``8 r + j`` of that row (the packing of :func:`unpack_int4` along each block row)."""
+    shifts = torch.arange(0, 32, 4, device=values.device, dtype=torch.int32)  # (8,)
+    nibbles = (values[..., None] >> shifts) & 0xF  # (nnz, 32, 4, 8)
+    signed = nibbles - ((nibbles & 0x8) << 1)  # two's complement sign extension of 4 bits
+    return signed.reshape(*values.shape[:-1], values.shape[-1] * 8).to(torch.int8)
+
+
+def dequantize_int4_blocks(values: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """(nnz, 32, 4) packed blocks and (nnz, 32) scales -> (nnz, 32, 32) float32 ``q * scales[b, i]``."""
+    return unpack_int4_blocks(values).float() * scales.float()[..., None]
+
+
+def bsr_w4a16_matmul_ref(x, crow_indices, col_indices, values, scales, out_features, bias=None):
+    """``y = x @ W.T (+ bias)`` with fp32 accumulation, ``W`` (N, K) the int4 BSR weight de-quantized in fp32
+    (:func:`dequantize_int4_blocks`, absent blocks zero): what :func:`w4a16_matmul_ref` gives on the dense
+    int4 weight with its pruned blocks zero."""
+    blocks = dequantize_int4_blocks(values, scales)
+    w = bsr_to_dense_ref(crow_indices, col_indices, blocks, out_features, x.shape[-1])
+    y = x.float() @ w.T
+    if bias is not None:
+        y = y + bias.float()
+    return y.to(x.dtype)
 
 
 def layer_norm_quantize_ref(x, weight, bias, eps, x_scale=None):

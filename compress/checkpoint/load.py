@@ -44,8 +44,8 @@ from compress.checkpoint.rebuild import skip_weight_init, transformers_model_cla
 from compress.checkpoint.safe_write import checkpoint_path, recover
 from compress.configs import config_from_dict
 from compress.nn.experts import QuantizedExperts
-from compress.nn.inference import (INFERENCE_MODULES, BSRLinear, BSRW8A8Linear, W4A16Linear, W8A8BlockLinear,
-                                   W8A8Linear, W8A16Linear)
+from compress.nn.inference import (BLOCK_SPARSE_MODULES, INFERENCE_MODULES, BSRLinear, BSRW4A16Linear,
+                                   BSRW8A8Linear, W4A16Linear, W8A8BlockLinear, W8A8Linear, W8A16Linear)
 from compress.plan import replace_submodule
 
 logger = logging.getLogger(__name__)
@@ -101,6 +101,8 @@ def _empty_module(entry: dict) -> nn.Module:
     if kind == "BSRW8A8Linear":
         return BSRW8A8Linear(*args, config=config_from_dict(entry["config"]), nnz=entry["nnz"], block=entry["block"],
                              smoothing=entry["smoothing"])
+    if kind == "BSRW4A16Linear":
+        return BSRW4A16Linear(*args, config=config_from_dict(entry["config"]), nnz=entry["nnz"], block=entry["block"])
     return BSRLinear(*args, nnz=entry["nnz"], block=entry["block"])
 
 
@@ -171,7 +173,7 @@ def _check_block_sparse_indices(directory: pathlib.Path, model: nn.Module) -> No
     """CheckpointError naming the layer when its BSR indices break the ``torch.sparse_bsr`` invariants
     (the kernels trust them: a bad one reads out of range or kills the process)."""
     for name, module in model.named_modules():
-        if isinstance(module, (BSRLinear, BSRW8A8Linear)):
+        if isinstance(module, BLOCK_SPARSE_MODULES):
             try:
                 module.check_indices()
             except ValueError as error:

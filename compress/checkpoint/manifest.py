@@ -42,8 +42,8 @@ from torch import nn
 from compress.checkpoint.files import CheckpointError, NotRegularFileError, read_json, regular_file
 from compress.configs import config_from_dict
 from compress.nn.experts import QuantizedExperts
-from compress.nn.inference import (INFERENCE_MODULES, BSRLinear, BSRW8A8Linear, W4A16Linear, W8A8BlockLinear,
-                                   W8A8Linear, W8A16Linear)
+from compress.nn.inference import (BLOCK_SPARSE_MODULES, INFERENCE_MODULES, BSRW4A16Linear, BSRW8A8Linear,
+                                   W4A16Linear, W8A8BlockLinear, W8A8Linear, W8A16Linear)
 
 logger = logging.getLogger(__name__)
 
@@ -82,11 +82,11 @@ def layer_entry(module: nn.Module) -> dict:
                 "bias": False, "num_experts": module.num_experts, "intermediate_size": module.intermediate_dim}
     entry = {"module": type(module).__name__, "in_features": module.in_features,
              "out_features": module.out_features, "bias": module.bias is not None}
-    if isinstance(module, (W8A8Linear, W4A16Linear, W8A16Linear, W8A8BlockLinear, BSRW8A8Linear)):
+    if isinstance(module, (W8A8Linear, W4A16Linear, W8A16Linear, W8A8BlockLinear, BSRW8A8Linear, BSRW4A16Linear)):
         entry["config"] = module.config.to_dict()
     if isinstance(module, (W8A8Linear, BSRW8A8Linear)):
         entry["smoothing"] = module.input_smoothing is not None
-    if isinstance(module, (BSRLinear, BSRW8A8Linear)):
+    if isinstance(module, BLOCK_SPARSE_MODULES):
         entry.update(nnz=module.nnz, block=module.block)
     return entry
 
@@ -175,6 +175,7 @@ _LAYER_FIELDS = {  # inference module -> {field: type} its manifest entry needs 
     "W8A8BlockLinear": {"config": dict},
     "BSRLinear": {"nnz": int, "block": int},
     "BSRW8A8Linear": {"config": dict, "smoothing": bool, "nnz": int, "block": int},
+    "BSRW4A16Linear": {"config": dict, "nnz": int, "block": int},
     "QuantizedExperts": {"num_experts": int, "intermediate_size": int},
 }
 

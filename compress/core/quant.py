@@ -12,7 +12,9 @@ Granularities (W is (N, K) as in ``nn.Linear``):
   or, with ``qmax=INT8_QMAX``, int8 (W8A16 with groups of 128)
 
 int4 packing (the kernels' layout): ``q`` (K, N) int8 in [-8, 7] -> ``qweight`` (K/8, N) int32 with
-``qweight[k // 8, n] |= (q[k, n] & 0xF) << (4 * (k % 8))``; :func:`unpack_int4` sign-extends.
+``qweight[k // 8, n] |= (q[k, n] & 0xF) << (4 * (k % 8))``; :func:`unpack_int4` sign-extends. Stored
+32x32 blocks of a block-sparse int4 weight pack each block row the same way (:func:`pack_int4_blocks`:
+(nnz, 32, 32) -> (nnz, 32, 4) int32, word ``r`` of row ``i`` holding its channels ``8r .. 8r + 7``).
 
 Fake quantization returns ``dequantize(quantize(v))`` in float32 with a straight-through estimator:
 the gradient passes through ``round`` unchanged and is zero where ``clamp`` cut the value. With a
@@ -120,6 +122,21 @@ def pack_int4(q: torch.Tensor) -> torch.Tensor:
 def unpack_int4(qweight: torch.Tensor) -> torch.Tensor:
     """(K/8, N) int32 -> (K, N) int8 in [-8, 7] (sign-extended): the inverse of :func:`pack_int4`."""
     return reference.unpack_int4(qweight)
+
+
+def pack_int4_blocks(q: torch.Tensor) -> torch.Tensor:
+    """(nnz, b, b) integers in [-8, 7] (stored blocks, rows = outputs) -> (nnz, b, b/8) int32: each block
+    row packed along K as :func:`pack_int4` packs a column of ``qweight`` (nibble ``j`` of word ``r``: channel
+    ``8r + j``)."""
+    if q.dim() != 3 or q.shape[-1] % 8:
+        raise ValueError(f"pack_int4_blocks: expected (nnz, b, b) with b a multiple of 8, got shape {tuple(q.shape)}")
+    rows = q.reshape(-1, q.shape[-1])  # (nnz * b, b): one block row each
+    return pack_int4(rows.T).T.reshape(*q.shape[:-1], q.shape[-1] // 8).contiguous()
+
+
+def unpack_int4_blocks(values: torch.Tensor) -> torch.Tensor:
+    """(nnz, b, b/8) int32 -> (nnz, b, b) int8 in [-8, 7]: the inverse of :func:`pack_int4_blocks`."""
+    return reference.unpack_int4_blocks(values)
 
 
 # ---- fake quantization (training) ------------------------------------------------------------------

@@ -20,11 +20,10 @@ The masks stacked are (E, N/32, K/32) (:meth:`CompressedExperts.masks`); one gra
 Parameter zeroes the gradient of every expert's pruned blocks.
 
 Inference: :class:`QuantizedExperts` holds per-expert inference modules (``W8A8Linear``,
-``W4A16Linear``, ``W8A16Linear``, ``BSRLinear``, ``BSRW8A8Linear``, or ``nn.Linear`` for an expert left
-dense) and runs
-the same loop. Cost: one kernel call per matrix for each expert that got tokens (2 per expert, plus
-the gather / ``index_add_`` that ``transformers``' own loop does), and a host synchronisation per
-forward to list the experts hit, as ``transformers``' eager loop has too.
+``W4A16Linear``, ``W8A16Linear``, ``BSRLinear``, ``BSRW8A8Linear``, ``BSRW4A16Linear``, or ``nn.Linear``
+for an expert left dense) and runs the same loop. Cost: one kernel call per matrix for each expert that
+got tokens (2 per expert, plus the gather / ``index_add_`` that ``transformers``' own loop does), and a
+host synchronisation per forward to list the experts hit, as ``transformers``' eager loop has too.
 """
 from __future__ import annotations
 

@@ -10,13 +10,15 @@ N = N_q + N_k + N_v costs much less than three. :func:`fuse_siblings` rewrites a
   ``W8A8Linear`` (same config, same static activation scale and smoothing factors, as siblings
   calibrated on one input have), all ``W4A16Linear`` (same group size), all ``W8A16Linear`` (same
   config), all ``W8A8BlockLinear`` (same config, every member's N a multiple of 128, so the weight
-  scale blocks stack), all ``BSRLinear`` (same block), all ``BSRW8A8Linear`` (both rules), or, only with
-  ``dense=True``, all ``nn.Linear``. Other groups are left as they are.
+  scale blocks stack), all ``BSRLinear`` (same block), all ``BSRW8A8Linear`` (both rules), all
+  ``BSRW4A16Linear`` (same block and config), or, only with ``dense=True``, all ``nn.Linear``. Other groups
+  are left as they are.
 * **The fused module** is one module of that kind whose output rows are the members' rows, stacked
   in the group's order, so output ``n`` of member ``i`` is row ``N_1 + ... + N_{i-1} + n``:
   W8A8, W8A16 and W8A8Block ``w_q`` / ``w_scale`` / ``bias`` are concatenated along N (dim 0); W4A16 ``qweight``
   (K/8, N) and ``scales`` (K/G, N) along dim 1; BSR block rows are appended (``crow_indices`` of
-  member ``i`` shifted by the blocks of the members before it). Each output element is the same
+  member ``i`` shifted by the blocks of the members before it; BSR-W4A16's per-block ``scales`` with
+  their blocks). Each output element is the same
   dot product as before; only the tile shape the wider N gets (and so the order of a split
   reduction) may differ.
 * **Each member** becomes a :class:`SiblingOutput` that returns its columns of the fused output.
@@ -43,7 +45,8 @@ import logging
 import torch
 from torch import nn
 
-from compress.nn.inference import BSRLinear, BSRW8A8Linear, W4A16Linear, W8A8BlockLinear, W8A8Linear, W8A16Linear
+from compress.nn.inference import (BSRLinear, BSRW4A16Linear, BSRW8A8Linear, W4A16Linear, W8A8BlockLinear, W8A8Linear,
+                                   W8A16Linear)
 
 logger = logging.getLogger(__name__)
 
@@ -235,6 +238,20 @@ def _concat_bsr_w8a8(members) -> BSRW8A8Linear | str:
     return fused
 
 
+def _concat_bsr_w4a16(members) -> BSRW4A16Linear | str:
+    first = members[0]
+    if any(m.block != first.block or m.config != first.config for m in members):
+        return "different block sizes or W4A16 configs"
+    crow, col, values = _stacked_block_rows(members)
+    bias = _stacked_bias(members)
+    fused = BSRW4A16Linear(first.in_features, sum(m.out_features for m in members), bias is not None, first.config,
+                           col.numel(), first.block).to(first.values.device)
+    fused.crow_indices, fused.col_indices, fused.values = crow, col, values
+    fused.scales = torch.cat([m.scales for m in members])  # one row per stored block, as values
+    fused.bias = bias
+    return fused
+
+
 def _concat_linear(members) -> nn.Linear:
     first = members[0]
     bias = _stacked_bias(members)
@@ -248,7 +265,7 @@ def _concat_linear(members) -> nn.Linear:
 
 
 _CONCAT = {W8A8Linear: _concat_w8a8, W4A16Linear: _concat_w4a16, W8A16Linear: _concat_w8a16, BSRLinear: _concat_bsr,
-           BSRW8A8Linear: _concat_bsr_w8a8, W8A8BlockLinear: _concat_w8a8_block}
+           BSRW8A8Linear: _concat_bsr_w8a8, BSRW4A16Linear: _concat_bsr_w4a16, W8A8BlockLinear: _concat_w8a8_block}
 
 
 def fuse_members(members: list[nn.Module], dense: bool = False) -> nn.Module | str:
@@ -294,12 +311,17 @@ def fuse_siblings(model: nn.Module, dense: bool = False) -> int:
 
 
 # ---- splitting a fused module back into its members --------------------------------------------
+def _stored_blocks(fused: nn.Module, start: int, stop: int) -> slice:
+    """The stored blocks (positions in ``col_indices``) of output rows ``[start, stop)`` (multiples of the block)."""
+    first_row, last_row = start // fused.block, stop // fused.block
+    return slice(int(fused.crow_indices[first_row]), int(fused.crow_indices[last_row]))
+
+
 def _block_rows(fused: nn.Module, start: int, stop: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """BSR parts (crow, col, values) of output rows ``[start, stop)`` (multiples of the block)."""
-    first_row, last_row = start // fused.block, stop // fused.block
-    first, last = int(fused.crow_indices[first_row]), int(fused.crow_indices[last_row])
-    crow = (fused.crow_indices[first_row:last_row + 1] - first).contiguous()
-    return crow, fused.col_indices[first:last].clone(), fused.values[first:last].clone()
+    blocks = _stored_blocks(fused, start, stop)
+    crow = (fused.crow_indices[start // fused.block:stop // fused.block + 1] - blocks.start).contiguous()
+    return crow, fused.col_indices[blocks].clone(), fused.values[blocks].clone()
 
 
 def _row_slice(fused: nn.Module, start: int, stop: int) -> nn.Module:
@@ -322,10 +344,14 @@ def _row_slice(fused: nn.Module, start: int, stop: int) -> nn.Module:
         part = W8A8BlockLinear(fused.in_features, stop - start, bias is not None, fused.config).to(fused.w_q.device)
         part.w_q = fused.w_q[start:stop].clone()
         part.w_scale = fused.w_scale[start // block: -(-stop // block)].clone()
-    elif isinstance(fused, (BSRLinear, BSRW8A8Linear)):
+    elif isinstance(fused, (BSRLinear, BSRW8A8Linear, BSRW4A16Linear)):
         crow, col, values = _block_rows(fused, start, stop)
         if isinstance(fused, BSRLinear):
             part = BSRLinear(fused.in_features, stop - start, bias is not None, col.numel(), fused.block)
+        elif isinstance(fused, BSRW4A16Linear):
+            part = BSRW4A16Linear(fused.in_features, stop - start, bias is not None, fused.config, col.numel(),
+                                  fused.block)
+            part.scales = fused.scales[_stored_blocks(fused, start, stop)].clone()
         else:
             part = BSRW8A8Linear(fused.in_features, stop - start, bias is not None, fused.config, col.numel(),
                                  fused.block, smoothing=fused.input_smoothing is not None)

@@ -101,10 +101,11 @@ def _bsr_matmul_fake(x, crow_indices, col_indices, values, out_features, bias=No
 
 
 def check_parts(x, crow_indices, col_indices, values, out_features, bias, value_dtype=None,
-                check_indices: bool = True) -> None:
+                check_indices: bool = True, block_shape: tuple[int, int] = (BSR_BLOCK, BSR_BLOCK),
+                block_layout: str = "32x32 blocks") -> None:
     """Validate the BSR parts against ``x``; raise TypeError / ValueError naming expected vs actual.
-    ``values`` must be in ``value_dtype`` (x's dtype when None); ``check_indices``: also the index
-    values (a host synchronisation)."""
+    ``values`` must be in ``value_dtype`` (x's dtype when None) with shape (nnz, *block_shape) (what one
+    stored block is: ``block_layout``); ``check_indices``: also the index values (a host synchronisation)."""
     check_activation(x)
     if isinstance(out_features, bool) or not isinstance(out_features, int):
         raise TypeError(f"out_features: expected an int, got {type(out_features).__name__}")
@@ -123,14 +124,14 @@ def check_parts(x, crow_indices, col_indices, values, out_features, bias, value_
             f"got {tuple(crow_indices.shape)}"
         )
     nnz = col_indices.shape[0]
-    if tuple(values.shape) != (nnz, BSR_BLOCK, BSR_BLOCK):
+    if tuple(values.shape) != (nnz, *block_shape):
         raise ValueError(
-            f"values: expected shape ({nnz}, {BSR_BLOCK}, {BSR_BLOCK}) (nnz from col_indices, 32x32 blocks), "
+            f"values: expected shape {(nnz, *block_shape)} (nnz from col_indices, {block_layout}), "
             f"got {tuple(values.shape)}"
         )
     if nnz > (k // BSR_BLOCK) * block_rows:
         raise ValueError(f"col_indices: expected at most {(k // BSR_BLOCK) * block_rows} blocks, got {nnz}")
-    if nnz * BSR_BLOCK * BSR_BLOCK > _MAX_INT32:
+    if values.numel() > _MAX_INT32:
         raise ValueError(f"values: expected fewer than 2^31 elements (32-bit offsets), got {values.numel()}")
     for name, t in (("crow_indices", crow_indices), ("col_indices", col_indices), ("values", values)):
         if not t.is_contiguous():

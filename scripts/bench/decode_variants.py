@@ -18,7 +18,9 @@ in the model's dtype:
 * ``dds90`` / ``dds50`` (ours): ``compress.prepare`` with ``BlockSparseConfig(p)``, random 32x32
   block masks pruning exactly ``floor(p * blocks)`` blocks of every matrix (speed only, the masks
   are random), then ``compress.convert`` to ``BSRLinear``; ``dds50-w8a8`` the same 50% masks plus
-  W8A8, exported to ``BSRW8A8Linear`` (int8 blocks, per-token int8 activations).
+  W8A8, exported to ``BSRW8A8Linear`` (int8 blocks, per-token int8 activations); ``dds50-w4a16`` the
+  same 50% masks plus ``W4A16Config(group_size=128)`` (``w4a16``'s groups), exported to ``BSRW4A16Linear``
+  (int4 blocks with one float32 scale per row of each stored block, fp16 activations).
 * ``int4-aten``: PyTorch's tinygemm int4 kernel (:mod:`scripts.bench.anchors`, group 128) holding
   the same symmetric int4 weights as ``w4a16`` (``compress.core.quant.quantize_groupwise``); tinygemm
   takes bf16 activations only, so this variant's whole model runs in bf16.
@@ -186,10 +188,10 @@ def swap_decoder_linears(model: nn.Module, make: Callable[[nn.Linear], nn.Module
 
 
 # ---- the variants ----------------------------------------------------------------------------------
-def apply_random_block_sparsity(model: nn.Module, sparsity: float, seed: int, w8a8: bool = False) -> None:
+def apply_random_block_sparsity(model: nn.Module, sparsity: float, seed: int, quant=None) -> None:
     """Prune exactly ``floor(sparsity * blocks)`` random 32x32 blocks of every decoder matrix, export BSR
-    (``w8a8``: also quantized to W8A8, exported as int8 blocks)."""
-    configs = [compress.BlockSparseConfig(sparsity=sparsity)] + ([compress.W8A8Config()] if w8a8 else [])
+    (``quant``: a W8A8 or W4A16 config also quantizing them, exported as int8 / int4 blocks)."""
+    configs = [compress.BlockSparseConfig(sparsity=sparsity)] + ([quant] if quant is not None else [])
     compress.prepare(model, configs)
     generator = torch.Generator().manual_seed(seed)
     for layer in compressed_layers(model).values():
@@ -230,7 +232,10 @@ VARIANTS = {
     "w8a8-block": Variant(torch.float16, True, apply_w8a8_block),
     "dds90": Variant(torch.float16, True, lambda m, s: apply_random_block_sparsity(m, 0.9, s)),
     "dds50": Variant(torch.float16, True, lambda m, s: apply_random_block_sparsity(m, 0.5, s)),
-    "dds50-w8a8": Variant(torch.float16, True, lambda m, s: apply_random_block_sparsity(m, 0.5, s, w8a8=True)),
+    "dds50-w8a8": Variant(torch.float16, True,
+                          lambda m, s: apply_random_block_sparsity(m, 0.5, s, compress.W8A8Config())),
+    "dds50-w4a16": Variant(torch.float16, True,
+                           lambda m, s: apply_random_block_sparsity(m, 0.5, s, compress.W4A16Config(INT4_GROUP))),
     "fp16-eager": Variant(torch.float16, False, None),
     "no-linears": Variant(torch.float16, True, lambda m, s: swap_decoder_linears(m, SkippedLinear.from_float)),
     "int8-aten": Variant(torch.float16, True, lambda m, s: swap_decoder_linears(m, WeightInt8Linear.from_float)),

@@ -7,7 +7,7 @@ after the last call only, so the figure (wall time / calls) is the host time per
 exceeds the kernel's time (every SmolLM2 shape). Shapes default to SmolLM2-135M's (K x N: q/o
 576x576, k/v 576x192, gate/up 576x1536, down 1536x576), random weights; modules are built as
 ``compress.convert`` builds them (W4A16 groups of 128, W8A16 per channel, block-scaled W8A8, block-sparse at
-50% with random 32x32 blocks).
+50% with random 32x32 blocks, alone, with W8A8 and with W4A16 in groups of 128).
 
 Per module kind two figures: ``forward_us``, the module as models call it (bound kernel calls in
 eager mode, :mod:`compress.nn.inference`), and ``public_launcher_us``, the public
@@ -25,7 +25,8 @@ from torch import nn
 from compress.configs import W4A16Config, W8A8BlockConfig, W8A8Config, W8A16Config
 from compress.core.sparsity import block_mask
 from compress.eval.timing import host_ms, synchronize
-from compress.nn.inference import BSRLinear, BSRW8A8Linear, W4A16Linear, W8A8BlockLinear, W8A8Linear, W8A16Linear
+from compress.nn.inference import (BSRLinear, BSRW4A16Linear, BSRW8A8Linear, W4A16Linear, W8A8BlockLinear, W8A8Linear,
+                                   W8A16Linear)
 
 SMOLLM2_SHAPES = ((576, 576), (576, 192), (576, 1536), (1536, 576))  # (K, N) of q/o, k/v, gate/up, down
 STATIC_SCALE = 0.02
@@ -46,6 +47,7 @@ MODULES: dict[str, Callable[[nn.Linear], nn.Module]] = {
     "w8a8-block": lambda linear: W8A8BlockLinear.from_float(linear, W8A8BlockConfig()),
     "dds50": lambda linear: BSRLinear.from_float(linear, mask=random_mask(linear)),
     "dds50-w8a8": lambda linear: BSRW8A8Linear.from_float(linear, mask=random_mask(linear)),
+    "dds50-w4a16": lambda linear: BSRW4A16Linear.from_float(linear, W4A16Config(128), mask=random_mask(linear)),
 }
 
 
@@ -65,6 +67,9 @@ def public_call(module: nn.Module, x: torch.Tensor) -> Callable[[], torch.Tensor
     if isinstance(module, W8A8BlockLinear):
         return lambda: kernels.w8a8_block_matmul(x, module.w_q, module.w_scale, bias)
     parts = (module.crow_indices, module.col_indices, module.values)
+    if isinstance(module, BSRW4A16Linear):
+        return lambda: kernels.bsr_w4a16_matmul(x, *parts, module.scales, module.out_features, bias,
+                                                check_indices=False)
     if isinstance(module, BSRW8A8Linear):
         return lambda: kernels.bsr_w8a8_matmul_parts(x, *parts, module.w_scale, module.out_features, bias,
                                                      module.act_scale, check_indices=False)

@@ -10,8 +10,10 @@ Every op computes ``y = x @ W.T`` for x (M, K) and a weight of N x K, in its own
 * ours (``compress_kernels``): ``ours_w8a8`` (dynamic per-token scales), ``ours_w8a8_block`` (1 x 128
   activation and 128 x 128 weight scales; compare with ``ours_w8a8``), ``ours_w4a16_g128``,
   ``ours_w8a16`` (int8 weights, one scale per output channel), ``ours_w8a16_g128`` (one per 128 inputs),
-  ``ours_dds_{50,75,90}`` (block-sparse fp16) and ``ours_dds_w8a8_{50,90}`` (int8 blocks, per-token
-  int8 x: a layer both pruned and W8A8-quantized; compare with ``ours_w8a8``).
+  ``ours_dds_{50,75,90}`` (block-sparse fp16), ``ours_dds_w8a8_{50,90}`` (int8 blocks, per-token
+  int8 x: a layer both pruned and W8A8-quantized; compare with ``ours_w8a8``) and ``ours_dds_w4a16_{50,90}``
+  (int4 blocks with one fp32 scale per row of each block, fp16 x: a layer both pruned and W4A16-quantized;
+  compare with ``ours_w4a16_g128``).
 
 Weights are random in each op's format (values do not change the time): fp16 ``N(0, 0.02)``;
 int8 uniform with per-channel (or per-group, or per-128 x 128-block) scales; packed int4 from uniform
@@ -54,13 +56,14 @@ MS = [1, 16, 64, 256, 2048, 8192]
 CPU_SHAPES, CPU_MS = [(128, 64), (256, 96)], [1, 16]
 SPARSITIES = (50, 75, 90)
 DDS_W8A8_SPARSITIES = (50, 90)
+DDS_W4A16_SPARSITIES = (50, 90)
 GROUP_SIZE = 128
 BSR_BLOCK = 32
 MAX_SETS = 128
 CHECK_ROWS = 64  # rows of x checked against the fp32 reference (keeps the reference cheap)
 CPU_ROTATE_MB = 0.1
 WEIGHT_KINDS = ("fp16", "int8", "int8_g128", "int8_fp16_scales", "int8_block", "int4", "int4_tinygemm", "bsr",
-                "bsr_int8")
+                "bsr_int8", "bsr_int4")
 
 
 # ---- weights -------------------------------------------------------------------------------------
@@ -105,12 +108,18 @@ def make_weight_set(kind, k, n, gen, device, sparsity_pct=None) -> dict:
         q = torch.stack([pairs >> 4, pairs & 0xF], dim=-1).reshape(n, k).to(torch.int8) - 8
         scales_zeros = torch.rand(k // GROUP_SIZE, n, 2, generator=gen, device=device) * 1e-2
         return {"packed": anchors.tinygemm_pack(q), "scales_zeros": scales_zeros.to(torch.bfloat16)}
-    if kind in ("bsr", "bsr_int8"):
+    if kind in ("bsr", "bsr_int8", "bsr_int4"):
         crow, col, values = bsr_parts_from_mask(random_block_mask(n, k, sparsity_pct, gen, device),
                                                 torch.float16, gen, device)
         if kind == "bsr":  # also as a torch.sparse_bsr_tensor (a view of the same parts) for torch's kernel
             bsr = torch.sparse_bsr_tensor(crow, col, values, size=(n, k), check_invariants=False)
             return {"crow": crow, "col": col, "values": values, "bsr": bsr, "n": n, "k": k}
+        if kind == "bsr_int4":  # (nnz, 32, 4) words of 8 nibbles, one fp32 scale per row of each block (as stored)
+            nnz = values.shape[0]
+            words = torch.randint(-2**31, 2**31 - 1, (nnz, BSR_BLOCK, BSR_BLOCK // 8), generator=gen,
+                                  dtype=torch.int32, device=device)
+            scales = torch.rand(nnz, BSR_BLOCK, generator=gen, device=device) * 1e-2 + 1e-3
+            return {"crow": crow, "col": col, "values": words, "scales": scales, "n": n, "k": k}
         values = torch.randint(-127, 128, values.shape, generator=gen, dtype=torch.int8, device=device)
         w_scale = torch.rand(n, generator=gen, device=device) * 1e-3 + 1e-4
         return {"crow": crow, "col": col, "values": values, "w_scale": w_scale, "n": n, "k": k}
@@ -210,6 +219,15 @@ def _dds_w8a8_ref(x, ws):
     return reference.bsr_w8a8_matmul_ref(x, ws["crow"], ws["col"], ws["values"], ws["w_scale"], ws["n"])
 
 
+def _ours_dds_w4a16(x, ws):
+    return compress_kernels.bsr_w4a16_matmul(x, ws["crow"], ws["col"], ws["values"], ws["scales"], ws["n"],
+                                             check_indices=False)
+
+
+def _dds_w4a16_ref(x, ws):
+    return reference.bsr_w4a16_matmul_ref(x, ws["crow"], ws["col"], ws["values"], ws["scales"], ws["n"])
+
+
 def kernel_specs() -> list[KernelSpec]:
     """Every op, anchors first (anchors run on both devices; ours fall back to the references on the CPU)."""
     specs = [
@@ -231,6 +249,8 @@ def kernel_specs() -> list[KernelSpec]:
     specs += [KernelSpec(f"ours_dds_{p}", "bsr", _ours_dds, _dds_ref, sparsity=p) for p in SPARSITIES]
     specs += [KernelSpec(f"ours_dds_w8a8_{p}", "bsr_int8", _ours_dds_w8a8, _dds_w8a8_ref, sparsity=p)
               for p in DDS_W8A8_SPARSITIES]
+    specs += [KernelSpec(f"ours_dds_w4a16_{p}", "bsr_int4", _ours_dds_w4a16, _dds_w4a16_ref, sparsity=p)
+              for p in DDS_W4A16_SPARSITIES]
     return specs
 
 

@@ -170,7 +170,8 @@ KERNELS_INTRO = ("y = x @ W.T for x (M, K) and a weight of N x K, every kernel o
                  "activations; in the runs that time them), `ours_w8a8_block` (int8 with 1 x 128 activation and "
                  "128 x 128 weight scales, quantization included; in the runs that time them), `ours_dds_p` "
                  "(p% of the 32x32 blocks absent, uniformly random masks), `ours_dds_w8a8_p` (int8 blocks x int8 "
-                 "tokens).")
+                 "tokens), `ours_dds_w4a16_p` (int4 blocks, one scale per row of each block; in the runs that time "
+                 "them).")
 
 
 # ---- decode benchmark ----------------------------------------------------------------------------
@@ -219,8 +220,9 @@ def decode_section(name: str, report: dict) -> list[str]:
 
 DECODE_INTRO = ("Tokens per second of a `transformers` `LlamaForCausalLM` with Llama-2-7B shapes, dense against "
                 "every compressed variant, in one run per GPU. `fp16`: cuBLAS; `w4a16`, `w8a8`, `w8a16`, `dds50`, "
-                "`dds90`, `dds50-w8a8`: ours (`dds` prunes exactly p% of the 32x32 blocks of every decoder matrix, "
-                "at random); `int4-aten`: PyTorch's tinygemm int4 kernel on the same int4 weights (bf16 "
+                "`dds90`, `dds50-w8a8`, `dds50-w4a16`: ours (`dds` prunes exactly p% of the 32x32 blocks of every "
+                "decoder matrix, at random; `dds50-w4a16` int4 in groups of 128 as `w4a16`); `int4-aten`: "
+                "PyTorch's tinygemm int4 kernel on the same int4 weights (bf16 "
                 "activations); `int8-aten`: `torch._weight_int8pack_mm` on the same int8 weights as `w8a16`; "
                 "`fp16-eager`: plain eager PyTorch; `no-linears`: the decoder linears return zeros, so it times "
                 "the rest of a step. Ratios are tokens/s over fp16's at the same batch. Weights TB/s: decoder "
@@ -383,7 +385,8 @@ SUMMARY_KERNELS = (("ours_w8a8", "W8A8 (dynamic per-token activations, quantizat
                    ("ours_w8a16_g128", "W8A16 (G = 128)"),
                    ("ours_w8a8_block", "W8A8 block-scaled (1 x 128 activations, 128 x 128 weights)"),
                    ("ours_dds_50", "DDS, 50% of the blocks absent"), ("ours_dds_90", "DDS, 90% of the blocks absent"),
-                   ("ours_dds_w8a8_50", "DDS + W8A8, 50% absent"), ("ours_dds_w8a8_90", "DDS + W8A8, 90% absent"))
+                   ("ours_dds_w8a8_50", "DDS + W8A8, 50% absent"), ("ours_dds_w8a8_90", "DDS + W8A8, 90% absent"),
+                   ("ours_dds_w4a16_50", "DDS + W4A16, 50% absent"), ("ours_dds_w4a16_90", "DDS + W4A16, 90% absent"))
 
 
 def kernel_summary(report: dict) -> list[str]:

@@ -16,7 +16,8 @@ def test_reference_is_available():
     assert xq.dtype == torch.int8 and scale.shape == (3,)
 
 
-@pytest.mark.parametrize("module", ["bsr", "bsr_w8a8", "norm_quant", "w4a16", "w8a8", "w8a8_block", "w8a16"])
+@pytest.mark.parametrize("module", ["bsr", "bsr_w8a8", "bsr_w4a16", "norm_quant", "w4a16", "w8a8", "w8a8_block",
+                                    "w8a16"])
 def test_launchers_are_the_op_modules_functions(module):
     if not compress_kernels.TRITON_AVAILABLE:
         pytest.skip("needs Triton")

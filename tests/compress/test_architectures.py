@@ -1,7 +1,7 @@
 """Every scheme on tiny random models of many ``transformers`` architectures, through the five stages.
 
 For each architecture x scheme (W8A8, W4A16 with groups of 32, W8A16 per channel, block-scaled W8A8 (not on
-MoE experts, which refuse it), 50% of 32x32 blocks, 50% blocks + W8A8):
+MoE experts, which refuse it), 50% of 32x32 blocks, 50% blocks + W8A8, 50% blocks + W4A16 with groups of 32):
 
 1. ``compress.prepare`` with the scheme on every eligible layer (default exclusions: embeddings, heads,
    ``lm_head``, weights tied to an embedding); the prepared model computes what the original did;
@@ -31,7 +31,8 @@ import compress
 from compress import BlockSparseConfig, W4A16Config, W8A8BlockConfig, W8A8Config, W8A16Config
 from compress.nn.conv1d import is_conv1d, is_linear_or_conv1d
 from compress.nn.experts import CompressedExperts, QuantizedExperts
-from compress.nn.inference import BSRLinear, BSRW8A8Linear, W4A16Linear, W8A8BlockLinear, W8A8Linear, W8A16Linear
+from compress.nn.inference import (BSRLinear, BSRW4A16Linear, BSRW8A8Linear, W4A16Linear, W8A8BlockLinear, W8A8Linear,
+                                   W8A16Linear)
 from compress.nn.qat import compressed_layers
 from compress.plan import prune_one_shot, tied_to_embeddings
 
@@ -129,6 +130,7 @@ SCHEMES = {
     "w8a8-block": (W8A8BlockConfig(), (W8A8BlockLinear,)),
     "blocks50": (BlockSparseConfig(0.5), (BSRLinear,)),
     "blocks50-w8a8": ([BlockSparseConfig(0.5), W8A8Config()], (BSRW8A8Linear,)),
+    "blocks50-w4a16-g32": ([BlockSparseConfig(0.5), W4A16Config(32)], (BSRW4A16Linear,)),
 }
 
 

@@ -177,7 +177,7 @@ def test_obs_one_shot_keeps_the_outputs_closer_than_magnitude_and_activation_sco
     assert obs < activation < magnitude
 
 
-@pytest.mark.parametrize("quant, module", [("W8A8Config", "BSRW8A8Linear"), ("W4A16Config", "W4A16Linear")])
+@pytest.mark.parametrize("quant, module", [("W8A8Config", "BSRW8A8Linear"), ("W4A16Config", "BSRW4A16Linear")])
 def test_obs_then_gptq_of_the_survivors_exports_block_sparse_modules(quant, module):
     from compress import configs
     from compress.core.sparsity import expand_mask

@@ -171,7 +171,8 @@ def test_layer_shape_warnings_name_the_padding_or_the_untiled_blocks():
 
 
 def test_each_config_names_the_module_it_exports_to():
-    from compress.nn.inference import BSRLinear, BSRW8A8Linear, W4A16Linear, W8A8BlockLinear, W8A8Linear, W8A16Linear
+    from compress.nn.inference import (BSRLinear, BSRW4A16Linear, BSRW8A8Linear, W4A16Linear, W8A8BlockLinear,
+                                       W8A8Linear, W8A16Linear)
 
     assert W8A8Config(activation="static").inference_module is W8A8Linear
     assert W4A16Config(None).inference_module is W4A16Linear
@@ -179,7 +180,8 @@ def test_each_config_names_the_module_it_exports_to():
     assert W8A8BlockConfig().inference_module is W8A8BlockLinear
     assert BlockSparseConfig().inference_module is BSRLinear
     assert W8A8Config().block_sparse_module is BSRW8A8Linear  # stores the kept int8 blocks only
-    for config in (W4A16Config(), W8A16Config(), W8A8BlockConfig(), BlockSparseConfig()):
+    assert W4A16Config(32).block_sparse_module is BSRW4A16Linear  # ... the kept int4 blocks only
+    for config in (W8A16Config(), W8A8BlockConfig(), BlockSparseConfig()):
         assert config.block_sparse_module is None  # pruned blocks stay zeros in the int weight
 
 

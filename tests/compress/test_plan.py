@@ -8,7 +8,8 @@ from torch import nn
 
 import compress
 from compress import BlockSparseConfig, Plan, W4A16Config, W8A8BlockConfig, W8A8Config, W8A16Config
-from compress.nn.inference import BSRLinear, BSRW8A8Linear, W4A16Linear, W8A8BlockLinear, W8A8Linear, W8A16Linear
+from compress.nn.inference import (BSRLinear, BSRW4A16Linear, BSRW8A8Linear, W4A16Linear, W8A8BlockLinear, W8A8Linear,
+                                   W8A16Linear)
 from compress.nn.qat import CompressedLinear
 import compress.calibration as calibration_module
 import compress.plan as plan_module
@@ -175,7 +176,8 @@ def _prepared_and_trained(plan, static=False):
     (W4A16Config(None, learnable_scale=True), W4A16Linear),
     (BlockSparseConfig(0.5), BSRLinear),
     ([BlockSparseConfig(0.5), W8A8Config()], BSRW8A8Linear),
-    ([BlockSparseConfig(0.5), W4A16Config(64)], W4A16Linear),
+    ([BlockSparseConfig(0.5), W4A16Config(64)], BSRW4A16Linear),
+    ([BlockSparseConfig(0.5), W4A16Config(32, learnable_scale=True)], BSRW4A16Linear),
     (W8A16Config(), W8A16Linear),
     (W8A16Config(128), W8A16Linear),  # K = 64 and 96 padded to one group of 128
     (W8A16Config(learnable_scale=True), W8A16Linear),

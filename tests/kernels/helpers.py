@@ -145,3 +145,35 @@ def int8_block_sparse(n, k, sparsity, device=DEVICE, empty_rows=(), seed=0):
     w_scale = torch.rand(n, generator=gen) * 1e-2 + 1e-3
     parts = (crow.to(device), c_idx.to(torch.int32).to(device), values.to(device))
     return parts, w_scale.to(device), w_q.to(device)
+
+
+def int4_block_sparse(n, k, sparsity, group_size=32, device=DEVICE, empty_rows=(), full_rows=(), seed=0,
+                      scale_dtype=torch.float32):
+    """Random 32x32-block-sparse int4 weight with group scales, as ``bsr_w4a16_matmul`` takes it, and its
+    dense W4A16 form: ``(parts (crow, col, values (nnz, 32, 4) int32), block scales (nnz, 32), qweight (K/8, N)
+    int32 with the absent blocks zero, scales (K/G, N))``. ``group_size`` None: one group per row (G = K).
+    Block rows ``empty_rows`` keep no block, ``full_rows`` every block. Packed here independently of the
+    package: word r of row i of a block holds its channels 8r + j in nibble j."""
+    gen = torch.Generator().manual_seed(seed)
+    g = k if group_size is None else group_size
+    rows, cols = n // BSR_BLOCK, k // BSR_BLOCK
+    keep = torch.ones(rows * cols, dtype=torch.bool)
+    keep[torch.randperm(rows * cols, generator=gen)[: round(sparsity * rows * cols)]] = False
+    keep = keep.reshape(rows, cols)
+    keep[list(empty_rows)] = False
+    keep[list(full_rows)] = True
+    q = torch.randint(-8, 8, (n, k), generator=gen, dtype=torch.int8)
+    q *= keep.repeat_interleave(BSR_BLOCK, 0).repeat_interleave(BSR_BLOCK, 1).to(torch.int8)
+    scales = (torch.rand(k // g, n, generator=gen) * 0.02 + 0.001).to(scale_dtype)  # (K/G, N)
+    r_idx, c_idx = keep.nonzero(as_tuple=True)
+    blocks = q.reshape(rows, BSR_BLOCK, cols, BSR_BLOCK).permute(0, 2, 1, 3)[r_idx, c_idx]  # (nnz, 32, 32)
+    nibbles = (blocks.to(torch.int32) & 0xF).reshape(-1, BSR_BLOCK, BSR_BLOCK // 8, 8)
+    values = torch.zeros(nibbles.shape[:-1], dtype=torch.int32)
+    for j in range(8):
+        values |= nibbles[..., j] << (4 * j)
+    row_of = r_idx[:, None] * BSR_BLOCK + torch.arange(BSR_BLOCK)  # (nnz, 32): the output row of each block row
+    block_scales = scales.T[row_of, (c_idx * BSR_BLOCK // g)[:, None]].contiguous()
+    crow = torch.zeros(rows + 1, dtype=torch.int32)
+    crow[1:] = keep.sum(1).cumsum(0)
+    parts = (crow.to(device), c_idx.to(torch.int32).to(device), values.to(device))
+    return parts, block_scales.to(device), pack_int4(q.T.contiguous()).to(device), scales.to(device)

@@ -9,7 +9,8 @@ REFERENCE_NAMES = ("bsr_matmul_ref", "bsr_to_dense_ref", "bsr_w8a8_matmul_quanti
                    "w8a8_matmul_quantized_ref", "w8a8_matmul_ref", "dequantize_int8", "w8a16_matmul_ref",
                    "W8A16_GROUP_SIZE", "BSR_BLOCK", "SCALE_BLOCK", "quantize_act_blocks_ref", "dequantize_act_blocks",
                    "quantize_weight_blocks_ref", "dequantize_weight_blocks", "w8a8_block_matmul_ref",
-                   "w8a8_block_matmul_quantized_ref", "gelu_int8_blocks_ref")
+                   "w8a8_block_matmul_quantized_ref", "gelu_int8_blocks_ref", "bsr_w4a16_matmul_ref",
+                   "unpack_int4_blocks", "dequantize_int4_blocks")
 
 
 def test_public_names():
@@ -19,7 +20,8 @@ def test_public_names():
                  "bsr_matmul", "bsr_matmul_parts", "bsr_w8a8_matmul_parts", "bsr_w8a8_matmul_quantized",
                  "layer_norm_quantize", "rms_norm_quantize", "gelu_quantize", "interpreting", "w8a8_block_matmul",
                  "bind_w8a8_block_matmul", "bind_w8a8_block_matmul_int8", "bind_w8a8_block_matmul_quantized",
-                 "quantize_act_blocks", "quantize_weight_blocks", "gelu_int8_blocks"):
+                 "quantize_act_blocks", "quantize_weight_blocks", "gelu_int8_blocks", "bsr_w4a16_matmul",
+                 "bind_bsr_w4a16_matmul"):
         assert callable(getattr(compress_kernels, name)), name
     assert compress_kernels.TRITON_AVAILABLE and compress_kernels.NORM_QUANT_MAX_ROW == 16384
     for name in REFERENCE_NAMES:

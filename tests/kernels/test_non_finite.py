@@ -16,7 +16,9 @@ import pytest
 import torch
 
 from compress_kernels import reference
+from compress_kernels.bsr.dispatch import BsrConfig
 from compress_kernels.bsr.op import bsr_matmul_parts
+from compress_kernels.bsr_w4a16.op import launch as bsr_w4a16_launch
 from compress_kernels.bsr_w8a8.op import bsr_w8a8_matmul_parts
 from compress_kernels.norm_quant.op import gelu_quantize, layer_norm_quantize, rms_norm_quantize
 from compress_kernels.w4a16.op import w4a16_matmul
@@ -27,8 +29,8 @@ from compress_kernels.w8a16.op import launch as w8a16_launch
 from compress_kernels.w8a8_block.dispatch import TileConfig as BlockConfig
 from compress_kernels.w8a8_block.op import launch as block_launch
 from compress_kernels.w8a8_block.op_blocks import gelu_int8_blocks
-from tests.kernels.helpers import (DEVICE, block_sparse_dense, random_block_weight, random_int4_weight,
-                                   random_int8_weight, random_w8a16_weight)
+from tests.kernels.helpers import (DEVICE, block_sparse_dense, int4_block_sparse, random_block_weight,
+                                   random_int4_weight, random_int8_weight, random_w8a16_weight)
 
 pytestmark = [pytest.mark.filterwarnings("ignore::RuntimeWarning")]  # the interpreter's numpy on NaN
 if torch.cuda.is_available():
@@ -130,8 +132,8 @@ def test_norm_quantize_bad_row_has_a_nan_scale(value, op, static):
 
 @pytest.mark.parametrize("value", ["nan", "inf"])
 def test_float_ops_propagate(value):
-    """W4A16, W8A16 (its one-row kernel and its tiles) and DDS compute in floats: the bad row is
-    non-finite, the others finite."""
+    """W4A16, W8A16 (its one-row kernel and its tiles), DDS and DDS + W4A16 (both kernels) compute in floats:
+    the bad row is non-finite, the others finite."""
     m, k, n = 4, 128, 64
     x = _with_bad_value(m, k, value)
     qweight, _, scales = random_int4_weight(k, n, 32, torch.float16, DEVICE)
@@ -141,7 +143,10 @@ def test_float_ops_propagate(value):
     w_q, w_scale = random_w8a16_weight(n, k, True, device=DEVICE)
     w8a16 = [w8a16_launch(x, w_q, w_scale, config=cfg) for cfg in (W8A16Config(1, 16, 64, split_k=2, path="gemv"),
                                                                    W8A16Config(16, 32, 64, scale_after_dot=True))]
-    for y in (w4a16_matmul(x, qweight, scales, 32), bsr_matmul_parts(x, *parts, n), *w8a16):
+    int4_parts, block_scales, _, _ = int4_block_sparse(n, k, 0.5, 32, full_rows=(0, 1))
+    bsr_w4a16 = [bsr_w4a16_launch(x, *int4_parts, block_scales, n, config=cfg)
+                 for cfg in (BsrConfig("gemv", 1, 8, 2, 4, 3), BsrConfig("gemm", 16, 32, 2, 4, 3, split=2))]
+    for y in (w4a16_matmul(x, qweight, scales, 32), bsr_matmul_parts(x, *parts, n), *w8a16, *bsr_w4a16):
         assert not torch.isfinite(y[BAD_ROW]).any() or torch.isnan(y[BAD_ROW]).any()
         assert torch.isfinite(y[[r for r in range(m) if r != BAD_ROW]]).all()
 

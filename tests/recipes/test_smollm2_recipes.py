@@ -23,7 +23,7 @@ import yaml
 
 from compress import cli, load_compressed
 from compress.lightning.paths import MINILM_NAME, SMOLLM2_NAME, data_root
-from compress.nn.inference import BSRLinear, BSRW8A8Linear, W4A16Linear, W8A8Linear, W8A16Linear
+from compress.nn.inference import BSRLinear, BSRW4A16Linear, BSRW8A8Linear, W4A16Linear, W8A8Linear, W8A16Linear
 
 RECIPES = Path(__file__).resolve().parents[2] / "recipes"
 TRAINED = ("dense", "w8a8-qat", "w4a16-qat", "sparse50", "sparse50-w8a8", "sparse50-w4a16")
@@ -36,7 +36,7 @@ ALL = (*TRAINED, *POST_TRAINING)
 FROM_DENSE = ("w8a8-qat", "w4a16-qat", "sparse50", "sparse50-w8a8", "sparse50-w4a16")
 DENSE_FLOAT = "runs/smollm2-wikitext-dense/float"
 EXPORTED_MODULE = {"w8a8-qat": W8A8Linear, "w4a16-qat": W4A16Linear, "sparse50": BSRLinear,
-                   "sparse50-w8a8": BSRW8A8Linear, "sparse50-w4a16": W4A16Linear}
+                   "sparse50-w8a8": BSRW8A8Linear, "sparse50-w4a16": BSRW4A16Linear}
 # SmolLM2-135M-Instruct as published (tests/compress/lightning/test_smollm2.py checks the GGUF against it)
 SMOLLM2_SHAPES = dict(model_type="llama", vocab_size=49152, hidden_size=576, intermediate_size=1536,
                       num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3, tie_word_embeddings=True)

@@ -46,7 +46,7 @@ from compress.checkpoint.compressed_tensors.format import FORMAT_VERSION, MIXED,
 from compress.checkpoint.manifest import CT_EXPORT_MARKER, MODEL_CONFIG, TENSORS, file_sha256
 from compress.checkpoint.safe_write import fsync_path
 from compress.nn.experts import QuantizedExperts
-from compress.nn.inference import BSRLinear, BSRW8A8Linear, W4A16Linear, W8A8Linear, is_inference_module
+from compress.nn.inference import BLOCK_SPARSE_MODULES, W4A16Linear, W8A8Linear, is_inference_module
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
                    "tokenizer.model", "spiece.model", "vocab.json", "vocab.txt", "merges.txt", "chat_template.jinja",
@@ -68,7 +68,7 @@ def _quantized_layers(model: nn.Module) -> dict[str, W8A8Linear | W4A16Linear]:
                          "not supported: keep the experts dense (leave them out of the plan) or save with "
                          "format='compress'")
     layers = {name: m for name, m in model.named_modules() if is_inference_module(m)}
-    sparse = [name for name, m in layers.items() if isinstance(m, (BSRLinear, BSRW8A8Linear))]
+    sparse = [name for name, m in layers.items() if isinstance(m, BLOCK_SPARSE_MODULES)]
     if sparse:
         raise ValueError(f"save_compressed(format='compressed-tensors'): block-sparse layers {_names(sparse)}: the "
                          "format has no block-sparse layout (compressed-tensors 0.20 reads and writes no sparsity "

@@ -22,11 +22,15 @@ BSRLinear      ``crow_indices`` (N/32+1,) int32, ``col_indices``    ``kernels.bs
 BSRW8A8Linear  the BSR indices, ``values`` (nnz, 32, 32) int8, and   ``kernels.bsr_w8a8_matmul_parts``:
                W8A8Linear's ``w_scale`` / ``act_scale`` /           W8A8 with absent blocks
                ``input_smoothing``                                  skipped
+BSRW4A16Linear the BSR indices, ``values`` (nnz, 32, 4) int32 (int4  ``kernels.bsr_w4a16_matmul``:
+               packed along K), ``scales`` (nnz, 32) float32: one   W4A16 with absent blocks
+               per row of each stored block                         skipped
 =============  ===================================================  ================================
 
-Files: ``w8a8.py``, ``w4a16.py``, ``w8a16.py``, ``w8a8_block.py``, ``bsr.py``, ``bsr_w8a8.py`` (one
-module each), ``base.py``. Here: :data:`INFERENCE_MODULES` (the classes by name, as checkpoint
-manifests list them), :func:`to_float`, :func:`is_inference_module`, and the registration of the module
+Files: ``w8a8.py``, ``w4a16.py``, ``w8a16.py``, ``w8a8_block.py``, ``bsr.py``, ``bsr_w8a8.py``,
+``bsr_w4a16.py`` (one module each), ``base.py``. Here: :data:`INFERENCE_MODULES` (the classes by name, as
+checkpoint manifests list them), :data:`BLOCK_SPARSE_MODULES` (those holding BSR parts, whose indices
+are checked on load), :func:`to_float`, :func:`is_inference_module`, and the registration of the module
 each config exports to (``config.inference_module``, ``config.block_sparse_module``: the configs import
 no ``nn``, so the table is filled here).
 """
@@ -37,6 +41,7 @@ from compress.configs import (BlockSparseConfig, W4A16Config, W8A8BlockConfig, W
                               register_inference_module)
 from compress.nn.inference.base import _InferenceLinear, kernels_run
 from compress.nn.inference.bsr import BSRLinear
+from compress.nn.inference.bsr_w4a16 import BSRW4A16Linear
 from compress.nn.inference.bsr_w8a8 import BSRW8A8Linear
 from compress.nn.inference.w4a16 import W4A16Linear
 from compress.nn.inference.w8a8 import W8A8Linear
@@ -44,12 +49,15 @@ from compress.nn.inference.w8a8_block import W8A8BlockLinear
 from compress.nn.inference.w8a16 import W8A16Linear
 
 INFERENCE_MODULES = {cls.__name__: cls for cls in (W8A8Linear, W4A16Linear, W8A16Linear, W8A8BlockLinear, BSRLinear,
-                                                   BSRW8A8Linear)}
+                                                   BSRW8A8Linear, BSRW4A16Linear)}
 
 for _config, _module in ((W8A8Config, W8A8Linear), (W4A16Config, W4A16Linear), (W8A16Config, W8A16Linear),
                          (W8A8BlockConfig, W8A8BlockLinear), (BlockSparseConfig, BSRLinear)):
     register_inference_module(_config, _module)
-register_inference_module(W8A8Config, BSRW8A8Linear, block_sparse=True)  # only W8A8 stores blocks on its own
+# the schemes whose kernels store the kept blocks on their own; the others keep pruned blocks as zeros
+register_inference_module(W8A8Config, BSRW8A8Linear, block_sparse=True)
+register_inference_module(W4A16Config, BSRW4A16Linear, block_sparse=True)
+BLOCK_SPARSE_MODULES = (BSRLinear, BSRW8A8Linear, BSRW4A16Linear)  # the modules storing BSR parts
 
 
 def to_float(module: _InferenceLinear) -> nn.Linear:
@@ -67,5 +75,5 @@ def is_inference_module(module: nn.Module) -> bool:
     return isinstance(module, tuple(INFERENCE_MODULES.values()))
 
 
-__all__ = ["BSRLinear", "BSRW8A8Linear", "INFERENCE_MODULES", "W4A16Linear", "W8A8BlockLinear", "W8A8Linear",
-           "W8A16Linear", "is_inference_module", "kernels_run", "to_float"]
+__all__ = ["BLOCK_SPARSE_MODULES", "BSRLinear", "BSRW4A16Linear", "BSRW8A8Linear", "INFERENCE_MODULES", "W4A16Linear",
+           "W8A8BlockLinear", "W8A8Linear", "W8A16Linear", "is_inference_module", "kernels_run", "to_float"]

@@ -9,7 +9,7 @@ from torch import nn
 import compress
 from compress import BlockSparseConfig, CheckpointError, W4A16Config, W8A8Config, W8A16Config
 from compress.checkpoint import MANIFEST, TENSORS, load_model_dir
-from tests.compress.checkpoint.helpers import tiny_bert_classifier, write_sealed
+from tests.compress.checkpoint.helpers import rewrite_tensors, tiny_bert_classifier, write_sealed
 
 
 def _converted_mlp(seed=0):
@@ -51,6 +51,36 @@ def test_w8a16_round_trip_is_bit_identical(config, tmp_path):
         assert torch.equal(loaded.state_dict()[name], tensor), name
     x = torch.randn(3, 64)
     assert torch.equal(model(x), loaded(x))
+
+
+@pytest.mark.parametrize("group_size", [32, 128, None])
+def test_block_sparse_w4a16_round_trip_is_bit_identical(group_size, tmp_path):
+    """Layers pruned into 32x32 blocks and quantized to W4A16 come back as BSRW4A16Linear with their config,
+    BSR indices, packed int4 blocks and float32 per-block scales, and compute the same outputs."""
+    torch.manual_seed(0)
+    config = W4A16Config(group_size)
+    plan = {"0": [BlockSparseConfig(0.5), config], "2": [BlockSparseConfig(0.25), config]}
+    model = compress.convert(_skeleton(), plan)
+    assert type(model[2]).__name__ == "BSRW4A16Linear" and model[2].nnz == 5  # 6 blocks of 32x32, 1 pruned
+    compress.save_compressed(model, tmp_path / "c")
+    entry = json.loads((tmp_path / "c" / MANIFEST).read_text())["layers"]["2"]
+    assert entry == {"module": "BSRW4A16Linear", "in_features": 96, "out_features": 64, "bias": True,
+                     "config": config.to_dict(), "nnz": 5, "block": 32}
+    loaded = compress.load_compressed(tmp_path / "c", model=_skeleton())
+    assert type(loaded[2]).__name__ == "BSRW4A16Linear" and loaded[2].config == config
+    assert loaded[2].values.dtype == torch.int32 and loaded[2].scales.dtype == torch.float32
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(loaded.state_dict()[name], tensor), name
+    x = torch.randn(3, 64)
+    assert torch.equal(model(x), loaded(x))
+
+
+def test_block_sparse_w4a16_with_damaged_indices_is_refused(tmp_path):
+    model = compress.convert(_skeleton(), {"2": [BlockSparseConfig(0.5), W4A16Config(32)]})
+    path = compress.save_compressed(model, tmp_path / "c")
+    rewrite_tensors(path, lambda t: t["2.col_indices"].fill_(7))  # block columns 0..2 only
+    with pytest.raises(CheckpointError, match=r"layer '2': .*col_indices"):
+        compress.load_compressed(path, model=_skeleton())
 
 
 def test_loaded_tensors_sit_at_aligned_addresses(tmp_path):

@@ -9,7 +9,7 @@ from transformers import BertConfig, BertModel, LlamaConfig, LlamaForCausalLM
 
 import compress
 from compress.nn.fusion import SiblingGroup, SiblingOutput, fuse_members, fuse_siblings, is_fused, unfuse_siblings
-from compress.nn.inference import BSRLinear, W4A16Linear, W8A8Linear, W8A16Linear
+from compress.nn.inference import BSRLinear, BSRW4A16Linear, W4A16Linear, W8A8Linear, W8A16Linear
 
 LLAMA = dict(hidden_size=64, intermediate_size=128, num_attention_heads=2, num_key_value_heads=2, vocab_size=50,
              num_hidden_layers=2)
@@ -20,6 +20,7 @@ CONFIGS = {
     "w8a16-g128": compress.W8A16Config(group_size=128),
     "bsr": compress.BlockSparseConfig(0.5),
     "bsr+w8a8": [compress.BlockSparseConfig(0.5), compress.W8A8Config()],
+    "bsr+w4a16": [compress.BlockSparseConfig(0.5), compress.W4A16Config(group_size=32)],
 }
 
 
@@ -107,6 +108,18 @@ def test_bsr_block_rows_are_appended():
     assert fused.crow_indices.tolist() == [0, 1, 1, 3] and fused.col_indices.tolist() == [0, 0, 1]
     dense = torch.cat([m.dequantized_weight() for m in members])
     torch.testing.assert_close(fused.dequantized_weight(), dense)
+
+
+def test_bsr_w4a16_block_rows_and_their_scales_are_appended():
+    torch.manual_seed(0)
+    config = compress.W4A16Config(group_size=64)
+    masks = [torch.tensor([[True, False]]), torch.tensor([[False, False], [True, True]])]
+    members = [BSRW4A16Linear.from_float(nn.Linear(64, n), config, mask=mask) for n, mask in zip((32, 64), masks)]
+    fused = fuse_members(members)
+    assert fused.crow_indices.tolist() == [0, 1, 1, 3] and fused.scales.shape == (3, 32)
+    torch.testing.assert_close(fused.dequantized_weight(), torch.cat([m.dequantized_weight() for m in members]))
+    other = BSRW4A16Linear.from_float(nn.Linear(64, 32), compress.W4A16Config(group_size=32))
+    assert "different block sizes or W4A16 configs" in fuse_members([members[0], other])
 
 
 def test_w4a16_columns_are_appended():

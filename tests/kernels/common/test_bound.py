@@ -12,7 +12,8 @@ import compress_kernels as kernels
 from compress_kernels import reference
 from compress_kernels.common import bound
 from compress_kernels.common.bound import launches_directly
-from tests.kernels.helpers import DEVICE, block_sparse_dense, bsr_parts, int8_block_sparse, random_int4_weight
+from tests.kernels.helpers import (DEVICE, block_sparse_dense, bsr_parts, int4_block_sparse, int8_block_sparse,
+                                   random_int4_weight)
 from tests.kernels.helpers import random_int8_weight, random_w8a16_weight
 
 K, N = 64, 96
@@ -45,8 +46,13 @@ def _bsr_w8a8():
     return "bsr_w8a8_matmul_parts", (crow, col, values, w_scale, N, None, None), reference.bsr_w8a8_matmul_ref
 
 
+def _bsr_w4a16():
+    parts, scales, _, _ = int4_block_sparse(N, K, 0.5, 32)
+    return "bsr_w4a16_matmul", (*parts, scales, N, torch.randn(N, device=DEVICE).half()), reference.bsr_w4a16_matmul_ref
+
+
 OPS = {"w8a8": lambda: _w8a8(False), "w8a8-static": lambda: _w8a8(True), "w4a16": _w4a16, "w8a16": _w8a16,
-       "bsr": _bsr, "bsr-w8a8": _bsr_w8a8}
+       "bsr": _bsr, "bsr-w8a8": _bsr_w8a8, "bsr-w4a16": _bsr_w4a16}
 
 
 @pytest.mark.parametrize("op", list(OPS))

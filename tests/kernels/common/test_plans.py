@@ -217,7 +217,7 @@ def _gpu_ops():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("op", ["w8a8", "w8a8-static", "w4a16", "w8a16", "bsr", "bsr-w8a8"])
+@pytest.mark.parametrize("op", ["w8a8", "w8a8-static", "w4a16", "w8a16", "bsr", "bsr-w8a8", "bsr-w4a16"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_gpu_replays_give_the_normal_launches_bits(op, dtype):
     import compress_kernels as kernels
@@ -235,7 +235,8 @@ def test_gpu_replays_give_the_normal_launches_bits(op, dtype):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kind", ["w8a8", "w8a8-static", "w4a16", "w8a16", "w8a8-block", "dds50", "dds50-w8a8"])
+@pytest.mark.parametrize("kind", ["w8a8", "w8a8-static", "w4a16", "w8a16", "w8a8-block", "dds50", "dds50-w8a8",
+                                  "dds50-w4a16"])
 def test_gpu_modules_replay_what_the_public_launcher_computes(kind):
     from scripts.bench.host_overhead import MODULES, public_call
 

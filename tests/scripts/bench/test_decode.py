@@ -68,6 +68,19 @@ def test_tiny_cpu_harness_times_w8a16_and_pytorchs_int8_weight_only_op(tmp_path)
     assert verdicts["w8a16 ahead of int8-aten (batch 1)"] is not None
 
 
+def test_tiny_cpu_harness_times_50_percent_blocks_with_w4a16(tmp_path):
+    """The ``dds50-w4a16`` row: half the blocks of every decoder matrix, int4 in groups of 128, exported to
+    ``BSRW4A16Linear`` (on the CPU its reference runs); about half of ``w4a16``'s bytes."""
+    report = _run(tmp_path, "--device", "cpu", "--variants", "fp16,w4a16,dds50-w4a16", "--batch", "1")
+    assert report["failed"] == [] and list(_by_variant(report)) == ["fp16", "w4a16", "dds50-w4a16"]
+    results = _by_variant(report)
+    (batch,) = results["dds50-w4a16"]["batches"]
+    assert batch["compiled_graphs"] == 1 and batch["first_step_logits_rel_err_vs_eager"] < 1e-2
+    # half the int4 blocks (0.25 bytes per weight) plus a float32 scale per row of each stored block (0.0625)
+    assert results["dds50-w4a16"]["weight_bytes"] < 0.6 * results["w4a16"]["weight_bytes"]
+    assert report["ratios"]["1"]["dds50-w4a16"]["vs_fp16"] > 0
+
+
 def test_time_budget_skips_variants_not_started_in_time(tmp_path):
     report = _run(tmp_path, "--device", "cpu", "--variants", "fp16-eager,w8a8", "--batch", "1",
                   "--time-budget", "0")

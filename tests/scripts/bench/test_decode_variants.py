@@ -9,7 +9,7 @@ import compress
 
 from compress.core.quant import dequantize_groupwise, quantize_groupwise
 from compress.nn.fusion import SiblingGroup, fuse_siblings
-from compress.nn.inference import BSRLinear
+from compress.nn.inference import BSRLinear, BSRW4A16Linear, BSRW8A8Linear
 from scripts.bench import decode_variants as variants
 
 CPU = torch.device("cpu")
@@ -44,6 +44,15 @@ def test_random_block_sparsity_prunes_exactly_the_fraction():
         blocks = (layer.out_features // 32) * (layer.in_features // 32)
         assert layer.nnz == blocks - int(0.75 * blocks)
     assert isinstance(model.lm_head, nn.Linear)  # lm_head stays dense
+
+
+@pytest.mark.parametrize(("name", "module_type"), [("dds50-w8a8", BSRW8A8Linear), ("dds50-w4a16", BSRW4A16Linear)])
+def test_block_sparse_quantized_variants_export_their_block_modules(name, module_type):
+    model = _tiny_model()
+    variants.VARIANTS[name].apply(model, 0)
+    layers = [m for m in model.model.layers.modules() if isinstance(m, module_type)]
+    assert len(layers) == 7 and all(layer.nnz == layer.crow_indices[-1] for layer in layers)
+    assert all(2 * layer.nnz == (layer.out_features // 32) * (layer.in_features // 32) for layer in layers)
 
 
 def test_tinygemm_module_matches_our_dequantized_int4_weights():

@@ -52,7 +52,7 @@ def test_tiny_cpu_run_of_both_models_with_the_host_overhead(tmp_path):
     assert {r["model"] for r in report["results"]} == {"smollm2", "llama2-7b"}
     assert all("compiled" not in r and "harness" not in r for r in report["results"])
     kinds = {kind for row in report["host_overhead"] for kind in row["modules"]}
-    assert kinds == {"w8a8", "w8a8-static", "w8a8-block", "w4a16", "w8a16", "dds50", "dds50-w8a8"}
+    assert kinds == {"w8a8", "w8a8-static", "w8a8-block", "w4a16", "w8a16", "dds50", "dds50-w8a8", "dds50-w4a16"}
 
 
 def test_time_budget_skips_work_not_started_in_time(tmp_path):

@@ -24,6 +24,7 @@ def test_block_mask_has_exact_sparsity():
     ("int8_fp16_scales", {"w_q", "w_scale"}), ("int8_block", {"w_q", "w_scale"}), ("int4", {"qweight", "scales"}),
     ("int4_tinygemm", {"packed", "scales_zeros"}), ("bsr", {"crow", "col", "values", "bsr", "n", "k"}),
     ("bsr_int8", {"crow", "col", "values", "w_scale", "n", "k"}),
+    ("bsr_int4", {"crow", "col", "values", "scales", "n", "k"}),
 ])
 def test_weight_sets_hold_each_format(kind, keys):
     ws = sweep.make_weight_set(kind, 256, 64, torch.Generator().manual_seed(0), CPU, sparsity_pct=50)
@@ -56,8 +57,8 @@ def test_rotation_size_is_bounded():
 def test_select_matches_globs_and_keeps_order():
     names = [s.name for s in sweep.kernel_specs()]
     assert sweep.select(names, ["ours_dds_*"]) == ["ours_dds_50", "ours_dds_75", "ours_dds_90", "ours_dds_w8a8_50",
-                                                   "ours_dds_w8a8_90"]
-    assert sweep.select(names, []) == names and len(names) == len(set(names)) == 18
+                                                   "ours_dds_w8a8_90", "ours_dds_w4a16_50", "ours_dds_w4a16_90"]
+    assert sweep.select(names, []) == names and len(names) == len(set(names)) == 20
     assert sweep.select(names, ["*w8a8_block"]) == ["torch_int_mm_w8a8_block", "ours_w8a8_block"]
     assert sweep.select(names, ["ours_w8a16*"]) == ["ours_w8a16", "ours_w8a16_g128"]
 

@@ -155,7 +155,8 @@ def _refused(tmp_path, model, pattern, **kwargs):
 
 
 @pytest.mark.parametrize("plan", [{"*.mlp.*": BlockSparseConfig(0.5), "*.self_attn.*": W8A8Config()},
-                                  [BlockSparseConfig(0.5), W8A8Config()]], ids=["bsr", "bsr-w8a8"])
+                                  [BlockSparseConfig(0.5), W8A8Config()], [BlockSparseConfig(0.5), W4A16Config(32)]],
+                         ids=["bsr", "bsr-w8a8", "bsr-w4a16"])
 def test_block_sparse_layers_are_refused_naming_them(tmp_path, plan):
     _refused(tmp_path, compress.convert(tiny_llama(), plan),
              r"block-sparse layers model\.layers\.0\.\w+\.\w+_proj, .*no block-sparse layout")

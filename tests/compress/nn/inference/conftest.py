@@ -2,7 +2,8 @@
 import pytest
 import torch
 
-from compress.nn.inference import BSRLinear, BSRW8A8Linear, W4A16Linear, W8A8BlockLinear, W8A8Linear, W8A16Linear
+from compress.nn.inference import (BSRLinear, BSRW4A16Linear, BSRW8A8Linear, W4A16Linear, W8A8BlockLinear, W8A8Linear,
+                                   W8A16Linear)
 
 
 @pytest.fixture
@@ -13,5 +14,5 @@ def kernel_modules(monkeypatch):
 
     if not compress_kernels.TRITON_AVAILABLE or not interpreting():
         pytest.skip("needs the project's Triton kernels and TRITON_INTERPRET=1 (set by conftest without a GPU)")
-    for cls in (W8A8Linear, W4A16Linear, W8A16Linear, W8A8BlockLinear, BSRLinear, BSRW8A8Linear):
+    for cls in (W8A8Linear, W4A16Linear, W8A16Linear, W8A8BlockLinear, BSRLinear, BSRW8A8Linear, BSRW4A16Linear):
         monkeypatch.setattr(cls, "_use_kernel", lambda self, x: x.dtype in (torch.float16, torch.bfloat16))

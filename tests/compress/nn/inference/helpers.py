@@ -5,7 +5,8 @@ from torch import nn
 
 from compress.configs import W4A16Config, W8A8BlockConfig, W8A8Config, W8A16Config
 from compress.core.sparsity import block_mask
-from compress.nn.inference import BSRLinear, BSRW8A8Linear, W4A16Linear, W8A8BlockLinear, W8A8Linear, W8A16Linear
+from compress.nn.inference import (BSRLinear, BSRW4A16Linear, BSRW8A8Linear, W4A16Linear, W8A8BlockLinear, W8A8Linear,
+                                   W8A16Linear)
 
 
 def sqnr_db(reference: torch.Tensor, approx: torch.Tensor) -> float:
@@ -28,12 +29,16 @@ MAKERS = {
     "w8a8-block": lambda linear: W8A8BlockLinear.from_float(linear, W8A8BlockConfig()),
     "bsr": lambda linear: BSRLinear.from_float(linear),
     "bsr-w8a8": lambda linear: BSRW8A8Linear.from_float(linear, mask=block_mask(linear.weight, 0.5)),
+    "bsr-w4a16": lambda linear: BSRW4A16Linear.from_float(linear, W4A16Config(32), mask=block_mask(linear.weight, 0.5)),
 }
 
 
 def every_variant(group_size: int) -> dict:
-    """:data:`MAKERS` with W4A16 in groups of ``group_size``, plus per-channel W4A16 and grouped W8A16."""
+    """:data:`MAKERS` with W4A16 (dense and block-sparse) in groups of ``group_size``, plus per-channel W4A16
+    and grouped W8A16."""
     return {**MAKERS, "w4a16": lambda linear: W4A16Linear.from_float(linear, W4A16Config(group_size)),
+            "bsr-w4a16": lambda linear: BSRW4A16Linear.from_float(linear, W4A16Config(group_size),
+                                                                  mask=block_mask(linear.weight, 0.5)),
             "w4a16-per-channel": lambda linear: W4A16Linear.from_float(linear, W4A16Config(None)),
             "w8a16-g128": lambda linear: W8A16Linear.from_float(linear, W8A16Config(128))}
 

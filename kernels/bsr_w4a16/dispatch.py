@@ -1,0 +1,69 @@
+"""The DDS + W4A16 dispatch table (int4 blocks, :func:`pick`), from (M, N, K, stored blocks, device) to the
+kernel and tiles that run, in :class:`compress_kernels.bsr.dispatch.BsrConfig` form:
+
+* ``gemv``: :mod:`compress_kernels.bsr_w4a16.gemv`, one token row per program on CUDA cores;
+* ``gemm``: :mod:`compress_kernels.bsr_w4a16.gemm`, tensor-core tiles, one 32-deep dot per stored block,
+  a block row optionally shared by ``split`` programs.
+
+Read the table top to bottom: the first row that matches decides. The rows are the DDS table's
+(:func:`compress_kernels.bsr.dispatch.pick`) with the int4 block's bytes: no row has been timed for
+this op yet (``python -m scripts.tune.bsr`` has no int4 mode; ``python -m scripts.bench.kernels`` times
+``ours_dds_w4a16_{50,90}``, ``python -m scripts.bench.decode`` the ``dds50-w4a16`` variant), so each row
+says which DDS figure it was taken from. There is no dense path
+at large M (DDS writes the weight out for cuBLAS from 2048 rows): the tiles serve every M. The table
+depends on shapes and the number of stored blocks only, so a call is the same every time and can be
+captured in a CUDA graph; :func:`cached_pick` remembers it per argument tuple (what the launchers call).
+"""
+from __future__ import annotations
+
+import functools
+
+import triton
+
+from compress_kernels.bsr.dispatch import (PICK_CACHE_SIZE, SMALL_LAYER, SMALL_SPLIT_MIN_BLOCKS_PER_ROW,
+                                           SPLIT_MAX_BLOCK_ROWS_M64, SPLIT_MIN_BLOCKS_PER_ROW, BsrConfig, gemv_serves)
+from compress_kernels.common.device import sm_count
+from compress_kernels.reference import BSR_BLOCK
+
+BLOCK_BYTES = BSR_BLOCK * BSR_BLOCK // 2 + BSR_BLOCK * 4  # one stored block: 512 bytes of int4, 32 fp32 scales
+
+
+def pick(m: int, n: int, k: int, nnz: int, device) -> BsrConfig:
+    """The DDS + W4A16 kernel and tiles for x (M, K) times the int4 (N, K) weight with ``nnz`` stored
+    32x32 blocks on ``device``."""
+    few_programs = 2 * sm_count(device)  # about two programs per SM
+    block_rows = n // BSR_BLOCK
+    blocks_per_row = nnz / block_rows
+    # One row, and 2-4 while the stored blocks stay in L2 (DDS's rule on their bytes): memory bound, one
+    # row per program on CUDA cores; 8 outputs per program keep >= 4 programs per SM streaming (DDS's
+    # gemv), 8 blocks (256 channels) per step
+    if gemv_serves(m, nnz * BLOCK_BYTES):
+        return BsrConfig("gemv", 1, 8, 8, 4, 3)
+    # Up to 16 rows: one 16-row tile reads each block once; long block rows (>= 24 blocks) shared by 4
+    # programs while there are at most ~2 programs per SM of block rows (DDS: 90%, M = 16, 11008x4096
+    # 12.1 -> 9.6 us)
+    if m <= 16:
+        if blocks_per_row >= SPLIT_MIN_BLOCKS_PER_ROW and block_rows <= few_programs:
+            return BsrConfig("gemm", 16, 32, 4, 4, 3, split=4)
+        return BsrConfig("gemm", 16, 32, 4, 4, 3)
+    # 17-64 rows: small layers 16-row tiles, their long block rows shared by 4 (DDS: 1536x384, M = 64,
+    # 10.3 -> 8.3 us); larger ones 32 or 64 rows, few long block rows shared by 4 (DDS: 4096x4096 at 50%,
+    # M = 64, 19.8 -> 16.1 us)
+    if m <= 64:
+        if n * k <= SMALL_LAYER:
+            split = 4 if blocks_per_row >= SMALL_SPLIT_MIN_BLOCKS_PER_ROW else 1
+            return BsrConfig("gemm", 16, 32, 4, 4, 3, split=split)
+        block_m = 64 if m > 32 else 32
+        if blocks_per_row >= SPLIT_MIN_BLOCKS_PER_ROW and block_rows <= SPLIT_MAX_BLOCK_ROWS_M64:
+            return BsrConfig("gemm", block_m, 32, 4, 4, 3, split=4)
+        return BsrConfig("gemm", block_m, 32, 4, 4, 3)
+    # More rows: 128-row tiles when they give ~2 programs per SM, else 64 (DDS's 65-256 row)
+    if block_rows * triton.cdiv(m, 128) >= few_programs:
+        return BsrConfig("gemm", 128, 32, 2, 4, 3)
+    return BsrConfig("gemm", 64, 32, 4, 4, 3)
+
+
+@functools.lru_cache(maxsize=PICK_CACHE_SIZE)
+def cached_pick(m: int, n: int, k: int, nnz: int, device) -> BsrConfig:
+    """:func:`pick`, remembered per argument tuple (``device`` as a tensor's, with its index)."""
+    return pick(m, n, k, nnz, device)

@@ -1,0 +1,124 @@
+"""DDS + W4A16: fp16/bf16 activations x 32x32 block-sparse int4 weights with group scales: validation,
+launcher, custom op.
+
+The two compressions of a layer pruned into blocks *and* quantized to W4A16, served together. Layout:
+the BSR index parts of :mod:`compress_kernels.bsr.op` (``crow_indices`` (N/32 + 1,), ``col_indices``
+(nnz,)), and per stored block ``b`` of block row ``R``:
+
+* ``values`` (nnz, 32, 4) int32: ``values[b, i, r]`` packs the int4 weights of output ``32 R + i`` at
+  the input channels ``32 col[b] + 8 r + j`` in nibble ``j`` (bits 4j..4j+3, two's complement): each row
+  of a block is the 32 channels the dense W4A16 ``qweight`` (K/8, N) holds in 4 words, so
+  ``values[b] = qweight[4 col[b] : 4 col[b] + 4, 32 R : 32 R + 32].T``;
+* ``scales`` (nnz, 32), float32 or x's dtype: ``scales[b, i]`` is the scale of row ``i``'s group in the
+  block. W4A16 groups (G in {32, 64, 128}, or one per output channel) cover whole 32-channel blocks, so
+  one scale per row and block states any of them (with G = 128, four blocks of a row carry the same
+  scale); the kernels need no group size, and a block stored nowhere costs no scale.
+
+Math (the contract of ``compress_kernels.reference.bsr_w4a16_matmul_ref``)::
+
+    W[32 R + i, 32 col[b] + k] = q[b, i, k] * scales[b, i]      (absent blocks zero)
+    y = x @ W.T (+ bias)                                          fp32 accumulation, x's dtype
+
+Which kernel runs is decided by :func:`compress_kernels.bsr_w4a16.dispatch.pick`: one row per program
+on CUDA cores (:mod:`~compress_kernels.bsr_w4a16.gemv`) or tensor-core tiles with the scale applied
+after each block's dot (:mod:`~compress_kernels.bsr_w4a16.gemm`). ``bsr_w4a16_matmul`` validates and
+calls the custom op ``torch.ops.compress_kernels.bsr_w4a16_matmul`` (with a fake implementation, so
+callers compile and capture in CUDA graphs: the launch depends on shapes only). ``bind_bsr_w4a16_matmul``
+validates once (indices not checked) and returns a call bound to the parts, which launches without the
+custom op in eager mode (:mod:`compress_kernels.common.bound`).
+"""
+from __future__ import annotations
+
+import torch
+
+from compress_kernels.bsr.dispatch import BsrConfig
+from compress_kernels.bsr.op import check_parts
+from compress_kernels.bsr_w4a16.dispatch import cached_pick
+from compress_kernels.bsr_w4a16.gemm import launch_gemm
+from compress_kernels.bsr_w4a16.gemv import WORDS, launch_gemv
+from compress_kernels.common.bound import BoundMatmul
+from compress_kernels.common.checks import check_same_device, check_shape, check_tensor
+from compress_kernels.reference import BSR_BLOCK
+
+LAUNCHERS = {"gemv": launch_gemv, "gemm": launch_gemm}  # kernel -> launcher(x2, crow, col, values, scales, bias, y, c)
+
+
+def launch(x2, crow_indices, col_indices, values, scales, out_features: int, bias=None,
+           config: BsrConfig | None = None) -> torch.Tensor:
+    """Run validated ``x2`` (M, K) (unit column stride) through the picked kernel (or ``config``);
+    returns (M, out_features) in x2's dtype."""
+    m, k = x2.shape
+    y = torch.empty((m, out_features), dtype=x2.dtype, device=x2.device)
+    if m == 0:
+        return y
+    config = config or cached_pick(m, out_features, k, col_indices.shape[0], x2.device)
+    if config.kernel not in LAUNCHERS:
+        raise ValueError(f"config.kernel: expected one of {tuple(LAUNCHERS)}, got {config.kernel!r}")
+    LAUNCHERS[config.kernel](x2, crow_indices, col_indices, values, scales, bias, y, config)
+    return y
+
+
+def launch_nd(x, crow_indices, col_indices, values, scales, out_features: int, bias=None) -> torch.Tensor:
+    """:func:`launch` on validated ``x`` (..., K): (..., out_features) in x's dtype (the custom op's work)."""
+    k = x.shape[-1]
+    x2 = x.reshape(-1, k)
+    if x2.shape[0] > 0 and x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    y = launch(x2, crow_indices, col_indices, values, scales, out_features, bias)
+    return y.reshape(*x.shape[:-1], out_features)
+
+
+@torch.library.custom_op("compress_kernels::bsr_w4a16_matmul", mutates_args=())
+def _bsr_w4a16_op(
+    x: torch.Tensor, crow_indices: torch.Tensor, col_indices: torch.Tensor, values: torch.Tensor,
+    scales: torch.Tensor, out_features: int, bias: torch.Tensor | None,
+) -> torch.Tensor:
+    return launch_nd(x, crow_indices, col_indices, values, scales, out_features, bias)
+
+
+@_bsr_w4a16_op.register_fake
+def _bsr_w4a16_fake(x, crow_indices, col_indices, values, scales, out_features, bias):
+    return x.new_empty((*x.shape[:-1], out_features))
+
+
+def _validate(x, crow_indices, col_indices, values, scales, out_features, bias, check_indices: bool) -> None:
+    if isinstance(values, torch.Tensor) and values.dtype == torch.int8 and values.dim() == 3:
+        raise TypeError(f"values: expected int4 blocks packed 8 to an int32, shape (nnz, {BSR_BLOCK}, {WORDS}) "
+                        f"int32, got int8 {tuple(values.shape)} (nibble j of word r of a block row: channel 8r + j)")
+    check_parts(x, crow_indices, col_indices, values, out_features, bias, value_dtype=torch.int32,
+                check_indices=check_indices, block_shape=(BSR_BLOCK, WORDS),
+                block_layout=f"{BSR_BLOCK}x{BSR_BLOCK} int4 blocks, 8 per int32 along K")
+    check_tensor("scales", scales, (torch.float32, x.dtype), ndim=2)
+    nnz = col_indices.shape[0]
+    if tuple(scales.shape) != (nnz, BSR_BLOCK):
+        if scales.shape[0] != nnz and scales.shape[1] == out_features:
+            raise ValueError(f"scales: expected shape ({nnz}, {BSR_BLOCK}) (one scale per row of each stored block), "
+                             f"got {tuple(scales.shape)}, the dense W4A16 (K/G, N) layout: give each stored block the "
+                             "scales of its rows' group")
+        check_shape("scales", scales, (nnz, BSR_BLOCK))
+    if not scales.is_contiguous():
+        raise ValueError(f"scales: expected a contiguous tensor, got strides {scales.stride()}")
+    check_same_device(x, scales=scales)
+
+
+def bsr_w4a16_matmul(x, crow_indices, col_indices, values, scales, out_features, bias=None, *, check_indices=True):
+    """``y = x @ W.T (+ bias)`` for ``W`` (out_features, K): 32x32 blocks of int4 weights with group scales,
+    given by their BSR parts (module docstring).
+
+    ``x`` (..., K) fp16/bf16, K a multiple of 32; ``crow_indices`` (N/32 + 1,) and ``col_indices`` (nnz,)
+    int32/int64; ``values`` (nnz, 32, 4) int32; ``scales`` (nnz, 32) float32 or x's dtype; ``bias`` (N,) in
+    x's dtype or float32. Returns (..., N) in x's dtype. ``check_indices=False`` skips the index-value
+    check (for indices already checked once).
+    """
+    _validate(x, crow_indices, col_indices, values, scales, out_features, bias, check_indices)
+    return torch.ops.compress_kernels.bsr_w4a16_matmul(x, crow_indices, col_indices, values, scales, out_features,
+                                                       bias)
+
+
+def bind_bsr_w4a16_matmul(x, crow_indices, col_indices, values, scales, out_features, bias=None) -> BoundMatmul:
+    """:func:`bsr_w4a16_matmul` with every argument validated now, against ``x`` (the index *values* not:
+    check them once where they come in), and the parts bound for later inputs of x's dtype, device and K
+    (:class:`compress_kernels.common.bound.BoundMatmul`)."""
+    _validate(x, crow_indices, col_indices, values, scales, out_features, bias, check_indices=False)
+    weights = (crow_indices, col_indices, values, scales, out_features, bias)
+    return BoundMatmul("bsr_w4a16_matmul", launch_nd, weights, x)

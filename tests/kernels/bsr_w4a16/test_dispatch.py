@@ -1,0 +1,39 @@
+"""The DDS + W4A16 dispatch table (compress_kernels/bsr_w4a16/dispatch.py): rows checked on the shapes they name.
+
+Off CUDA the device facts are an H100's (132 SMs), so these picks are the H100's."""
+import torch
+
+from compress_kernels.bsr_w4a16.dispatch import BLOCK_BYTES, cached_pick, pick
+
+CPU = torch.device("cpu")
+
+
+def pickw(m, n, k, nnz):
+    return pick(m, n, k, nnz, CPU)
+
+
+def test_one_row_kernel_at_one_row_and_a_few_rows_of_small_layers():
+    nnz = 128 * 64  # 4096x4096 at 50%
+    assert pickw(1, 4096, 4096, nnz).kernel == "gemv"
+    assert pickw(1, 28672, 8192, 896 * 128).kernel == "gemv"  # any size at one row
+    assert nnz * BLOCK_BYTES <= 16 * 2**20 and pickw(2, 4096, 4096, nnz).kernel == "gemv"
+    assert pickw(4, 4096, 4096, nnz).kernel == "gemm"  # 5 MiB of blocks: over the 4 MiB of 3-4 rows
+    assert pickw(4, 1024, 1024, 32 * 16).kernel == "gemv" and pickw(5, 1024, 1024, 32 * 16).kernel == "gemm"
+
+
+def test_tile_rows():
+    nnz = 128 * 64
+    assert [pickw(m, 4096, 4096, nnz).block_m for m in (8, 16, 17, 32, 33, 64, 65, 2048)] == \
+        [16, 16, 32, 32, 64, 64, 64, 128]
+    assert pickw(16, 4096, 4096, nnz).split == 4  # 128 long block rows: shared by 4
+    assert pickw(16, 28672, 8192, 896 * 128).split == 1  # many block rows fill the GPU already
+    assert pickw(16, 4096, 4096, 128 * 12).split == 1  # short rows (90%)
+    assert pickw(64, 4096, 4096, nnz).split == 4 and pickw(64, 8192, 8192, 256 * 128).split == 1
+    assert pickw(64, 1152, 384, 36 * 12).block_m == 16 and pickw(64, 1152, 384, 36 * 12).split == 1
+    assert pickw(64, 1536, 1536, 48 * 48).split == 4  # few long block rows
+    assert pickw(300, 1024, 1024, 32 * 16).block_m == 64  # too few 128-row tiles
+
+
+def test_the_cached_pick_is_the_pick_remembered():
+    for m, n, k, nnz in ((1, 4096, 4096, 8192), (64, 576, 1536, 432), (4096, 1024, 1024, 1024)):
+        assert cached_pick(m, n, k, nnz, CPU) == pick(m, n, k, nnz, CPU)
