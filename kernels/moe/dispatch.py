@@ -9,10 +9,15 @@ The rows an expert gets are unknown until the router runs; the table sizes BLOCK
 the experts that can be hit, ``rows = ceil(P / min(P, E))`` (decode: 1-2 rows per expert; a 512-token
 prefill of a top-2 8-expert layer: 128).
 
-* BLOCK_M: 16 rows up to 16 (decode: the smallest tensor-core tile; each program reads its expert's
-  weight tile once for all its rows), 32 up to 32, else 64 (W4A16, W8A16: the weight tile is converted
-  to x's dtype in registers, and 64-row tiles keep the padding of each expert's last block under a
-  quarter of a 128-row expert), 128 for W8A8 above 64 rows (int8 tensor cores want the larger tile).
+* BLOCK_M: W4A16 with at most ``FMA_MAX_ROWS`` rows per expert: 1, the one-row CUDA-core kernel
+  (:mod:`compress_kernels.moe.w4a16_fma`; the dense W4A16 table's M = 1 path, H200 8192x28672 61 us against
+  115 us for the 16-row tiles at M = 16), with the down projection split as that path splits
+  (:func:`compress_kernels.w4a16.dispatch.fma_split_k`) and gate/up 32 columns wide when 64 would give fewer
+  than ``FMA_MIN_PROGRAMS`` programs. Otherwise 16 rows up to 16 (the smallest tensor-core tile; each
+  program reads its expert's weight tile once for all its rows), 32 up to 32, else 64 (W4A16, W8A16: the
+  weight tile is converted to x's dtype in registers, and 64-row tiles keep the padding of each expert's
+  last block under a quarter of a 128-row expert), 128 for W8A8 above 64 rows (int8 tensor cores want
+  the larger tile).
 * gate/up: ``block_n`` gate columns (and the same up columns) per program, so the SwiGLU of a column
   pair happens in the epilogue; no K split (the activation needs the whole sum). Programs:
   blocks x I / block_n (Mixtral decode, 2 experts hit: 2 x 14336 / 64 = 448).
@@ -33,11 +38,13 @@ from typing import NamedTuple
 import triton
 
 from compress_kernels.common.device import sm_count
+from compress_kernels.w4a16.dispatch import FMA_MIN_PROGRAMS, fma_split_k
 
 SCHEMES = ("w4a16", "w8a8", "w8a16")
 MIN_PROGRAMS_PER_SM = 2  # down projection: split K until the hit experts' tiles give this many programs per SM
 MIN_SPLIT_TILES = 4  # ... while each split keeps at least this many K tiles
 MAX_SPLIT = 16
+FMA_MAX_ROWS = 2  # W4A16: up to this many rows per expert (Mixtral, top-2 of 8: up to 8 tokens), one row per program
 
 
 class ProjectionTiles(NamedTuple):
@@ -66,6 +73,8 @@ def rows_per_expert(num_pairs: int, num_experts: int) -> int:
 
 
 def block_m_for(scheme: str, rows: int) -> int:
+    if scheme == "w4a16" and rows <= FMA_MAX_ROWS:
+        return 1
     if rows <= 16:
         return 16
     if rows <= 32:
@@ -87,8 +96,13 @@ def down_split(num_pairs: int, num_experts: int, block_m: int, hidden: int, k: i
     return split
 
 
+def _w4a16_tile_k(group_size: int, k: int) -> int:
+    """The deepest K tile inside one scale group, at most 128."""
+    return 128 if group_size == k else min(128, group_size)
+
+
 def _w4a16_tiles(block_m: int, group_size: int, k: int, block_n: int) -> ProjectionTiles:
-    tile_k = 128 if group_size == k else min(128, group_size)  # the deepest K tile inside a scale group
+    tile_k = _w4a16_tile_k(group_size, k)
     if block_m == 16 and tile_k == 128:  # decode: nibble planes straight into the dot (dense 2-16 rows: 1.3-1.6x)
         return ProjectionTiles(block_n, 128, num_warps=4, num_stages=3, planes=True)
     if block_m <= 32:  # exact integer operands, the fp32 product scaled once per tile (dense 17-64 rows)
@@ -115,6 +129,12 @@ def pick(scheme: str, num_pairs: int, num_experts: int, hidden: int, gate_up_k: 
         raise ValueError(f"scheme: expected one of {SCHEMES}, got {scheme!r}")
     block_m = block_m_for(scheme, rows_per_expert(num_pairs, num_experts))
     wide = 128 if block_m >= 64 else 64  # down columns per program; gate/up takes half (it holds 2 accumulators)
+    if block_m == 1:  # W4A16, one row per program: the dense one-row kernel's tiles
+        gate_up = ProjectionTiles(64, _w4a16_tile_k(gate_up_group, gate_up_k), num_stages=1)
+        if num_pairs * triton.cdiv(down_k, 64) < FMA_MIN_PROGRAMS:
+            gate_up = gate_up._replace(block_n=32)
+        down = ProjectionTiles(64, _w4a16_tile_k(down_group, down_k), num_stages=1)
+        return MoeConfig(1, gate_up, down._replace(split_k=fma_split_k(num_pairs, hidden, down_k, down)))
     if scheme == "w4a16":
         gate_up = _w4a16_tiles(block_m, gate_up_group, gate_up_k, 64)
         down = _w4a16_tiles(block_m, down_group, down_k, wide)

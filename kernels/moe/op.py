@@ -13,8 +13,9 @@ CUDA graph and compiles whole:
 1. routing (:mod:`~compress_kernels.moe.routing`): the T k (token, slot) pairs sorted by expert, each
    expert's rows padded to BLOCK_M;
 2. (W8A8) x quantized per token (:func:`compress_kernels.common.quantize.quantize_rows`);
-3. gate/up for every expert (:mod:`~compress_kernels.moe.w4a16`, :mod:`~.w8a8`, :mod:`~.w8a16`) with the
-   SwiGLU in its epilogue, into an activation buffer (blocks x BLOCK_M, I) in x's dtype;
+3. gate/up for every expert (:mod:`~compress_kernels.moe.w4a16` or, one row per program,
+   :mod:`~compress_kernels.moe.w4a16_fma`; :mod:`~.w8a8`, :mod:`~.w8a16`) with the SwiGLU in its epilogue,
+   into an activation buffer (blocks x BLOCK_M, I) in x's dtype;
 4. (W8A8) the activation quantized per routed row (:func:`compress_kernels.moe.w8a8.quantize_routed_rows`);
 5. down for every expert, fp32 partials (SPLIT_K, T k, H);
 6. the top-k weighted sum into (T, H) in x's dtype (:mod:`~compress_kernels.moe.combine`).
@@ -47,6 +48,7 @@ from compress_kernels.moe.combine import combine_topk
 from compress_kernels.moe.dispatch import MoeConfig, cached_pick
 from compress_kernels.moe.routing import route_pairs
 from compress_kernels.moe.w4a16 import launch_w4a16
+from compress_kernels.moe.w4a16_fma import launch_w4a16_fma
 from compress_kernels.moe.w8a8 import launch_w8a8, quantize_routed_rows
 from compress_kernels.moe.w8a16 import launch_w8a16
 from compress_kernels.reference import W8A16_GROUP_SIZE
@@ -161,8 +163,9 @@ def launch(scheme: str, x, topk_ids, topk_weights, weights: tuple, config: MoeCo
     act = torch.empty((routing.sorted_pairs.shape[0], inter), dtype=x.dtype, device=x.device)
     partials = torch.empty((cfg.down.split_k, tokens * top_k, hidden), dtype=torch.float32, device=x.device)
     if scheme == "w4a16":
-        launch_w4a16(x, gate_up, gate_up_scales, act, routing, cfg.gate_up, gated=True)
-        launch_w4a16(act, down, down_scales, partials, routing, cfg.down, gated=False)
+        project = launch_w4a16_fma if cfg.block_m == 1 else launch_w4a16  # one row per program, or tiles
+        project(x, gate_up, gate_up_scales, act, routing, cfg.gate_up, gated=True)
+        project(act, down, down_scales, partials, routing, cfg.down, gated=False)
     elif scheme == "w8a16":
         launch_w8a16(x, gate_up, gate_up_scales, act, routing, cfg.gate_up, gated=True)
         launch_w8a16(act, down, down_scales, partials, routing, cfg.down, gated=False)

@@ -42,9 +42,10 @@ def check(scheme, dtype, tokens, hidden, inter, experts, top_k, group_size=None,
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("scheme,group_size", [(s, g) for s, groups in GROUPS.items() for g in groups])
-@pytest.mark.parametrize("tokens,experts,top_k", [(1, 4, 2), (6, 8, 2), (5, 3, 1)])
+@pytest.mark.parametrize("tokens,experts,top_k", [(1, 4, 2), (6, 8, 2), (5, 3, 1), (13, 4, 2)])
 def test_matches_reference(dtype, scheme, group_size, tokens, experts, top_k):
-    """One token; several experts at top-2 with experts left without tokens (6 tokens x 2 over 8); top-1."""
+    """One token; several experts at top-2 with experts left without tokens (6 tokens x 2 over 8); top-1;
+    W4A16 runs the one-row kernel up to 2 rows per expert (the first three), tiles from there on."""
     check(scheme, dtype, tokens, 128, 64, experts, top_k, group_size)
 
 
@@ -71,17 +72,17 @@ def test_k_not_a_tile_multiple_and_padded_k(scheme, group_size, hidden, inter):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("scheme,group_size,tiles", [
-    ("w4a16", 128, ProjectionTiles(32, 128, split_k=2, planes=True)),
-    ("w4a16", 128, ProjectionTiles(32, 64, split_k=3, scale_after_dot=True)),
-    ("w4a16", None, ProjectionTiles(64, 64, split_k=2)),  # dequantized before the dot
-    ("w8a8", None, ProjectionTiles(32, 64, split_k=4)),
-    ("w8a16", 128, ProjectionTiles(32, 64, split_k=2, scale_after_dot=True)),
-    ("w8a16", 128, ProjectionTiles(32, 128)),  # grouped scales on the weight before the dot
-    ("w8a16", None, ProjectionTiles(32, 64, split_k=2)),
+@pytest.mark.parametrize("scheme,group_size,block_m,tiles", [
+    ("w4a16", 128, 16, ProjectionTiles(32, 128, split_k=2, planes=True)),
+    ("w4a16", 128, 32, ProjectionTiles(32, 64, split_k=3, scale_after_dot=True)),
+    ("w4a16", None, 32, ProjectionTiles(64, 64, split_k=2)),  # dequantized before the dot
+    ("w8a8", None, 16, ProjectionTiles(32, 64, split_k=4)),
+    ("w8a8", None, 32, ProjectionTiles(64, 128)),
+    ("w8a16", 128, 16, ProjectionTiles(32, 64, split_k=2, scale_after_dot=True)),
+    ("w8a16", 128, 32, ProjectionTiles(32, 128)),  # grouped scales on the weight before the dot
+    ("w8a16", None, 16, ProjectionTiles(32, 64, split_k=2)),
 ])
-@pytest.mark.parametrize("block_m", [16, 32])
-def test_every_product_and_split_k(dtype, scheme, group_size, tiles, block_m):
+def test_every_product_and_split_k(dtype, scheme, group_size, block_m, tiles):
     config = MoeConfig(block_m, tiles._replace(split_k=1), tiles)
     check(scheme, dtype, 9, 256, 96, 4, 2, group_size, config=config)
 
