@@ -268,6 +268,7 @@ class QuantizedExperts(nn.Module):
         self.act_fn = act_fn
         self.gate_up, self.down = nn.ModuleList(gate_up), nn.ModuleList(down)
         self.grouped_scheme: str | None = None
+        self.allow_grouped = True  # False: always the loop (set_grouped)
         group_experts(self)
         self.register_load_state_dict_post_hook(_group_after_load)
 
@@ -294,6 +295,12 @@ class QuantizedExperts(nn.Module):
             return grouped_forward(self, hidden_states, top_k_index, top_k_weights)
         return route_to_experts(hidden_states, top_k_index, top_k_weights, self.num_experts, self.gate_up, self.down,
                                 self.act_fn)
+
+    def set_grouped(self, enabled: bool) -> str | None:
+        """Allow the grouped path (the default) or keep this block on the loop (e.g. to time or debug one
+        against the other); returns ``grouped_scheme``."""
+        self.allow_grouped = bool(enabled)
+        return group_experts(self)
 
     def regroup(self) -> str | None:
         """Decide the path again and stack the experts' buffers for the grouped one (after changing experts by

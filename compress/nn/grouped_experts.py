@@ -97,7 +97,7 @@ def group_experts(block: nn.Module) -> str | None:
     """Stack ``block``'s expert buffers (module docstring) when the grouped kernels can run it; returns the
     scheme, or None (the loop runs it). Done again from scratch on every call."""
     _drop_grouped(block)
-    if grouped_problem(block.act_fn, block.gate_up, block.down) is not None:
+    if not getattr(block, "allow_grouped", True) or grouped_problem(block.act_fn, block.gate_up, block.down):
         return None
     scheme, names = GROUPED_KINDS[type(block.gate_up[0])]
     sources = []

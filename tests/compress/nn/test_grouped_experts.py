@@ -94,6 +94,10 @@ def test_other_blocks_keep_the_loop():
     x, ids, weights = _inputs()
     with torch.no_grad():
         assert torch.equal(mixed(x, ids, weights), _loop(mixed, x, ids, weights))
+    assert block.set_grouped(False) is None and GROUPED_BUFFERS[0] not in block._buffers  # the loop, on request
+    with torch.no_grad():
+        assert torch.equal(block(x, ids, weights), _loop(block, x, ids, weights))
+    assert block.set_grouped(True) == "w4a16"
 
 
 def test_casts_moves_and_replaced_buffers_keep_it_stacked():
