@@ -121,13 +121,17 @@ def _int8_tiles(scheme: str, block_m: int, grouped: bool, block_n: int) -> Proje
 
 
 def pick(scheme: str, num_pairs: int, num_experts: int, hidden: int, gate_up_k: int, down_k: int, gate_up_group: int,
-         down_group: int, device) -> MoeConfig:
+         down_group: int, device, block_m: int | None = None) -> MoeConfig:
     """Tiles for ``scheme`` on P = ``num_pairs`` pairs over E experts, H = ``hidden``; ``*_k``: the K of each
     projection's weight (padded: gate/up's covers H, down's I); ``*_group``: its scale group (W4A16: G, its K
-    for per-channel scales; W8A16: 128 with group scales, else 0; W8A8: 0)."""
+    for per-channel scales; W8A16: 128 with group scales, else 0; W8A8: 0). ``block_m``: the table's tiles
+    for that BLOCK_M instead of its own choice (the sweep, ``scripts/tune/moe.py``)."""
     if scheme not in SCHEMES:
         raise ValueError(f"scheme: expected one of {SCHEMES}, got {scheme!r}")
-    block_m = block_m_for(scheme, rows_per_expert(num_pairs, num_experts))
+    if block_m is None:
+        block_m = block_m_for(scheme, rows_per_expert(num_pairs, num_experts))
+    elif block_m not in (1, 16, 32, 64, 128) or (block_m == 1 and scheme != "w4a16"):
+        raise ValueError(f"block_m: expected 16, 32, 64 or 128 (or 1 for w4a16), got {block_m}")
     wide = 128 if block_m >= 64 else 64  # down columns per program; gate/up takes half (it holds 2 accumulators)
     if block_m == 1:  # W4A16, one row per program: the dense one-row kernel's tiles
         gate_up = ProjectionTiles(64, _w4a16_tile_k(gate_up_group, gate_up_k), num_stages=1)
