@@ -134,10 +134,10 @@ def pick(scheme: str, num_pairs: int, num_experts: int, hidden: int, gate_up_k: 
         raise ValueError(f"block_m: expected 16, 32, 64 or 128 (or 1 for w4a16), got {block_m}")
     wide = 128 if block_m >= 64 else 64  # down columns per program; gate/up takes half (it holds 2 accumulators)
     if block_m == 1:  # W4A16, one row per program: the dense one-row kernel's tiles
-        gate_up = ProjectionTiles(64, _w4a16_tile_k(gate_up_group, gate_up_k), num_stages=1)
+        gate_up = ProjectionTiles(64, _w4a16_tile_k(gate_up_group, gate_up_k), num_stages=3)
         if num_pairs * triton.cdiv(down_k, 64) < FMA_MIN_PROGRAMS:
             gate_up = gate_up._replace(block_n=32)
-        down = ProjectionTiles(64, _w4a16_tile_k(down_group, down_k), num_stages=1)
+        down = ProjectionTiles(64, _w4a16_tile_k(down_group, down_k), num_stages=3)
         return MoeConfig(1, gate_up, down._replace(split_k=fma_split_k(num_pairs, hidden, down_k, down)))
     if scheme == "w4a16":
         gate_up = _w4a16_tiles(block_m, gate_up_group, gate_up_k, 64)

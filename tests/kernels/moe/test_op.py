@@ -217,3 +217,18 @@ def test_gpu_cuda_graph_replay_follows_new_routing(scheme):
     first = y.clone()
     graph.replay()
     assert torch.equal(y, first)  # deterministic
+
+
+@pytest.mark.parametrize("scheme", OPS)
+def test_a_non_finite_token_gives_a_nan_row_and_leaves_the_others(scheme):
+    """As the dense ops: W8A8's per-token scale of a row holding a NaN or Inf is NaN; the float ops propagate."""
+    op, ref = OPS[scheme]
+    weights = random_moe_weights(scheme, 4, 64, 32, device=DEVICE)
+    x = torch.randn(5, 64, device=DEVICE).half()
+    x[0, 3], x[3, 7] = float("nan"), float("inf")  # token 0 is also what every padding row reads
+    ids, topk_weights = random_routing(5, 4, 2, device=DEVICE)
+    y = op(x, ids, topk_weights, *weights)
+    assert torch.isnan(y[0]).all() and not torch.isfinite(y[3]).any()  # an Inf meets weights of both signs
+    finite = [1, 2, 4]
+    assert torch.isfinite(y[finite]).all()
+    assert rel_error(y[finite], ref(x, ids, topk_weights, *weights)[finite]) <= MOE_TOL[torch.float16]
