@@ -309,12 +309,13 @@ class QuantizedExperts(nn.Module):
 
     def _apply(self, fn, recurse=True):
         stacked = {name: self._buffers.pop(name) for name in GROUPED_BUFFERS if name in self._buffers}
-        result = super()._apply(fn, recurse)  # moves each expert's view on its own
-        if stacked and grouped_current(self):  # nothing was replaced (e.g. a cast that leaves integers as they are)
-            self._buffers.update(stacked)
-        else:
-            group_experts(self)
-        return result
+        try:
+            return super()._apply(fn, recurse)  # moves each expert's view on its own
+        finally:
+            if stacked and grouped_current(self):  # nothing was replaced (a cast that leaves integers as they are)
+                self._buffers.update(stacked)
+            else:
+                group_experts(self)
 
     def extra_repr(self) -> str:
         kinds = sorted({type(m).__name__ for m in (*self.gate_up, *self.down)})

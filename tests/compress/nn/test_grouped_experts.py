@@ -2,6 +2,8 @@
 buffers (one copy, the experts' buffers views of them, the state dict unchanged), agreement with the loop
 (the reference on the CPU; the Triton kernels in the interpreter), casts, moves, replaced buffers, save and
 load, torch.compile(fullgraph=True); on a GPU (marked ``gpu``) CUDA-graph capture and no host synchronisation."""
+import copy
+
 import pytest
 import torch
 from torch import nn
@@ -118,6 +120,8 @@ def test_casts_moves_and_replaced_buffers_keep_it_stacked():
     with torch.no_grad():  # in place (load_state_dict without assign): the view writes the stack
         block.down[1].qweight.zero_()
     assert torch.equal(block.grouped_down[1], torch.zeros_like(block.grouped_down[1]))
+    copied = copy.deepcopy(block)  # a copy shares one storage too (its views are set_ on the copied stack)
+    assert copied.grouped_scheme == "w4a16" and copied.down[3].qweight.data_ptr() == copied.grouped_down[3].data_ptr()
 
 
 def test_weight_memory_counts_the_stacked_weights_once():
