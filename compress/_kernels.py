@@ -21,6 +21,7 @@ if compress_kernels.TRITON_AVAILABLE:
     from compress_kernels.bsr_w4a16.op import bind_bsr_w4a16_matmul, bsr_w4a16_matmul
     from compress_kernels.bsr_w8a8.op import (bind_bsr_w8a8_matmul_parts, bind_bsr_w8a8_matmul_quantized,
                                               bsr_w8a8_matmul_parts)
+    from compress_kernels.moe.op import bind_moe_w4a16, bind_moe_w8a8, bind_moe_w8a16, moe_w4a16, moe_w8a8, moe_w8a16
     from compress_kernels.norm_quant.dispatch import MAX_ROW as NORM_QUANT_MAX_ROW
     from compress_kernels.norm_quant.op import gelu_quantize, layer_norm_quantize, rms_norm_quantize
     from compress_kernels.w4a16.op import bind_w4a16_matmul, w4a16_matmul
@@ -30,12 +31,13 @@ if compress_kernels.TRITON_AVAILABLE:
     from compress_kernels.w8a16.op import bind_w8a16_matmul, w8a16_matmul
 else:  # the same names from the package, whose stand-ins raise ImportError naming Triton
     from compress_kernels import (NORM_QUANT_MAX_ROW, bind_bsr_matmul_parts, bind_bsr_w4a16_matmul,
-                                  bind_bsr_w8a8_matmul_parts, bind_bsr_w8a8_matmul_quantized, bind_w4a16_matmul,
+                                  bind_bsr_w8a8_matmul_parts, bind_bsr_w8a8_matmul_quantized, bind_moe_w4a16,
+                                  bind_moe_w8a8, bind_moe_w8a16, bind_w4a16_matmul,
                                   bind_w8a8_block_matmul, bind_w8a8_block_matmul_int8,
                                   bind_w8a8_block_matmul_quantized, bind_w8a8_matmul, bind_w8a8_matmul_quantized,
                                   bind_w8a16_matmul, bsr_matmul_parts, bsr_w4a16_matmul, bsr_w8a8_matmul_parts,
-                                  gelu_quantize, layer_norm_quantize, rms_norm_quantize, w4a16_matmul,
-                                  w8a8_block_matmul, w8a8_matmul, w8a16_matmul)
+                                  gelu_quantize, layer_norm_quantize, moe_w4a16, moe_w8a8, moe_w8a16,
+                                  rms_norm_quantize, w4a16_matmul, w8a8_block_matmul, w8a8_matmul, w8a16_matmul)
 
 __all__ = [
     "NORM_QUANT_MAX_ROW",
@@ -43,6 +45,9 @@ __all__ = [
     "bind_bsr_w4a16_matmul",
     "bind_bsr_w8a8_matmul_parts",
     "bind_bsr_w8a8_matmul_quantized",
+    "bind_moe_w4a16",
+    "bind_moe_w8a8",
+    "bind_moe_w8a16",
     "bind_w4a16_matmul",
     "bind_w8a8_block_matmul",
     "bind_w8a8_block_matmul_int8",
@@ -56,6 +61,9 @@ __all__ = [
     "check_bsr_indices",
     "gelu_quantize",
     "layer_norm_quantize",
+    "moe_w4a16",
+    "moe_w8a8",
+    "moe_w8a16",
     "reference",
     "rms_norm_quantize",
     "w4a16_matmul",

@@ -15,6 +15,9 @@ docs/architecture.md. The public calls, by package::
                  quantize_act_blocks(x), quantize_weight_blocks(w), gelu_int8_blocks(xq, s_x, act_dtype)
     w4a16/       w4a16_matmul(x, qweight, scales, group_size, bias=None)
     w8a16/       w8a16_matmul(x, w_q, w_scale, bias=None), w_scale (N,) per channel or (N, K/128) per group
+    moe/         moe_w4a16 / moe_w8a8 / moe_w8a16(x, topk_ids, topk_weights, gate_up, gate_up_scales, down,
+                 down_scales): a fused-experts layer (gate/up, SwiGLU, down, top-k sum), the weights of every
+                 expert stacked, one launch per projection, routing on the device
     bsr/         bsr_matmul(x, weight, bias=None), bsr_matmul_parts(x, crow, col, values, out_features, bias=None)
     bsr_w8a8/    bsr_w8a8_matmul_parts(x, crow, col, values_int8, w_scale, out_features, bias=None, x_scale=None),
                  bsr_w8a8_matmul_quantized(xq, s_x, crow, col, values_int8, w_scale, out_features, bias, out_dtype)
@@ -31,7 +34,8 @@ docs/architecture.md. The public calls, by package::
 ``bind_bsr_w8a8_matmul_quantized``, ``bind_bsr_w4a16_matmul``) takes the op's arguments, validates them in
 full once and returns a call bound to the weight side: ``call(x)`` checks only x (dtype, device, K) and,
 in eager mode, launches without the custom op's dispatch (:mod:`compress_kernels.common.bound`). The
-inference modules call the ops this way.
+inference modules call the ops this way; ``bind_moe_w4a16``, ``bind_moe_w8a8`` and ``bind_moe_w8a16`` do the
+same for the MoE ops, whose calls take ``(x, topk_ids, topk_weights)``.
 
 ``interpreting()`` says whether Triton runs its CPU interpreter (``TRITON_INTERPRET=1``), where the
 launchers accept CPU tensors. This package never imports ``compress``.
@@ -47,11 +51,15 @@ from compress_kernels.reference import (
     gelu_int8_blocks_ref,
     gelu_quantize_ref,
     layer_norm_quantize_ref,
+    moe_w4a16_ref,
+    moe_w8a8_ref,
+    moe_w8a16_ref,
     quantize_act_blocks_ref,
     quantize_per_token,
     quantize_weight_blocks_ref,
     rms_norm_quantize_ref,
     rms_norm_ref,
+    swiglu_ref,
     unpack_int4,
     unpack_int4_blocks,
     w4a16_matmul_ref,
@@ -74,6 +82,7 @@ if TRITON_AVAILABLE:
     from compress_kernels.bsr_w4a16 import bind_bsr_w4a16_matmul, bsr_w4a16_matmul
     from compress_kernels.bsr_w8a8 import (bind_bsr_w8a8_matmul_parts, bind_bsr_w8a8_matmul_quantized,
                                            bsr_w8a8_matmul_parts, bsr_w8a8_matmul_quantized)
+    from compress_kernels.moe import bind_moe_w4a16, bind_moe_w8a8, bind_moe_w8a16, moe_w4a16, moe_w8a8, moe_w8a16
     from compress_kernels.norm_quant import MAX_ROW as NORM_QUANT_MAX_ROW
     from compress_kernels.norm_quant import gelu_quantize, layer_norm_quantize, rms_norm_quantize
     from compress_kernels.w4a16 import bind_w4a16_matmul, w4a16_matmul
@@ -92,6 +101,7 @@ else:  # pragma: no cover
     rms_norm_quantize = bind_w8a8_matmul = bind_w8a8_matmul_quantized = bind_w4a16_matmul = _missing
     bind_bsr_matmul_parts = bind_bsr_w8a8_matmul_parts = bind_bsr_w8a8_matmul_quantized = _missing
     w8a16_matmul = bind_w8a16_matmul = bsr_w4a16_matmul = bind_bsr_w4a16_matmul = _missing
+    moe_w4a16 = moe_w8a8 = moe_w8a16 = bind_moe_w4a16 = bind_moe_w8a8 = bind_moe_w8a16 = _missing
     w8a8_block_matmul = bind_w8a8_block_matmul = bind_w8a8_block_matmul_int8 = _missing
     bind_w8a8_block_matmul_quantized = quantize_act_blocks = quantize_weight_blocks = gelu_int8_blocks = _missing
     NORM_QUANT_MAX_ROW = 0
@@ -103,6 +113,9 @@ __all__ = [
     "bind_bsr_w4a16_matmul",
     "bind_bsr_w8a8_matmul_parts",
     "bind_bsr_w8a8_matmul_quantized",
+    "bind_moe_w4a16",
+    "bind_moe_w8a8",
+    "bind_moe_w8a16",
     "bind_w4a16_matmul",
     "bind_w8a8_block_matmul",
     "bind_w8a8_block_matmul_int8",
@@ -128,6 +141,12 @@ __all__ = [
     "interpreting",
     "layer_norm_quantize",
     "layer_norm_quantize_ref",
+    "moe_w4a16",
+    "moe_w4a16_ref",
+    "moe_w8a8",
+    "moe_w8a8_ref",
+    "moe_w8a16",
+    "moe_w8a16_ref",
     "quantize_act_blocks",
     "quantize_act_blocks_ref",
     "quantize_per_token",
@@ -136,6 +155,7 @@ __all__ = [
     "rms_norm_quantize",
     "rms_norm_quantize_ref",
     "rms_norm_ref",
+    "swiglu_ref",
     "unpack_int4",
     "unpack_int4_blocks",
     "w4a16_matmul",

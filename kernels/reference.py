@@ -42,6 +42,12 @@ division so the quantized values are 0 and nothing is NaN or Inf.
   (fp16 / bf16), optionally ``gelu`` (exact, fp32 math) of those values rounded again, and optionally the
   result quantized to int8 with 1 x B scales (:func:`quantize_act_blocks_ref`: the next layer's input format).
   A block holding a NaN or an Inf gets a NaN scale and zero integers (its output rows are NaN).
+* Grouped MoE experts (``moe_w4a16_ref``, ``moe_w8a8_ref``, ``moe_w8a16_ref``): the per-expert weights of a
+  scheme stacked over experts (E first). Token t's k experts ``e = topk_ids[t, j]`` (an id outside [0, E)
+  adds nothing) each compute their gate/up output ``[g, u]`` under the scheme's contract, rounded to x's
+  dtype (gate columns first), ``act = rd(rd(silu(g)) * u)`` and ``y = act @ W_down[e].T`` under the
+  scheme's contract kept in fp32 (W8A8: ``act`` quantized per row as x is); then
+  ``out[t] = rd(sum_j topk_weights[t, j] * y_j)``, summed in slot order in fp32.
 """
 from __future__ import annotations
 
@@ -327,3 +333,84 @@ def gelu_int8_blocks_ref(xq, s_x, act_dtype=torch.float16):
     the de-quantized values and the GELU's rounded to ``act_dtype`` as a float layer would hold them."""
     x = dequantize_act_blocks(xq, s_x).to(act_dtype)
     return quantize_act_blocks_ref(torch.nn.functional.gelu(x.float()).to(act_dtype))
+
+
+# ---- grouped MoE experts -------------------------------------------------------------------------
+def swiglu_ref(h: torch.Tensor) -> torch.Tensor:
+    """(M, 2I) gate/up outputs (gate columns first) in a float dtype -> ``rd(rd(silu(gate)) * up)`` (M, I) in
+    that dtype, fp32 math, SiLU's output and the product each rounded (``rd``) as fp16 / bf16 ops round them."""
+    gate, up = h.float().chunk(2, dim=-1)
+    return (torch.nn.functional.silu(gate).to(h.dtype).float() * up).to(h.dtype)
+
+
+def moe_combine_ref(y: torch.Tensor, topk_ids, topk_weights, num_experts: int, dtype) -> torch.Tensor:
+    """``out[t] = rd(sum_j w[t, j] * y[t, j])`` of the expert outputs ``y`` (T, k, H) fp32, summed in slot order
+    in fp32 from zero over the slots whose expert is in [0, E), rounded once to ``dtype``."""
+    routed = (topk_ids >= 0) & (topk_ids < num_experts)
+    out = torch.zeros(y.shape[0], y.shape[2], dtype=torch.float32, device=y.device)
+    for j in range(y.shape[1]):
+        weighted = topk_weights[:, j, None].float() * y[:, j]
+        out = out + torch.where(routed[:, j, None], weighted, torch.zeros_like(weighted))
+    return out.to(dtype)
+
+
+def moe_experts_ref(x, topk_ids, topk_weights, num_experts: int, gate_up, down) -> torch.Tensor:
+    """A fused-experts layer: token t's k experts ``e = topk_ids[t, j]`` each compute
+    ``y = down(swiglu_ref(gate_up(x_t, e)), e)`` (``gate_up`` -> (.., 2I) in x's dtype, ``down`` -> (.., H)
+    fp32), combined by :func:`moe_combine_ref`. Every expert runs on every token and keeps the rows routed
+    to it: no data-dependent shape, so this also runs inside a graph capture or a compiled graph."""
+    y = None
+    for expert in range(num_experts):
+        out = down(swiglu_ref(gate_up(x, expert)), expert)  # (T, H) fp32
+        y = torch.zeros(*topk_ids.shape, out.shape[-1], dtype=torch.float32, device=x.device) if y is None else y
+        y = torch.where((topk_ids == expert)[..., None], out[:, None, :], y)
+    return moe_combine_ref(y, topk_ids, topk_weights, num_experts, x.dtype)
+
+
+def _padded(v: torch.Tensor, k: int) -> torch.Tensor:
+    """``v`` (..., K) with zero channels appended up to ``k`` (the padding of a weight's K)."""
+    return torch.nn.functional.pad(v, (0, k - v.shape[-1]))
+
+
+def moe_w4a16_ref(x, topk_ids, topk_weights, gate_up_qweight, gate_up_scales, down_qweight, down_scales):
+    """Grouped W4A16 experts: per expert, ``qweight[e]`` (Kp/8, N) and ``scales[e]`` (Kp/G, N) under the W4A16
+    contract (G = Kp / scales rows); gate/up rounded to x's dtype, down's sums kept in fp32."""
+    k_up, k_down = gate_up_qweight.shape[1] * 8, down_qweight.shape[1] * 8
+
+    def gate_up(v, e):
+        return w4a16_matmul_ref(_padded(v, k_up), gate_up_qweight[e], gate_up_scales[e],
+                                k_up // gate_up_scales.shape[1])
+
+    def down(a, e):
+        return _padded(a, k_down).float() @ dequantize_int4(down_qweight[e], down_scales[e],
+                                                            k_down // down_scales.shape[1]).T
+
+    return moe_experts_ref(x, topk_ids, topk_weights, gate_up_qweight.shape[0], gate_up, down)
+
+
+def moe_w8a8_ref(x, topk_ids, topk_weights, gate_up_w_q, gate_up_w_scale, down_w_q, down_w_scale):
+    """Grouped W8A8 experts: x and each expert's activation quantized per row (:func:`quantize_per_token`),
+    ``w_q[e]`` (N, K) int8 and ``w_scale[e]`` (N,) under the W8A8 contract; down's output kept in fp32."""
+    xq, s_x = quantize_per_token(x)
+
+    def gate_up(_, e):
+        return w8a8_matmul_quantized_ref(xq, s_x, gate_up_w_q[e], gate_up_w_scale[e], None, x.dtype)
+
+    def down(a, e):
+        return w8a8_matmul_quantized_ref(*quantize_per_token(a), down_w_q[e], down_w_scale[e], None, torch.float32)
+
+    return moe_experts_ref(x, topk_ids, topk_weights, gate_up_w_q.shape[0], gate_up, down)
+
+
+def moe_w8a16_ref(x, topk_ids, topk_weights, gate_up_w_q, gate_up_w_scale, down_w_q, down_w_scale):
+    """Grouped W8A16 experts: ``w_q[e]`` (N, Kp) int8 and ``w_scale[e]`` (N,) or (N, Kp/128) under the W8A16
+    contract; gate/up rounded to x's dtype, down's sums kept in fp32."""
+    k_up, k_down = gate_up_w_q.shape[2], down_w_q.shape[2]
+
+    def gate_up(v, e):
+        return w8a16_matmul_ref(_padded(v, k_up), gate_up_w_q[e], gate_up_w_scale[e])
+
+    def down(a, e):
+        return _padded(a, k_down).float() @ dequantize_int8(down_w_q[e], down_w_scale[e]).T
+
+    return moe_experts_ref(x, topk_ids, topk_weights, gate_up_w_q.shape[0], gate_up, down)

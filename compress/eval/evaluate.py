@@ -136,9 +136,12 @@ def tensor_bytes(t: torch.Tensor) -> int:
 
 
 def _unique_tensors(module: nn.Module):
+    """``module``'s parameters and buffers, each storage once: a dense tensor whose storage an earlier one
+    holds is a view of it (tied weights; the experts' buffers of a grouped ``QuantizedExperts``, views of
+    the block's stacked buffers, which ``module.buffers()`` lists first)."""
     seen = set()
     for t in list(module.parameters()) + list(module.buffers()):
-        key = id(t) if t.layout != torch.strided else (t.data_ptr(), t.numel(), t.dtype)
+        key = id(t) if t.layout != torch.strided or t.is_meta else t.untyped_storage().data_ptr()
         if key not in seen:
             seen.add(key)
             yield t

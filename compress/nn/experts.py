@@ -21,9 +21,23 @@ Parameter zeroes the gradient of every expert's pruned blocks.
 
 Inference: :class:`QuantizedExperts` holds per-expert inference modules (``W8A8Linear``,
 ``W4A16Linear``, ``W8A16Linear``, ``BSRLinear``, ``BSRW8A8Linear``, ``BSRW4A16Linear``, or ``nn.Linear``
-for an expert left dense) and runs the same loop. Cost: one kernel call per matrix for each expert that
-got tokens (2 per expert, plus the gather / ``index_add_`` that ``transformers``' own loop does), and a
-host synchronisation per forward to list the experts hit, as ``transformers``' eager loop has too.
+for an expert left dense), saved and loaded as such. Two paths:
+
+* grouped (:mod:`compress.nn.grouped_experts`): when every expert of both matrices is the same W4A16, W8A8
+  (dynamic) or W8A16 module with one layout and ``act_fn`` is SiLU, the block stacks each quantized buffer
+  over experts (the experts' own buffers become views of the stack: no second copy, the saved format
+  unchanged) and its forward is ``compress_kernels.moe_<scheme>``: routing on the device, one launch per
+  projection for all experts (SwiGLU in the gate/up epilogue), the top-k sum in one more; no host
+  synchronisation, so it captures in a CUDA graph and compiles whole. ``grouped_scheme`` says which.
+* loop (:func:`route_to_experts`, ``transformers``' eager loop) for anything else: experts of mixed kinds,
+  left dense, block-sparse, another activation. Cost: one kernel call per matrix for each expert that got
+  tokens, the gather / ``index_add_``, and a host synchronisation per forward to list the experts hit.
+
+Block-sparse experts (``BSRLinear``, ``BSRW8A8Linear``, ``BSRW4A16Linear``) stay on the loop: each expert
+has its own block pattern (its own ``crow_indices`` / ``col_indices`` and number of blocks), so a grouped
+launch would need per-expert index tables and a tile schedule that follows each expert's kept blocks; the
+dense grouped kernels cannot read them, and stacking them densely would give up the sparsity the experts
+were pruned for. That is left for a later round.
 """
 from __future__ import annotations
 
@@ -32,6 +46,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from compress.core.sparsity import block_grid
+from compress.nn.grouped_experts import GROUPED_BUFFERS, group_experts, grouped_current, grouped_forward
 from compress.nn.qat import CompressedLinear, split_configs
 
 # The flags of transformers' use_experts_implementation, with the values this module takes.
@@ -234,7 +249,8 @@ class CompressedExperts(nn.Module):
 
 class QuantizedExperts(nn.Module):
     """Inference module for a fused-experts block: per expert, its ``gate_up`` (N=2I, K=H) and ``down``
-    (N=H, K=I) inference modules (or ``nn.Linear`` for a matrix left dense), run by the same loop."""
+    (N=H, K=I) inference modules (or ``nn.Linear`` for a matrix left dense), run by the grouped kernels
+    or by the loop (module docstring). ``grouped_scheme``: ``"w4a16"``, ``"w8a8"``, ``"w8a16"`` or None (loop)."""
 
     def __init__(self, act_fn: nn.Module, gate_up: list[nn.Module], down: list[nn.Module]):
         super().__init__()
@@ -251,6 +267,10 @@ class QuantizedExperts(nn.Module):
                                  f"got {shapes}")
         self.act_fn = act_fn
         self.gate_up, self.down = nn.ModuleList(gate_up), nn.ModuleList(down)
+        self.grouped_scheme: str | None = None
+        self.allow_grouped = True  # False: always the loop (set_grouped)
+        group_experts(self)
+        self.register_load_state_dict_post_hook(_group_after_load)
 
     @classmethod
     def empty_like(cls, experts: nn.Module) -> "QuantizedExperts":
@@ -269,13 +289,44 @@ class QuantizedExperts(nn.Module):
                    [placeholder(intermediate, hidden) for _ in range(count)])
 
     def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor):
+        if self.grouped_scheme is not None and not torch.compiler.is_compiling() and not grouped_current(self):
+            group_experts(self)  # an expert's buffer was replaced since the stacking: stack again
+        if self.grouped_scheme is not None:
+            return grouped_forward(self, hidden_states, top_k_index, top_k_weights)
         return route_to_experts(hidden_states, top_k_index, top_k_weights, self.num_experts, self.gate_up, self.down,
                                 self.act_fn)
 
+    def set_grouped(self, enabled: bool) -> str | None:
+        """Allow the grouped path (the default) or keep this block on the loop (e.g. to time or debug one
+        against the other); returns ``grouped_scheme``."""
+        self.allow_grouped = bool(enabled)
+        return group_experts(self)
+
+    def regroup(self) -> str | None:
+        """Decide the path again and stack the experts' buffers for the grouped one (after changing experts by
+        hand; casts, moves and ``load_state_dict`` do it themselves); returns ``grouped_scheme``."""
+        return group_experts(self)
+
+    def _apply(self, fn, recurse=True):
+        stacked = {name: self._buffers.pop(name) for name in GROUPED_BUFFERS if name in self._buffers}
+        try:
+            return super()._apply(fn, recurse)  # moves each expert's view on its own
+        finally:
+            if stacked and grouped_current(self):  # nothing was replaced (a cast that leaves integers as they are)
+                self._buffers.update(stacked)
+            else:
+                group_experts(self)
+
     def extra_repr(self) -> str:
         kinds = sorted({type(m).__name__ for m in (*self.gate_up, *self.down)})
+        path = f"grouped {self.grouped_scheme}" if self.grouped_scheme else "loop"
         return (f"num_experts={self.num_experts}, hidden_dim={self.hidden_dim}, "
-                f"intermediate_dim={self.intermediate_dim}, modules={kinds}")
+                f"intermediate_dim={self.intermediate_dim}, modules={kinds}, path={path}")
+
+
+def _group_after_load(module: QuantizedExperts, incompatible_keys) -> None:
+    """``load_state_dict`` post-hook: the experts' buffers may have been replaced (``assign=True``)."""
+    group_experts(module)
 
 
 def compressed_experts(model: nn.Module) -> dict[str, CompressedExperts]:

@@ -46,8 +46,8 @@ PLANE_MIN_K = 128  # nibble planes: one 16-deep dot per plane needs 128-deep K t
 
 
 @triton.jit
-def _tile_product(acc, a, packed, scale, SCALE_AFTER_DOT: tl.constexpr, FP32_OPERANDS: tl.constexpr,
-                  BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):
+def tile_product(acc, a, packed, scale, SCALE_AFTER_DOT: tl.constexpr, FP32_OPERANDS: tl.constexpr,
+                 BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):
     """acc + x tile (BM, BK) @ dequantized weight tile (BK, BN) with one scale row (BN,), fp32."""
     if FP32_OPERANDS:  # interpreter + bf16: its bf16 arithmetic is broken, fp32 is exact here
         a = a.to(tl.float32)
@@ -85,9 +85,9 @@ def _plane_dot(part, a, w, FP32_OPERANDS: tl.constexpr):
 
 
 @triton.jit
-def _plane_tile_product(acc, x_ptrs, packed, scale, offs_k, kt, k_last, EVEN_K: tl.constexpr,
-                        ASM_UNPACK: tl.constexpr, FP32_OPERANDS: tl.constexpr,
-                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def plane_tile_product(acc, x_ptrs, packed, scale, offs_k, kt, k_last, EVEN_K: tl.constexpr,
+                       ASM_UNPACK: tl.constexpr, FP32_OPERANDS: tl.constexpr,
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """acc + one K tile as 8 nibble planes: plane j (BK/8, BN) times the x columns kt + 8r + j, the sum
     of the 8 products scaled once (see the module docstring)."""
     part = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -137,7 +137,7 @@ def _w4a16_matmul_kernel(
     else:
         scale_next = tl.zeros((BLOCK_N,), dtype=tl.float32)
     for k0 in range(k_first, k_last, BLOCK_K):
-        if not PLANES:  # (the planes split their x tile in _plane_tile_product)
+        if not PLANES:  # (the planes split their x tile in plane_tile_product)
             if EVEN_K:
                 a = tl.load(x_ptrs)
             else:
@@ -153,10 +153,10 @@ def _w4a16_matmul_kernel(
         else:  # the tile's loads, then its scale row
             scale = tl.load(s_ptrs + (k0 // group_size) * stride_sg).to(tl.float32)  # (BN,)
         if PLANES:
-            acc = _plane_tile_product(acc, x_ptrs, packed, scale, offs_k, k0, k_last, EVEN_K, ASM_UNPACK,
-                                      FP32_OPERANDS, BLOCK_M, BLOCK_N, BLOCK_K)
+            acc = plane_tile_product(acc, x_ptrs, packed, scale, offs_k, k0, k_last, EVEN_K, ASM_UNPACK,
+                                     FP32_OPERANDS, BLOCK_M, BLOCK_N, BLOCK_K)
         else:
-            acc = _tile_product(acc, a, packed, scale, SCALE_AFTER_DOT, FP32_OPERANDS, BLOCK_K, BLOCK_N)
+            acc = tile_product(acc, a, packed, scale, SCALE_AFTER_DOT, FP32_OPERANDS, BLOCK_K, BLOCK_N)
         x_ptrs += BLOCK_K * stride_xk
         q_ptrs += (BLOCK_K // 8) * stride_qk
 

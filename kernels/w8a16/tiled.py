@@ -92,8 +92,8 @@ def _dot(w, a, acc, FP32_OPERANDS: tl.constexpr):
 
 
 @triton.jit
-def _tile_product(acc, w, a, s_ptrs, k0, stride_sg, GROUPED: tl.constexpr, GROUP_SIZE: tl.constexpr,
-                  SCALE_AFTER_DOT: tl.constexpr, FP32_OPERANDS: tl.constexpr, ASM_CONVERT: tl.constexpr):
+def tile_product(acc, w, a, s_ptrs, k0, stride_sg, GROUPED: tl.constexpr, GROUP_SIZE: tl.constexpr,
+                 SCALE_AFTER_DOT: tl.constexpr, FP32_OPERANDS: tl.constexpr, ASM_CONVERT: tl.constexpr):
     """acc (BN, BM) + the int8 weight tile ``w`` (BN, BK) times the x tile ``a`` (BM, BK) transposed;
     with groups, the tile's scale row (BN,) applied (see the module docstring)."""
     operand_dtype: tl.constexpr = tl.float32 if FP32_OPERANDS else a.dtype
@@ -139,8 +139,8 @@ def _w8a16_tiled_kernel(
         else:
             a = tl.load(x_ptrs, mask=(k0 + offs_k)[None, :] < k_last, other=0.0)
             w = tl.load(w_ptrs, mask=(k0 + offs_k)[None, :] < k_last, other=0)
-        acc = _tile_product(acc, w, a, s_ptrs, k0, stride_sg, GROUPED, GROUP_SIZE, SCALE_AFTER_DOT, FP32_OPERANDS,
-                            ASM_CONVERT)
+        acc = tile_product(acc, w, a, s_ptrs, k0, stride_sg, GROUPED, GROUP_SIZE, SCALE_AFTER_DOT, FP32_OPERANDS,
+                           ASM_CONVERT)
         x_ptrs += BLOCK_K * stride_xk
         w_ptrs += BLOCK_K * stride_wk
 

@@ -7,4 +7,5 @@ w4a16    W4A16 (compress_kernels.w4a16)
 w8a16    W8A16 (compress_kernels.w8a16)
 w8a8_block  block-scaled W8A8 (compress_kernels.w8a8_block), with --int8-out the MLP chain's up-projection
 bsr      DDS (compress_kernels.bsr) and, with --int8, DDS + W8A8 (compress_kernels.bsr_w8a8)
+moe      the grouped MoE ops (compress_kernels.moe), one scheme per run (--scheme), BLOCK_M and each projection's tiles
 """

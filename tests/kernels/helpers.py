@@ -177,3 +177,40 @@ def int4_block_sparse(n, k, sparsity, group_size=32, device=DEVICE, empty_rows=(
     crow[1:] = keep.sum(1).cumsum(0)
     parts = (crow.to(device), c_idx.to(torch.int32).to(device), values.to(device))
     return parts, block_scales.to(device), pack_int4(q.T.contiguous()).to(device), scales.to(device)
+
+
+def random_moe_weights(scheme: str, experts: int, hidden: int, inter: int, group_size=None, device="cpu", seed=0):
+    """Random stacked expert weights of ``scheme`` ("w4a16", "w8a8", "w8a16") as the grouped MoE ops take them:
+    (gate_up, gate_up scales, down, down scales) for a (2I, H) gate/up and (H, I) down weight per expert.
+    ``group_size``: W4A16 G (None: per channel) or W8A16 128 (None: per channel); K is padded with zero
+    weights as the inference modules pad it (W4A16: to a multiple of 8 and G; W8A16: of 8, or 128)."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def padded(k, multiple):
+        return -(-k // multiple) * multiple
+
+    def one(n, k):
+        if scheme == "w4a16":
+            kp = padded(k, 8 if group_size is None else group_size)
+            q = torch.randint(-8, 8, (experts, kp, n), generator=gen, dtype=torch.int8)
+            q[:, k:] = 0  # the padded input channels hold zero weights
+            qweight = torch.stack([pack_int4(q[e]) for e in range(experts)])
+            scales = torch.rand(experts, kp // (group_size or kp), n, generator=gen) * 0.02 + 0.001
+            return qweight.to(device), scales.to(device)
+        kp = k if scheme == "w8a8" else padded(k, 8 if group_size is None else group_size)
+        w_q = torch.randint(-127, 128, (experts, n, kp), generator=gen, dtype=torch.int8)
+        w_q[:, :, k:] = 0
+        shape = (experts, n) if group_size is None else (experts, n, kp // group_size)
+        return w_q.to(device), (torch.rand(shape, generator=gen) * 0.01 + 0.001).to(device)
+
+    return (*one(2 * inter, hidden), *one(hidden, inter))
+
+
+def random_routing(tokens: int, experts: int, top_k: int, device="cpu", seed=0):
+    """(topk_ids (T, k) int64 of distinct experts per token, topk_weights (T, k) fp32 summing to 1 per token)."""
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.zeros(tokens, top_k, dtype=torch.int64)
+    for t in range(tokens):
+        ids[t] = torch.randperm(experts, generator=gen)[:top_k]
+    weights = torch.rand(tokens, top_k, generator=gen) + 0.1
+    return ids.to(device), (weights / weights.sum(-1, keepdim=True)).to(device)
