@@ -13,22 +13,24 @@ prefill of a top-2 8-expert layer: 128).
   (:mod:`compress_kernels.moe.w4a16_fma`; the dense W4A16 table's M = 1 path, H200 8192x28672 61 us against
   115 us for the 16-row tiles at M = 16), with the down projection split as that path splits
   (:func:`compress_kernels.w4a16.dispatch.fma_split_k`) and gate/up 32 columns wide when 64 would give fewer
-  than ``FMA_MIN_PROGRAMS`` programs. Otherwise 16 rows up to 16 (the smallest tensor-core tile; each
-  program reads its expert's weight tile once for all its rows), 32 up to 32, else 64 (W4A16, W8A16: the
-  weight tile is converted to x's dtype in registers, and 64-row tiles keep the padding of each expert's
-  last block under a quarter of a 128-row expert), 128 for W8A8 above 64 rows (int8 tensor cores want
-  the larger tile).
+  than ``FMA_MIN_PROGRAMS`` programs (it reads the weights once per row, so two rows already lose to a
+  16-row tile: H200 Mixtral layer, 8 tokens, 513 us against 374 us). Otherwise 16 rows up to 16 (the
+  smallest tensor-core tile; each program reads its expert's weight tile once for all its rows), 32 up to
+  32, 64 up to 64, then 128 for W4A16 and W8A8 (fewer weight re-reads: Mixtral layer, 512 tokens, W4A16
+  1,608 us against 1,808 us with 64 rows; the 2048x7168 layer within 2%), 64 for W8A16.
 * gate/up: ``block_n`` gate columns (and the same up columns) per program, so the SwiGLU of a column
   pair happens in the epilogue; no K split (the activation needs the whole sum). Programs:
   blocks x I / block_n (Mixtral decode, 2 experts hit: 2 x 14336 / 64 = 448).
 * down: ``block_n`` hidden columns per program and a K split so that at least ``MIN_PROGRAMS_PER_SM``
   programs per SM stream weights when few experts are hit (Mixtral decode: 2 experts x 4096 / 64 x 4
   splits = 512 programs); the fp32 partials are summed by the top-k combine kernel, which reads them anyway.
+  W4A16 16-row plane tiles of the down projection run 2 warps (Mixtral layer, 64 tokens: 494 us against
+  553 us with 4).
 * W4A16 K tiles stay inside one scale group (``block_k`` divides G, or G = K); with 128-deep tiles at
   16 rows the packed words go into the dot as 8 nibble planes (:mod:`compress_kernels.w4a16.tiled`).
 
-These are first picks, from the dense kernels' tables (docs/kernels.md) for the rows per expert: no
-grouped-kernel sweep has been run on a GPU yet.
+W4A16 rows are from ``scripts/tune/moe.py`` on an H200 (Mixtral 4096x14336 and 2048x7168 layers, 8 / 64 /
+512 tokens); the W8A8 and W8A16 rows are still the dense tables' picks for the rows per expert.
 """
 from __future__ import annotations
 
@@ -44,7 +46,7 @@ SCHEMES = ("w4a16", "w8a8", "w8a16")
 MIN_PROGRAMS_PER_SM = 2  # down projection: split K until the hit experts' tiles give this many programs per SM
 MIN_SPLIT_TILES = 4  # ... while each split keeps at least this many K tiles
 MAX_SPLIT = 16
-FMA_MAX_ROWS = 2  # W4A16: up to this many rows per expert (Mixtral, top-2 of 8: up to 8 tokens), one row per program
+FMA_MAX_ROWS = 1  # W4A16: up to this many rows per expert (Mixtral, top-2 of 8: up to 4 tokens), one row per program
 
 
 class ProjectionTiles(NamedTuple):
@@ -79,7 +81,7 @@ def block_m_for(scheme: str, rows: int) -> int:
         return 16
     if rows <= 32:
         return 32
-    return 128 if scheme == "w8a8" and rows > 64 else 64
+    return 128 if scheme != "w8a16" and rows > 64 else 64
 
 
 def down_split(num_pairs: int, num_experts: int, block_m: int, hidden: int, k: int, tiles: ProjectionTiles,
@@ -101,10 +103,10 @@ def _w4a16_tile_k(group_size: int, k: int) -> int:
     return 128 if group_size == k else min(128, group_size)
 
 
-def _w4a16_tiles(block_m: int, group_size: int, k: int, block_n: int) -> ProjectionTiles:
+def _w4a16_tiles(block_m: int, group_size: int, k: int, block_n: int, warps_16: int = 4) -> ProjectionTiles:
     tile_k = _w4a16_tile_k(group_size, k)
     if block_m == 16 and tile_k == 128:  # decode: nibble planes straight into the dot (dense 2-16 rows: 1.3-1.6x)
-        return ProjectionTiles(block_n, 128, num_warps=4, num_stages=3, planes=True)
+        return ProjectionTiles(block_n, 128, num_warps=warps_16, num_stages=3, planes=True)
     if block_m <= 32:  # exact integer operands, the fp32 product scaled once per tile (dense 17-64 rows)
         return ProjectionTiles(block_n, tile_k, num_warps=4, num_stages=4, scale_after_dot=True)
     # more rows: the tile dequantized to x's dtype before the dot, the accumulator stays in the tensor cores
@@ -141,7 +143,7 @@ def pick(scheme: str, num_pairs: int, num_experts: int, hidden: int, gate_up_k: 
         return MoeConfig(1, gate_up, down._replace(split_k=fma_split_k(num_pairs, hidden, down_k, down)))
     if scheme == "w4a16":
         gate_up = _w4a16_tiles(block_m, gate_up_group, gate_up_k, 64)
-        down = _w4a16_tiles(block_m, down_group, down_k, wide)
+        down = _w4a16_tiles(block_m, down_group, down_k, wide, warps_16=2)
     else:
         gate_up = _int8_tiles(scheme, block_m, gate_up_group != 0, 64)
         down = _int8_tiles(scheme, block_m, down_group != 0, wide)

@@ -183,7 +183,9 @@ def random_moe_weights(scheme: str, experts: int, hidden: int, inter: int, group
     """Random stacked expert weights of ``scheme`` ("w4a16", "w8a8", "w8a16") as the grouped MoE ops take them:
     (gate_up, gate_up scales, down, down scales) for a (2I, H) gate/up and (H, I) down weight per expert.
     ``group_size``: W4A16 G (None: per channel) or W8A16 128 (None: per channel); K is padded with zero
-    weights as the inference modules pad it (W4A16: to a multiple of 8 and G; W8A16: of 8, or 128)."""
+    weights as the inference modules pad it (W4A16: to a multiple of 8 and G; W8A16: of 8, or 128). Scales make
+    each weight's standard deviation about 1/sqrt(K) (int4 codes have std 4.6, int8 codes 73), so activations
+    stay O(1) through both projections and fp16 does not overflow at Mixtral's widths."""
     gen = torch.Generator().manual_seed(seed)
 
     def padded(k, multiple):
@@ -195,13 +197,13 @@ def random_moe_weights(scheme: str, experts: int, hidden: int, inter: int, group
             q = torch.randint(-8, 8, (experts, kp, n), generator=gen, dtype=torch.int8)
             q[:, k:] = 0  # the padded input channels hold zero weights
             qweight = torch.stack([pack_int4(q[e]) for e in range(experts)])
-            scales = torch.rand(experts, kp // (group_size or kp), n, generator=gen) * 0.02 + 0.001
+            scales = (torch.rand(experts, kp // (group_size or kp), n, generator=gen) + 0.5) / (4.6 * k ** 0.5)
             return qweight.to(device), scales.to(device)
         kp = k if scheme == "w8a8" else padded(k, 8 if group_size is None else group_size)
         w_q = torch.randint(-127, 128, (experts, n, kp), generator=gen, dtype=torch.int8)
         w_q[:, :, k:] = 0
         shape = (experts, n) if group_size is None else (experts, n, kp // group_size)
-        return w_q.to(device), (torch.rand(shape, generator=gen) * 0.01 + 0.001).to(device)
+        return w_q.to(device), ((torch.rand(shape, generator=gen) + 0.5) / (73.0 * k ** 0.5)).to(device)
 
     return (*one(2 * inter, hidden), *one(hidden, inter))
 

@@ -4,7 +4,9 @@ CPU: the Triton interpreter on small shapes (several experts, top-1 to top-3, ex
 token, more tokens than BLOCK_M on one expert, K not a multiple of the tile, padded K, every W4A16 product,
 split-K); GPU (marked ``gpu``): Mixtral-like shapes, torch.compile(fullgraph) and CUDA-graph replay.
 Tolerance ``MOE_TOL``: the dense ops' (tests/kernels/helpers.py) twice, since two GEMMs and the SwiGLU
-round in x's dtype in a row; fp16 in the interpreter is exact here.
+round in x's dtype in a row; fp16 in the interpreter is exact here. bf16 in the interpreter gets 3e-2: it
+truncates every fp32 -> bf16 cast (gate/up, SiLU, the product), a bias of half an ulp (2^-9) each, which the
+reference rounds to nearest (seen: 1.2-2.1% on O(1) activations).
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from compress_kernels.moe.op import (bind_moe_w4a16, bind_moe_w8a8, bind_moe_w8a
                                      moe_w8a16)
 from tests.kernels.helpers import DEVICE, DTYPES, random_moe_weights, random_routing, rel_error
 
-MOE_TOL = {torch.float16: 4e-3, torch.bfloat16: 2e-2}
+MOE_TOL = {torch.float16: 4e-3, torch.bfloat16: 3e-2 if DEVICE == "cpu" else 2e-2}
 OPS = {"w4a16": (moe_w4a16, reference.moe_w4a16_ref), "w8a8": (moe_w8a8, reference.moe_w8a8_ref),
        "w8a16": (moe_w8a16, reference.moe_w8a16_ref)}
 GROUPS = {"w4a16": (32, 128, None), "w8a8": (None,), "w8a16": (None, 128)}  # the scale layouts each scheme has
@@ -45,7 +47,7 @@ def check(scheme, dtype, tokens, hidden, inter, experts, top_k, group_size=None,
 @pytest.mark.parametrize("tokens,experts,top_k", [(1, 4, 2), (6, 8, 2), (5, 3, 1), (13, 4, 2)])
 def test_matches_reference(dtype, scheme, group_size, tokens, experts, top_k):
     """One token; several experts at top-2 with experts left without tokens (6 tokens x 2 over 8); top-1;
-    W4A16 runs the one-row kernel up to 2 rows per expert (the first three), tiles from there on."""
+    W4A16 runs the one-row kernel at one row per expert (the first), tiles from there on."""
     check(scheme, dtype, tokens, 128, 64, experts, top_k, group_size)
 
 
