@@ -50,7 +50,7 @@ class BsrConfig:
     group: int  # stored blocks gathered per step (K-tile width 32 * group)
     num_warps: int
     num_stages: int
-    split: int = 1  # gemm: programs sharing one block row's stored blocks (the last one to finish reduces)
+    split: int = 1  # programs sharing one block row's stored blocks (the last one to finish reduces; gemm, int4 gemv)
     prefetch: int = 0  # gemv: bytes of each block row's stored blocks prefetched into L2 (common.prefetch)
 
 

@@ -5,11 +5,10 @@ kernel and tiles that run, in :class:`compress_kernels.bsr.dispatch.BsrConfig` f
 * ``gemm``: :mod:`compress_kernels.bsr_w4a16.gemm`, tensor-core tiles, one 32-deep dot per stored block,
   a block row optionally shared by ``split`` programs.
 
-Read the table top to bottom: the first row that matches decides. The rows are the DDS table's
-(:func:`compress_kernels.bsr.dispatch.pick`) with the int4 block's bytes: no row has been timed for
-this op yet (``python -m scripts.tune.bsr`` has no int4 mode; ``python -m scripts.bench.kernels`` times
-``ours_dds_w4a16_{50,90}``, ``python -m scripts.bench.decode`` the ``dds50-w4a16`` variant), so each row
-says which DDS figure it was taken from. There is no dense path
+Read the table top to bottom: the first row that matches decides. The one-row rows come from
+``python -m scripts.tune.bsr --int4`` on an H200 (M = 1; 4096x4096, 4096x14336, 14336x4096 at 50% and 90%);
+the tile rows are still the DDS table's (:func:`compress_kernels.bsr.dispatch.pick`) with the int4 block's
+bytes, and say which DDS figure they were taken from. There is no dense path
 at large M (DDS writes the weight out for cuBLAS from 2048 rows): the tiles serve every M. The table
 depends on shapes and the number of stored blocks only, so a call is the same every time and can be
 captured in a CUDA graph; :func:`cached_pick` remembers it per argument tuple (what the launchers call).
@@ -17,6 +16,7 @@ captured in a CUDA graph; :func:`cached_pick` remembers it per argument tuple (w
 from __future__ import annotations
 
 import functools
+import math
 
 import triton
 
@@ -28,6 +28,22 @@ from compress_kernels.reference import BSR_BLOCK
 BLOCK_BYTES = BSR_BLOCK * BSR_BLOCK // 2 + BSR_BLOCK * 4  # one stored block: 512 bytes of int4, 32 fp32 scales
 
 
+GEMV_BLOCK_N, GEMV_GROUP = 32, 16
+GEMV_PROGRAMS_PER_SM = 3  # split the block rows until the one-row kernel has this many programs per SM
+GEMV_MAX_SPLIT = 8
+
+
+def gemv_split(programs: int, blocks_per_row: float, sms: int) -> int:
+    """Programs sharing a block row in the one-row kernel: the smallest power of two giving
+    ``GEMV_PROGRAMS_PER_SM`` programs per SM, at most ``GEMV_MAX_SPLIT`` and no more shares than the mean
+    block row has GROUP steps, rounded up to a power of two (a 90% 4096-wide row: one step, no split)."""
+    steps = max(1, math.ceil(blocks_per_row / GEMV_GROUP))
+    split = 1
+    while programs * split < GEMV_PROGRAMS_PER_SM * sms and split < min(GEMV_MAX_SPLIT, steps):
+        split *= 2
+    return split
+
+
 def pick(m: int, n: int, k: int, nnz: int, device) -> BsrConfig:
     """The DDS + W4A16 kernel and tiles for x (M, K) times the int4 (N, K) weight with ``nnz`` stored
     32x32 blocks on ``device``."""
@@ -35,10 +51,12 @@ def pick(m: int, n: int, k: int, nnz: int, device) -> BsrConfig:
     block_rows = n // BSR_BLOCK
     blocks_per_row = nnz / block_rows
     # One row, and 2-4 while the stored blocks stay in L2 (DDS's rule on their bytes): memory bound, one
-    # row per program on CUDA cores; 8 outputs per program keep >= 4 programs per SM streaming (DDS's
-    # gemv), 8 blocks (256 channels) per step
+    # row per program on CUDA cores, 32 outputs and 16 blocks (512 channels) a step, a block row shared
+    # by ``gemv_split`` programs when there are few (H200, M = 1, 50%: 4096x4096 14.1 -> 8.9 us,
+    # 14336x4096 38.6 -> 15.5 us, 4096x14336 29.8 -> 15.9 us against 8 outputs and 8 blocks, unsplit)
     if gemv_serves(m, nnz * BLOCK_BYTES):
-        return BsrConfig("gemv", 1, 8, 8, 4, 3)
+        return BsrConfig("gemv", 1, GEMV_BLOCK_N, GEMV_GROUP, 4, 3,
+                         split=gemv_split(m * n // GEMV_BLOCK_N, blocks_per_row, sm_count(device)))
     # Up to 16 rows: one 16-row tile reads each block once; long block rows (>= 24 blocks) shared by 4
     # programs while there are at most ~2 programs per SM of block rows (DDS: 90%, M = 16, 11008x4096
     # 12.1 -> 9.6 us)

@@ -15,6 +15,11 @@ cores with :func:`compress_kernels.common.int4.tile_partial` (each nibble turned
 value from its bits in place: three instructions per weight). Each packed row's partial sums of 8
 products are scaled by their block's scale (read as a (4 GROUP, BLOCK_N) tile: the 4 rows of a block
 read the same 32 bytes) and summed along K in fp32. Every stored block is read once per row of x.
+
+With ``split`` > 1, ``split`` programs share one block row's stored blocks (whole GROUP steps each), so a
+layer with few block rows still has enough programs in flight; each stores its fp32 partial and the last
+one to finish sums them in split order (:func:`compress_kernels.common.splitk.last_split_reduces`, the
+same bits on every run).
 """
 from __future__ import annotations
 
@@ -23,6 +28,7 @@ import triton.language as tl
 
 from compress_kernels.common.int4 import tile_partial
 from compress_kernels.common.launch import launch
+from compress_kernels.common.splitk import last_split_buffers, last_split_reduces
 from compress_kernels.reference import BSR_BLOCK
 
 WORDS = BSR_BLOCK // 8  # int32 words per row of a stored block (8 int4 values each)
@@ -31,15 +37,22 @@ WORDS = BSR_BLOCK // 8  # int32 words per row of a stored block (8 int4 values e
 @triton.jit
 def _bsr_w4a16_gemv_kernel(
     x_ptr, crow_ptr, col_ptr, val_ptr, s_ptr, bias_ptr, y_ptr,  # x (M, K), BSR, values (nnz, 32, 4), (nnz, 32), (N,)
-    stride_xm, stride_ym,
-    HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, GROUP: tl.constexpr, BLOCK: tl.constexpr, WORDS: tl.constexpr,
+    ws_ptr, cnt_ptr,  # SPLIT > 1: fp32 partials (SPLIT, M, N), int32 ticket counters (one per output tile)
+    M, N, stride_xm, stride_ym,
+    SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, GROUP: tl.constexpr, BLOCK: tl.constexpr,
+    WORDS: tl.constexpr,
 ):
     pid_n = tl.program_id(0)  # which BLOCK_N outputs
     row = tl.program_id(1).to(tl.int64)  # which row of x
+    pid_s = tl.program_id(2)  # which share of the block row's stored blocks
     block_row = (pid_n * BLOCK_N) // BLOCK
     sub = (pid_n * BLOCK_N) % BLOCK + tl.arange(0, BLOCK_N)  # output rows inside the block row, (BLOCK_N,)
     start = tl.load(crow_ptr + block_row).to(tl.int32)
     end = tl.load(crow_ptr + block_row + 1).to(tl.int32)
+    if SPLIT > 1:  # whole GROUP steps per share
+        share = tl.cdiv(tl.cdiv(end - start, SPLIT), GROUP) * GROUP
+        start = start + pid_s * share
+        end = tl.minimum(end, start + share)
 
     offs_r = tl.arange(0, GROUP * WORDS)  # packed rows of a step: word offs_r % WORDS of block offs_r // WORDS
     word = offs_r % WORDS
@@ -58,9 +71,13 @@ def _bsr_w4a16_gemv_kernel(
         acc += tl.sum(tile_partial(packed, xt, GROUP * BLOCK) * scale.to(tl.float32), axis=0)
 
     offs_n = block_row * BLOCK + sub
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + offs_n).to(tl.float32)
-    tl.store(y_ptr + row * stride_ym + offs_n, acc.to(y_ptr.dtype.element_ty))
+    if SPLIT > 1:  # the last share of this row's outputs to finish sums the partials (common.splitk)
+        last_split_reduces(acc[None, :], ws_ptr, cnt_ptr, y_ptr, bias_ptr, row + tl.zeros((1,), dtype=tl.int64),
+                           offs_n, M, N, stride_ym, row * tl.num_programs(0) + pid_n, pid_s, SPLIT, HAS_BIAS)
+    else:
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + offs_n).to(tl.float32)
+        tl.store(y_ptr + row * stride_ym + offs_n, acc.to(y_ptr.dtype.element_ty))
 
 
 def launch_gemv(x2, crow_indices, col_indices, values, scales, bias, y, cfg) -> None:
@@ -69,10 +86,12 @@ def launch_gemv(x2, crow_indices, col_indices, values, scales, bias, y, cfg) -> 
     n = y.shape[1]
     if cfg.kernel != "gemv" or cfg.block_n not in (8, 16, 32) or cfg.prefetch:
         raise ValueError(f"config: expected a 'gemv' BsrConfig with block_n 8, 16 or 32 and no prefetch, got {cfg}")
-    grid = (n // cfg.block_n, m)
+    grid = (n // cfg.block_n, m, cfg.split)
+    workspace, counters = last_split_buffers(y, cfg.split, m, n, grid[0] * grid[1])
     launch(_bsr_w4a16_gemv_kernel, grid,
-        x2, crow_indices, col_indices, values, scales, bias if bias is not None else scales, y,
-        x2.stride(0), y.stride(0),
-        HAS_BIAS=bias is not None, BLOCK_N=cfg.block_n, GROUP=cfg.group, BLOCK=BSR_BLOCK, WORDS=WORDS,
+        x2, crow_indices, col_indices, values, scales, bias if bias is not None else scales, y, workspace, counters,
+        m, n, x2.stride(0), y.stride(0),
+        SPLIT=cfg.split, HAS_BIAS=bias is not None, BLOCK_N=cfg.block_n, GROUP=cfg.group, BLOCK=BSR_BLOCK,
+        WORDS=WORDS,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )

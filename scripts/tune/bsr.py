@@ -3,37 +3,49 @@ table's pick and its neighbours.
 
     python -m scripts.tune.bsr --shapes 4096x4096,4096x11008 --m 1,16,64 --sparsity 50,90 --out bsr.json
     python -m scripts.tune.bsr --int8 ...        # DDS + W8A8 (int8 blocks, per-token int8 activations)
+    python -m scripts.tune.bsr --int4 ...        # DDS + W4A16 (int4 blocks, a scale per row of a block)
 
 For each weight shape K x N, block sparsity (percent of the 32x32 blocks absent) and token count M
-it times the op with the config :func:`compress_kernels.bsr.dispatch.pick` (``--int8``:
-:func:`compress_kernels.bsr_w8a8.dispatch.pick`) gives, and the same kernel with one launch
-parameter changed (rows per tile, outputs per program, blocks per step, programs sharing a block row,
-warps, stages; the dense path, taken at large M on dense layers, has no tiles of ours), each checked
-against the reference (``bsr_matmul_ref`` / ``bsr_w8a8_matmul_ref``), next to cuBLAS fp16 on the dense
-shape. Rows and method: :mod:`scripts.tune.sweep` (rows add ``sparsity``). Runs on a GPU; on the CPU
-(Triton's interpreter, ``TRITON_INTERPRET=1``) only tiny shapes are practical.
+it times the op with the config :func:`compress_kernels.bsr.dispatch.pick` gives (``--int8``:
+:func:`compress_kernels.bsr_w8a8.dispatch.pick`; ``--int4``: :func:`compress_kernels.bsr_w4a16.dispatch.pick`),
+and the same kernel with one launch parameter changed (rows per tile, outputs per program, blocks per step,
+programs sharing a block row, warps, stages; the int4 one-row kernel also on a grid of outputs, blocks per
+step and sharing; the dense path, taken at large M on dense layers, has no tiles of ours), each checked
+against the reference (``bsr_matmul_ref`` / ``bsr_w8a8_matmul_ref`` / ``bsr_w4a16_matmul_ref``), next to
+cuBLAS fp16 on the dense shape. Rows and method: :mod:`scripts.tune.sweep` (rows add ``sparsity``). Runs on
+a GPU; on the CPU (Triton's interpreter, ``TRITON_INTERPRET=1``) only tiny shapes are practical.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 import torch
 
 from compress_kernels.bsr.dispatch import pick
 from compress_kernels.bsr.op import launch
+from compress_kernels.bsr_w4a16.dispatch import pick as pick_w4a16
+from compress_kernels.bsr_w4a16.op import launch as launch_w4a16
 from compress_kernels.bsr_w8a8.dispatch import pick as pick_w8a8
 from compress_kernels.bsr_w8a8.op import launch as launch_w8a8
 from compress_kernels.common.prefetch import prefetch_allowed
-from compress_kernels.reference import BSR_BLOCK, bsr_matmul_ref, bsr_w8a8_matmul_ref
+from compress_kernels.reference import BSR_BLOCK, bsr_matmul_ref, bsr_w4a16_matmul_ref, bsr_w8a8_matmul_ref
 from scripts.tune import sweep
 
 TOL = {torch.float16: 5e-3, torch.bfloat16: 2e-2}  # fp32 sums in another order, the output cast
 
 
-def candidates(cfg, int8: bool) -> list:
-    """The pick and its neighbours on the same kernel."""
+def candidates(cfg, int4: bool = False) -> list:
+    """The pick and its neighbours on the same kernel; for the int4 one-row kernel, also every outputs per
+    program x blocks per step x split of a block row (4 warps)."""
     if cfg.kernel == "dense":
         return [cfg]
+    if cfg.kernel == "gemv" and int4:
+        grid = [dataclasses.replace(cfg, block_n=bn, group=g, split=sp, num_warps=4)
+                for bn in (8, 16, 32) for g in (4, 8, 16) for sp in (1, 2, 4, 8)]
+        return [cfg, *[c for c in dict.fromkeys(grid + sweep.neighbours(cfg, {"num_warps": sweep.halve_double(2, 8),
+                                                                                  "num_stages": sweep.stages}))
+                       if c != cfg]]
     steps = {"group": sweep.halve_double(1, 16), "num_warps": sweep.halve_double(2, 8), "num_stages": sweep.stages}
     if cfg.kernel == "gemv":
         steps["block_n"] = sweep.halve_double(8, 32)
@@ -55,21 +67,30 @@ def block_parts(k: int, n: int, sparsity: int, dtype, gen, device):
     shape = (col.shape[0], BSR_BLOCK, BSR_BLOCK)
     if dtype == torch.int8:
         values = torch.randint(-127, 128, shape, generator=gen, dtype=torch.int8, device=device)
+    elif dtype == torch.int32:  # int4: 8 nibbles a word, 4 words a block row
+        values = torch.randint(-2**31, 2**31 - 1, (*shape[:2], BSR_BLOCK // 8), generator=gen, dtype=torch.int32,
+                               device=device)
     else:
         values = (torch.randn(shape, generator=gen, device=device) * 0.02).to(dtype)
     return crow, col, values
 
 
-def weight_sets(k: int, n: int, m: int, sparsity: int, dtype, int8: bool, device, args) -> tuple[list, list]:
-    """(sets (x, crow, col, values[, w_scale]), fp16 sets (x, w)) rotating past L2."""
+def weight_sets(k: int, n: int, m: int, sparsity: int, dtype, args, device) -> tuple[list, list]:
+    """(sets (x, crow, col, values[, scales]), fp16 sets (x, w)) rotating past L2."""
     gen = torch.Generator(device=device).manual_seed(0)
-    value_bytes = 1 if int8 else 2
-    count = sweep.set_count(round((100 - sparsity) / 100 * n * k) * value_bytes + m * k * 2, device, args)
+    value_bytes = 1 if args.int8 else 0.5 if args.int4 else 2
+    count = sweep.set_count(round((100 - sparsity) / 100 * n * k * value_bytes) + m * k * 2, device, args)
     sets, fp16 = [], []
     for _ in range(count):
         x = torch.randn(m, k, generator=gen, device=device).to(dtype)
-        parts = block_parts(k, n, sparsity, torch.int8 if int8 else dtype, gen, device)
-        scale = (torch.rand(n, generator=gen, device=device) * 1e-3 + 1e-4,) if int8 else ()
+        parts = block_parts(k, n, sparsity, torch.int8 if args.int8 else torch.int32 if args.int4 else dtype, gen,
+                            device)
+        if args.int8:  # a scale per output channel
+            scale = (torch.rand(n, generator=gen, device=device) * 1e-3 + 1e-4,)
+        elif args.int4:  # a scale per row of each stored block
+            scale = (torch.rand(parts[1].shape[0], BSR_BLOCK, generator=gen, device=device) * 1e-2 + 1e-3,)
+        else:
+            scale = ()
         sets.append((x, *parts, *scale))
         fp16.append((x.half(), (torch.randn(n, k, generator=gen, device=device) * 0.02).half()))
     return sets, fp16
@@ -84,11 +105,15 @@ def sweep_case(k: int, n: int, m: int, args, device) -> list[dict]:
 
 def sweep_sparsity(k: int, n: int, m: int, sparsity: int, args, device) -> list[dict]:
     dtype = sweep.DTYPES[args.dtype]
-    sets, fp16 = weight_sets(k, n, m, sparsity, dtype, args.int8, device, args)
+    sets, fp16 = weight_sets(k, n, m, sparsity, dtype, args, device)
     nnz = sets[0][2].shape[0]
-    case = {"op": "bsr_w8a8" if args.int8 else "bsr", "K": k, "N": n, "M": m, "dtype": args.dtype,
-            "sparsity": sparsity}
-    if args.int8:
+    case = {"op": "bsr_w8a8" if args.int8 else "bsr_w4a16" if args.int4 else "bsr", "K": k, "N": n, "M": m,
+            "dtype": args.dtype, "sparsity": sparsity}
+    if args.int4:
+        picked = pick_w4a16(m, n, k, nnz, device)
+        run = lambda cfg, s: launch_w4a16(s[0], *s[1:4], s[4], n, config=cfg)  # noqa: E731
+        reference = lambda s: bsr_w4a16_matmul_ref(s[0], *s[1:4], s[4], n)  # noqa: E731
+    elif args.int8:
         picked = pick_w8a8(m, n, k, nnz, device)
         run = lambda cfg, s: launch_w8a8(s[0], *s[1:4], s[4], n, config=cfg)  # noqa: E731
         reference = lambda s: bsr_w8a8_matmul_ref(s[0], *s[1:4], s[4], n)  # noqa: E731
@@ -96,7 +121,7 @@ def sweep_sparsity(k: int, n: int, m: int, sparsity: int, args, device) -> list[
         picked = pick(m, n, k, nnz, device, prefetch_allowed(sets[0][3]))
         run = lambda cfg, s: launch(s[0], *s[1:4], n, config=cfg)  # noqa: E731
         reference = lambda s: bsr_matmul_ref(s[0], *s[1:4], n)  # noqa: E731
-    return sweep.time_case(case, candidates(picked, args.int8), picked, sets, run, reference, TOL[dtype], fp16, args)
+    return sweep.time_case(case, candidates(picked, args.int4), picked, sets, run, reference, TOL[dtype], fp16, args)
 
 
 def percent(text: str) -> list[int]:
@@ -109,7 +134,9 @@ def percent(text: str) -> list[int]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sparsity", type=percent, default=percent("50,90"), help="percent of blocks absent")
-    parser.add_argument("--int8", action="store_true", help="sweep DDS + W8A8 (int8 blocks) instead of DDS")
+    values = parser.add_mutually_exclusive_group()
+    values.add_argument("--int8", action="store_true", help="sweep DDS + W8A8 (int8 blocks) instead of DDS")
+    values.add_argument("--int4", action="store_true", help="sweep DDS + W4A16 (int4 blocks) instead of DDS")
 
 
 def main(argv=None) -> list[dict]:

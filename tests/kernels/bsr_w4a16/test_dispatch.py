@@ -21,6 +21,17 @@ def test_one_row_kernel_at_one_row_and_a_few_rows_of_small_layers():
     assert pickw(4, 1024, 1024, 32 * 16).kernel == "gemv" and pickw(5, 1024, 1024, 32 * 16).kernel == "gemm"
 
 
+def test_one_row_tiles_and_split_follow_the_sweep():
+    """The H200 sweep's best (K x N at M = 1): 4096x4096 50% split 4, 90% unsplit; 4096x14336 unsplit (448 block
+    rows fill the GPU); 14336x4096 split 4 at 50% and 90% (224 / 45 blocks a row)."""
+    cfg = pickw(1, 4096, 4096, 128 * 64)
+    assert (cfg.kernel, cfg.block_n, cfg.group, cfg.split) == ("gemv", 32, 16, 4)
+    assert pickw(1, 4096, 4096, 128 * 13).split == 1  # one step of 16 blocks per row: nothing to share
+    assert pickw(1, 14336, 4096, 448 * 64).split == 1 and pickw(1, 14336, 4096, 448 * 13).split == 1
+    assert pickw(1, 4096, 14336, 128 * 224).split == 4 and pickw(1, 4096, 14336, 128 * 45).split == 4
+    assert pickw(2, 4096, 4096, 128 * 64).split == 2  # two rows: twice the programs already
+
+
 def test_tile_rows():
     nnz = 128 * 64
     assert [pickw(m, 4096, 4096, nnz).block_m for m in (8, 16, 17, 32, 33, 64, 65, 2048)] == \

@@ -23,6 +23,19 @@ def test_every_config_matches_reference(config, m):
     torch.testing.assert_close(y, bsr_w4a16_matmul_ref(x, *parts, scales, n, bias), rtol=2**-10, atol=2**-14)
 
 
+@pytest.mark.parametrize("split,group", [(2, 2), (3, 2), (4, 1), (8, 4)])  # (8, 4): shares past the row's end
+def test_a_block_row_shared_by_several_programs(split, group):
+    n, k = 96, 320  # block rows of 10 blocks, one empty, one full
+    parts, scales, _, _ = int4_block_sparse(n, k, 0.3, 32, empty_rows=(1,), full_rows=(2,))
+    x = torch.randn(2, k, device=DEVICE).half()
+    bias = torch.randn(n, device=DEVICE)
+    y = torch.full((2, n), float("nan"), device=DEVICE, dtype=torch.float16)
+    launch_gemv(x, *parts, scales, bias, y, BsrConfig("gemv", 1, 16, group, 4, 2, split=split))
+    torch.testing.assert_close(y, bsr_w4a16_matmul_ref(x, *parts, scales, n, bias), rtol=2**-10, atol=2**-14)
+    launch_gemv(x, *parts, scales, bias, y2 := torch.empty_like(y), BsrConfig("gemv", 1, 16, group, 4, 2, split=split))
+    assert torch.equal(y, y2)  # the counters were left zeroed and the partials summed in split order
+
+
 def test_strided_rows_of_x():
     """A row stride larger than K (a column slice of a wider tensor) is read as such."""
     n, k = 64, 128

@@ -1,5 +1,5 @@
 """scripts/tune/bsr.py on the CPU (Triton's interpreter), a tiny shape: rows come out for DDS and DDS +
-W8A8, checked, and bad arguments are refused. The neighbours are cut to one per case."""
+W8A8 and DDS + W4A16, checked, and bad arguments are refused. The neighbours are cut to one per case."""
 import pytest
 
 from compress_kernels.bsr.dispatch import DENSE, BsrConfig
@@ -9,20 +9,29 @@ from scripts.tune import bsr
 @pytest.fixture
 def few_neighbours(monkeypatch):
     full = bsr.candidates
-    monkeypatch.setattr(bsr, "candidates", lambda cfg, int8: full(cfg, int8)[:2])
+    monkeypatch.setattr(bsr, "candidates", lambda cfg, int4=False: full(cfg, int4)[:2])
 
 
-@pytest.mark.parametrize("int8", [False, True])
-def test_rows_for_the_pick_and_a_neighbour(int8, few_neighbours):
-    rows = bsr.main(["--shapes", "64x64", "--m", "17", "--sparsity", "50", "--max-sets", "1", "--warmup-ms", "0",
-                     "--rep-ms", "1", *(["--int8"] if int8 else [])])
+@pytest.mark.parametrize("mode,op", [([], "bsr"), (["--int8"], "bsr_w8a8"), (["--int4"], "bsr_w4a16")])
+@pytest.mark.parametrize("m", [1, 17])
+def test_rows_for_the_pick_and_a_neighbour(mode, op, m, few_neighbours):
+    rows = bsr.main(["--shapes", "64x64", "--m", str(m), "--sparsity", "50", "--max-sets", "1", "--warmup-ms", "0",
+                     "--rep-ms", "1", *mode])
     assert len(rows) == 2 and [r["picked"] for r in rows] == [True, False]
-    assert all(r["ok"] and r["sparsity"] == 50 and r["op"] == ("bsr_w8a8" if int8 else "bsr") for r in rows)
+    assert all(r["ok"] and r["sparsity"] == 50 and r["op"] == op for r in rows)
+
+
+def test_int4_one_row_candidates_cover_the_split_grid():
+    pick = BsrConfig("gemv", 1, 8, 8, 4, 3)
+    grid = bsr.candidates(pick, True)
+    assert grid[0] == pick and len(grid) == len(set(grid))
+    assert {(c.block_n, c.group, c.split) for c in grid} >= {(bn, g, s) for bn in (8, 16, 32) for g in (4, 8, 16)
+                                                             for s in (1, 2, 4, 8)}
 
 
 def test_neighbours_stay_on_the_kernel():
-    assert bsr.candidates(DENSE, False) == [DENSE]
-    gemv = bsr.candidates(BsrConfig("gemv", 1, 8, 16, 4, 3), False)
+    assert bsr.candidates(DENSE) == [DENSE]
+    gemv = bsr.candidates(BsrConfig("gemv", 1, 8, 16, 4, 3))
     assert all(c.kernel == "gemv" and c.block_m == 1 and c.split == 1 and 8 <= c.block_n <= 32 for c in gemv)
 
 
