@@ -1,6 +1,6 @@
 """Results pages: one Markdown page per benchmark family, written from the current JSON.
 
-    python -m scripts.bench.pages           # (re)write docs/results/{kernels,decode,sst2,wikitext,smollm2}.md
+    python -m scripts.bench.pages           # (re)write docs/results/{kernels,decode,moe,sst2,wikitext,smollm2}.md
     python -m scripts.bench.pages --check   # exit 1 when a committed page differs from what its JSON gives
 
 Run from the repository root. Each page is a pure function of its JSON files in
@@ -22,6 +22,7 @@ Inputs (the schemas the benchmarks write; this module only reads them):
   ``decoder_weight_tb_per_s``, ``cuda_graph``, ``first_step_logits_rel_err_vs_eager``), ``ratios``
   (tokens/s over fp16's and over fp16-eager's at the same batch), ``targets`` (name -> met),
   ``skipped`` and ``failed``.
+* MoE benchmark (``moe-<gpu>.json``): rendered by :mod:`scripts.bench.moe_section`.
 * model quality (``sst2-<gpu>.json``, ``wikitext-<gpu>.json``): ``metric`` (accuracy or perplexity),
   ``higher_is_better``, ``targets`` (variant -> the largest loss against dense allowed, in
   ``target_unit``), ``runs``: one per trained model with ``variant``, ``recipe``, ``seed``, the
@@ -51,6 +52,7 @@ from typing import Callable
 
 from scripts.bench.llm_sections import generate_sections, post_training_section, pruning_section, sweep_section
 from scripts.bench.markdown import VERDICT, provenance, ratio, require, table
+from scripts.bench.moe_section import MOE_INTRO, moe_section
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 RESULTS = Path("benchmarks/results")
@@ -436,6 +438,8 @@ PAGES = (
     Page("smollm2.md", "SmolLM2-135M-Instruct: recipes, post-training GPTQ and generate speed",
          ("smollm2-h100.json", "smollm2-h200.json", "smollm2-post-training-cpu.json", "generate-h100.json"), "",
          smollm2_section),
+    Page("moe.md", "MoE benchmark: Mixtral-shaped expert layers, float against ours", ("moe-h200.json",), MOE_INTRO,
+         moe_section),
 )
 
 

@@ -50,6 +50,26 @@ def decode_report(gpu):
             "provenance": {"commit": "abc1234", "note": "the fixture's code"}}
 
 
+def moe_report(gpu):
+    """One MoE layer at 1 and 8 tokens: float, a loop and a grouped variant, as the MoE benchmark writes them."""
+    def record(variant, tokens, ms, **extra):
+        return {"model": "layer", "variant": variant, "tokens": tokens, "ms": ms, "graph": True,
+                "ratio_vs_float": {1: 0.4, 8: 0.8}[tokens] / ms, **extra}
+
+    results = [record("float", 1, 0.4), record("float", 8, 0.8),
+               record("w4a16-loop", 1, 0.8, rel_err_vs_float=0.2), record("w4a16-loop", 8, 1.6, rel_err_vs_float=0.21),
+               record("w4a16-grouped", 1, 0.1, rel_err_vs_float=0.2, rel_err_vs_loop=3e-3),
+               record("w4a16-grouped", 8, 0.4, rel_err_vs_float=0.2, rel_err_vs_loop=4e-3)]
+    return {"environment": {"gpu": gpu, "torch": "2.x", "triton": "3.x", "transformers": "5.x", "cuda": "13.0"},
+            "config": {"models": {"layer": {"hidden": 64, "intermediate": 96, "experts": 4, "top_k": 2,
+                                            "moe_layers": 1, "float_experts_implementation": "grouped_mm"}},
+                       "tokens": [1, 8], "dtype": "bfloat16"},
+            "results": results,
+            "targets": [{"target": "w4a16-grouped >= 2.5x float at 1-8 tokens", "cells": 2, "worst": 2.0,
+                         "worst_at": "layer T=8", "met": False}],
+            "provenance": {"commit": "abc1234", "note": "the fixture's code"}}
+
+
 def quality_run(variant, seed, value, metric="accuracy", counts_for=("metric",), latency=None, dense_latency=None,
                 note=""):
     run = {"variant": variant, "recipe": f"recipes/{variant}.yaml", "seed": seed, metric: value, "steps": 100,
@@ -88,6 +108,7 @@ def root(tmp_path):
     results.mkdir(parents=True)
     files = {"kernels-h100.json": kernel_report("GPU A"), "kernels-h200.json": kernel_report("GPU B"),
              "decode-h100.json": decode_report("GPU A"), "decode-h200.json": decode_report("GPU B"),
+             "moe-h200.json": moe_report("GPU B"),
              "sst2-h100.json": sst2_data(), "wikitext-h100.json": wikitext_data(),
              "smollm2-h100.json": {**wikitext_data(), "family": "smollm2", "plot": "benchmarks/results/smollm2.png",
                                    "plot_note": "The plot's runs are older."},
@@ -106,7 +127,7 @@ def written(root):
 
 
 def test_every_page_says_it_is_generated_and_from_which_json(written):
-    assert sorted(written) == ["decode.md", "kernels.md", "smollm2.md", "sst2.md", "wikitext.md"]
+    assert sorted(written) == ["decode.md", "kernels.md", "moe.md", "smollm2.md", "sst2.md", "wikitext.md"]
     for p in pages.PAGES:
         text = written[p.name]
         assert text.startswith(f"# {p.title}\n")
@@ -133,6 +154,14 @@ EXPECTED_LINES = [
     ("decode.md", "- dds90: time budget of 1 s spent"),
     ("decode.md", "Code: commit `abc1234`; the fixture's code."),
     ("decode.md", "q/k/v and gate/up fused into one layer each in every variant"),
+    # moe: us (ratio to float) per variant and token count, the largest errors, targets, provenance
+    ("moe.md", "| w4a16-grouped | 100.0 (4.00x) | 400.0 (2.00x) |"),
+    ("moe.md", "| float | 400.0 | 800.0 |"),
+    ("moe.md", "| w4a16-loop | 2.1e-01 | - |"),
+    ("moe.md", "| w4a16-grouped | 2.0e-01 | 4.0e-03 |"),
+    ("moe.md", "| w4a16-grouped >= 2.5x float at 1-8 tokens | 2.00x (layer T=8) | **not met** |"),
+    ("moe.md", "Code: commit `abc1234`; the fixture's code."),
+    ("moe.md", "`layer`: one sparse MoE block, hidden 64, intermediate 96, 4 experts, top-2, bfloat16"),
     # sst2: per-seed change against the same seed's dense model; the mean 0.875 against the dense mean
     # 0.89 of seeds 42-43 is 1.5 points, just within the target; speed ratios against the same report's dense
     ("sst2.md", "| sparse50 | 43 | 0.8700 | -1.00 | 100 |"),
@@ -190,12 +219,13 @@ def test_two_runs_for_one_seed_are_refused(root):
 
 
 def test_results_folder_holds_family_files_and_one_history():
-    """benchmarks/results: ``history.csv`` and ``<family>-<gpu>.json`` files only, at most 12 entries."""
+    """benchmarks/results: ``history.csv`` and ``<family>-<gpu>.json`` files only, at most 13 entries (one per
+    benchmark family and GPU: kernels, decode, MoE, the model families)."""
     entries = sorted(p.name for p in (pages.REPO_ROOT / pages.RESULTS).iterdir())
     named = re.compile(r"[a-z0-9]+(-[a-z0-9]+)*-(cpu|[a-z]\d{3})\.json")
     assert "history.csv" in entries
     assert [e for e in entries if e != "history.csv" and not named.fullmatch(e)] == []
-    assert len(entries) <= 12, f"{len(entries)} entries in {pages.RESULTS}: merge re-runs into the family files"
+    assert len(entries) <= 13, f"{len(entries)} entries in {pages.RESULTS}: merge re-runs into the family files"
 
 
 def test_committed_pages_equal_what_the_committed_json_gives():
