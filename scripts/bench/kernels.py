@@ -29,7 +29,8 @@ per group of 128), in one run::
         --out benchmarks/results/kernels-w8a16-h100.json
 
 Output: a JSON file (``--out``: ``environment`` with the GPU, versions and settings, ``results``
-one record per op, shape and M, ``targets``) and a printed table; ``python -m scripts.bench.pages``
+one record per op, shape and M, with ``fraction_of_limit`` at M <= 16 and M >= 2048 as
+:mod:`scripts.bench.kernel_limits` defines it, ``targets``) and a printed table; ``python -m scripts.bench.pages``
 turns the committed JSON into the results page. ``--cpu-check`` runs the whole harness on tiny
 shapes on the CPU (anchors' CPU branches, our kernels' references), so the plumbing is tested in CI.
 """
@@ -45,6 +46,7 @@ from pathlib import Path
 import torch
 
 from scripts.bench import kernel_sweep
+from scripts.bench.kernel_limits import add_limits
 from scripts.bench.kernel_sweep import SPARSITIES, SweepOptions
 
 GRAPH_EVERY_M = 1 << 30  # settings.graph_max_m when every M is captured in graphs (0: --no-graph)
@@ -252,6 +254,7 @@ def _measure(args, names) -> dict:
     results = kernel_sweep.run_sweep(opts, progress=not args.no_progress)
     add_ratios(results)
     env = environment(args.cpu_check)
+    add_limits(results, env.get("gpu"))
     env["sweep_seconds"] = round(time.monotonic() - started, 1)
     env["settings"] = {"rotate_mb": opts.rotate_mb, "warmup_ms": opts.warmup_ms, "rep_ms": opts.rep_ms,
                        "graph_max_m": GRAPH_EVERY_M if opts.graphs else 0, "cpu_check": opts.cpu}

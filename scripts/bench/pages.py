@@ -50,6 +50,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from scripts.bench.kernel_limits import limit_tables
 from scripts.bench.llm_sections import generate_sections, post_training_section, pruning_section, sweep_section
 from scripts.bench.markdown import VERDICT, provenance, ratio, require, table
 from scripts.bench.moe_section import MOE_INTRO, moe_section
@@ -154,6 +155,8 @@ def kernel_section(name: str, report: dict) -> list[str]:
              "### Targets", ""] + kernel_targets(require(report, "targets", name))
     lines += ["", "### Ratio to cuBLAS fp16", "", "cuBLAS fp16 time / kernel time, same shape and M, same run "
               "(> 1: faster than cuBLAS).", ""] + kernel_ratios(results)
+    lines += ["", "### Distance to the hardware limit", ""] + limit_tables(results, kernel_names(results),
+                                                                          env.get("gpu"))
     lines += ["", "### Ours against PyTorch's kernels", "", "Anchor time / our time, same shape and M, same run "
               "(`torch_int_mm_w8a8`: per-token quantize + `torch._int_mm` + dequantize; `tinygemm_int4_g128`: "
               "`aten._weight_int4pack_mm`; `torch_weight_int8pack_w8a16`: `torch._weight_int8pack_mm`, up to "
