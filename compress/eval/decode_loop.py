@@ -5,9 +5,13 @@
 running the model's parts itself: embedding, rotary embedding, the decoder layers, the final norm,
 ``lm_head`` and the argmax. It serves only what it reproduces exactly, so that its greedy tokens are
 ``transformers``' (:func:`unsupported_reason`, an allow-list): the ``transformers`` Llama, Mistral,
-Qwen2 and Qwen3 causal LMs (:data:`ARCHITECTURES`, exact classes, whose model forward is embedding,
-rotary embedding, layers, norm and ``lm_head``) with sdpa or eager attention, a rotary embedding whose
-frequencies do not change with the sequence length, causal attention, in eval mode. Anything else
+Qwen2, Qwen3, Mixtral and Qwen3-MoE causal LMs (:data:`ARCHITECTURES`, exact classes, whose model
+forward is embedding, rotary embedding, layers, norm and ``lm_head``) with sdpa or eager attention, a
+rotary embedding whose frequencies do not change with the sequence length, causal attention, in eval
+mode. A mixture-of-experts layer must route and run its experts on the device, without a host
+synchronisation (a CUDA graph cannot hold one): ``transformers``' float experts under the
+``grouped_mm`` or ``batched_mm`` implementation, or ``QuantizedExperts`` on its grouped kernels
+(:func:`experts_reason`); the eager expert loops are refused. Anything else
 (Gemma 3's per-layer rotary embeddings and logit softcapping, flash attention, dynamic rotary
 scaling, a subclass, a new architecture) is refused with the reason, and
 ``compress.eval.generate`` hands it to ``transformers``' ``generate``.
@@ -57,7 +61,9 @@ CACHE_KEYWORDS = ("cache", "past_key_values", "past_key_value")  # cache_keyword
 # each layer's sliding window: "full" none, "every_layer" config.sliding_window on every layer when set,
 # "layer_types" config.sliding_window on the layers config.layer_types names "sliding_attention")
 ARCHITECTURES = {"Llama": ("llama", "full"), "Mistral": ("mistral", "every_layer"),
-                 "Qwen2": ("qwen2", "layer_types"), "Qwen3": ("qwen3", "layer_types")}
+                 "Qwen2": ("qwen2", "layer_types"), "Qwen3": ("qwen3", "layer_types"),
+                 "Mixtral": ("mixtral", "every_layer"), "Qwen3Moe": ("qwen3_moe", "every_layer")}
+DEVICE_EXPERTS = ("grouped_mm", "batched_mm")  # transformers' float experts implementations with no host sync
 ATTENTION_IMPLEMENTATIONS = ("sdpa", "eager")  # each gets the mask transformers builds for it (a bool, a float)
 ROPE_TYPES = ("default", "linear", "llama3", "yarn")  # frequencies fixed at construction (not dynamic, longrope)
 MIN_PREFILL = 16  # the smallest prompt bucket (prefill_length)
@@ -102,6 +108,25 @@ def _architecture_reason(model: nn.Module) -> str | None:
     return None
 
 
+def experts_reason(model: nn.Module) -> str | None:
+    """Why an experts block of ``model`` would synchronise with the host (which a CUDA graph cannot hold);
+    None when every one runs on the device: ``QuantizedExperts`` on its grouped path, ``transformers``' float
+    experts under an implementation of :data:`DEVICE_EXPERTS`."""
+    from compress.nn.experts import QuantizedExperts
+
+    implementation = getattr(model.config, "_experts_implementation", None)
+    for name, module in model.named_modules():
+        if isinstance(module, QuantizedExperts):
+            if module.grouped_scheme is None:
+                return (f"{name} runs QuantizedExperts' expert loop, which synchronises with the host (the grouped "
+                        f"kernels need one scheme for every expert, no bias and SiLU, and set_grouped(True))")
+        elif type(module).__name__.endswith("Experts") and type(module).__module__.startswith("transformers."):
+            if implementation not in DEVICE_EXPERTS:
+                return (f"{name} runs transformers' experts as {implementation!r}, which synchronises with the "
+                        f"host (the loop models {', '.join(DEVICE_EXPERTS)})")
+    return None
+
+
 def _config_reason(model: nn.Module) -> str | None:
     """Why ``model``'s settings are not ones the loop models (attention implementation, rotary type, causal
     attention, sliding windows, inference mode); None when they are."""
@@ -133,7 +158,7 @@ def unsupported_reason(model: nn.Module) -> str | None:
     Anything else (another model, a new setting) steps aside to ``transformers``' ``generate``."""
     if not isinstance(model, nn.Module) or not hasattr(model, "config"):
         return f"{type(model).__name__} is not a transformers model (no config)"
-    return _architecture_reason(model) or _config_reason(model)
+    return _architecture_reason(model) or _config_reason(model) or experts_reason(model)
 
 
 def supports(model: nn.Module) -> bool:

@@ -48,7 +48,7 @@ import logging
 import torch
 from torch import nn
 
-from compress.eval.decode_loop import GreedyDecoder, layer_windows, unsupported_reason
+from compress.eval.decode_loop import GreedyDecoder, experts_reason, layer_windows, unsupported_reason
 
 logger = logging.getLogger(__name__)
 
@@ -111,8 +111,10 @@ def compiled_step_refusal(model: nn.Module) -> str | None:
     they were (eager), so calls the graphed loop does not take still run. It can be one graph where
     ``transformers`` says the model compiles whole (``_can_compile_fullgraph``), every layer of its static
     cache is a full-attention one (a sliding-window cache layer keeps its length in a Python int that
-    dynamo guards on: one recompilation per token, then failure), and no rotary embedding recomputes its
-    frequencies from the positions (dynamic and longrope scaling: a data-dependent branch)."""
+    dynamo guards on: one recompilation per token, then failure), no rotary embedding recomputes its
+    frequencies from the positions (dynamic and longrope scaling: a data-dependent branch), and every experts
+    block runs on the device (:func:`compress.eval.decode_loop.experts_reason`: an expert loop branches on
+    which experts got tokens)."""
     if not getattr(model, "_can_compile_fullgraph", False):
         return f"transformers does not mark {type(model).__name__} as compilable in one graph"
     config = model.config.get_text_config(decoder=True)
@@ -127,7 +129,7 @@ def compiled_step_refusal(model: nn.Module) -> str | None:
         rope_types = list(rope_types.values()) if isinstance(rope_types, dict) else [rope_types]
         if any(isinstance(kind, str) and ("dynamic" in kind or kind == "longrope") for kind in rope_types):
             return f"{name}'s rotary embedding ({', '.join(map(str, rope_types))}) branches on the positions"
-    return None
+    return experts_reason(model)
 
 
 def uncompile_for_generate(model: nn.Module) -> nn.Module:

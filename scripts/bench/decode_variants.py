@@ -77,17 +77,23 @@ def default_dtype(dtype: torch.dtype):
 
 @torch.no_grad()
 def build_model(config, dtype: torch.dtype, device: torch.device, seed: int) -> nn.Module:
-    """Random-weight ``LlamaForCausalLM`` made on ``device`` in ``dtype``; same seed, same weights."""
-    from transformers import LlamaForCausalLM
+    """Random-weight causal LM of ``config``'s architecture (``AutoModelForCausalLM.from_config``: Llama here,
+    Mixtral in the generate benchmark) made on ``device`` in ``dtype``; same seed, same weights. Linear,
+    embedding, router and fused-experts weights are drawn from ``N(0, 0.02)``, RMSNorm weights are 1."""
+    from transformers import AutoModelForCausalLM
 
     with default_dtype(dtype), torch.device(device):
-        model = LlamaForCausalLM(config)
+        model = AutoModelForCausalLM.from_config(config)
     generator = torch.Generator(device=device).manual_seed(seed)
     for module in model.modules():
+        kind = type(module).__name__
         if isinstance(module, (nn.Linear, nn.Embedding)):
             module.weight.normal_(0.0, INIT_STD, generator=generator)
-        elif type(module).__name__.endswith("RMSNorm"):
+        elif kind.endswith("RMSNorm"):
             module.weight.fill_(1.0)
+        elif kind.endswith(("Experts", "Router")):
+            for weight in module.parameters(recurse=False):
+                weight.normal_(0.0, INIT_STD, generator=generator)
     return model.eval()
 
 

@@ -3,7 +3,8 @@
     PYTHONPATH=$PWD python -m scripts.bench.generate --out benchmarks/results/generate-h100.json
 
 For each batch size (``--batches``), model (``--models``: ``smollm2``, the real SmolLM2-135M-Instruct
-from ``$SMOLLM2_DIR``; ``llama2-7b``, Llama-2-7B shapes with ``--layers`` random decoder layers) and
+from ``$SMOLLM2_DIR``; ``llama2-7b``, Llama-2-7B shapes with ``--layers`` random decoder layers;
+``mixtral``, a 2-layer random Mixtral with 8 experts, top-2) and
 variant (``--variants``: fp16, w8a8, w4a16, dds50, built as the decode benchmark builds them; with
 ``--fuse compressed``, the default, their compressed q/k/v and gate/up fused, fp16 left unfused), in that
 order: greedy ``model.generate`` of ``--new-tokens`` tokens after a random ``--prompt-len`` prompt,
@@ -135,6 +136,8 @@ def targets(table: dict) -> dict:
             _all(figures("eager_vs_fp16", "smollm2", "1"), lambda r: r > 1.0),
         "smollm2 every variant faster than fp16 (batch 1, compiled)":
             _all(figures("compiled_vs_fp16", "smollm2", "1"), lambda r: r > 1.0),
+        "mixtral every variant faster than fp16 (batch 1 and 8, compiled)":
+            _all(figures("compiled_vs_fp16", "mixtral"), lambda r: r > 1.0),
     }
 
 

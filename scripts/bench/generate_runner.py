@@ -13,10 +13,14 @@ benchmark); ``"none"`` fuses nothing:
   (``compress.lightning.tasks.build_model``: the Q4_1 GGUF in ``$SMOLLM2_DIR``, de-quantized) and
   copied per variant;
 * ``llama2-7b``: the decode benchmark's random-weight Llama with Llama-2-7B shapes
-  (:func:`scripts.bench.decode_variants.build_model`), ``layers`` decoder layers.
+  (:func:`scripts.bench.decode_variants.build_model`), ``layers`` decoder layers;
+* ``mixtral``: a random-weight Mixtral of the MoE benchmark's small model (2 layers of hidden 2048,
+  intermediate 7168, 8 experts, top-2, 16 heads / 8 KV heads, vocabulary 32000), its float experts as
+  ``transformers`` runs them (``grouped_mm``); the variants convert the experts too (``QuantizedExperts``
+  on the grouped kernels).
 
-With ``tiny`` both are tiny random Llamas (``smollm2`` keeps its grouped-query attention and tied
-embeddings), for the CPU tests.
+With ``tiny`` they are tiny random models (``smollm2`` keeps its grouped-query attention and tied
+embeddings; ``mixtral`` 4 experts), for the CPU tests.
 
 Timing of ``model.generate(prompt, max_new_tokens=T, min_new_tokens=T)`` (greedy; ``min_new_tokens``
 keeps end-of-sequence from stopping it early, so every call makes exactly T tokens per sequence):
@@ -54,7 +58,11 @@ from scripts.bench.decode_variants import VARIANTS, Variant, build_model, llama_
 
 logger = logging.getLogger(__name__)
 
-MODELS = ("smollm2", "llama2-7b")
+MODELS = ("smollm2", "llama2-7b", "mixtral")
+MIXTRAL = dict(hidden_size=2048, intermediate_size=7168, num_local_experts=8, num_experts_per_tok=2,
+               num_attention_heads=16, num_key_value_heads=8, vocab_size=32000, num_hidden_layers=2)
+TINY_MIXTRAL = dict(hidden_size=64, intermediate_size=96, num_local_experts=4, num_experts_per_tok=2,
+                    num_attention_heads=4, num_key_value_heads=2, vocab_size=256, num_hidden_layers=2)
 FUSE_CHOICES = ("compressed", "all", "none")
 SMOLLM2_NAME = "SmolLM2-135M-Instruct"
 TINY_SMOLLM2 = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
@@ -100,10 +108,18 @@ class ModelSource:
         return self._reference
 
     def config(self):
-        """The random model's ``LlamaConfig`` (``llama2-7b``, or a tiny ``smollm2`` stand-in)."""
+        """The random model's config (``llama2-7b``, ``mixtral``, or a tiny ``smollm2`` stand-in)."""
         positions = self.args.prompt_len + self.args.new_tokens + HARNESS_WARMUP + 8
         if self.name == "llama2-7b":
             return llama_config(self.args.layers, self.args.tiny, positions)
+        if self.name == "mixtral":
+            from transformers import MixtralConfig
+
+            config = MixtralConfig(max_position_embeddings=positions, sliding_window=None,
+                                   **(TINY_MIXTRAL if self.args.tiny else MIXTRAL))
+            config._attn_implementation = "sdpa"
+            config._experts_implementation = "grouped_mm"
+            return config
         from transformers import LlamaConfig
 
         return LlamaConfig(num_hidden_layers=2, max_position_embeddings=positions, **TINY_SMOLLM2)

@@ -7,6 +7,7 @@ models: test_generate.py's sweep; its CUDA graph: test_generate.py, GPU.)"""
 import pytest
 import torch
 
+import compress
 from compress.eval.decode_loop import GreedyDecoder, cache_keyword, prefill_length, supports, unsupported_reason
 
 transformers = pytest.importorskip("transformers")
@@ -23,6 +24,26 @@ def tiny_model(family: str, attention: str = "sdpa", layers: int = 2, **settings
     config = config_class(**{**SMALL, "num_hidden_layers": layers, **settings})
     config._attn_implementation = attention
     return getattr(transformers, family + "ForCausalLM")(config).eval()
+
+
+def tiny_moe(family: str, experts: str = "grouped_mm", **settings) -> torch.nn.Module:
+    """A tiny Mixtral or Qwen3-MoE (:func:`tiny_model`, 4 experts of 32 hidden units, top-2) whose float experts
+    run as ``experts``."""
+    count = {"num_local_experts": 4} if family == "Mixtral" else {"num_experts": 4, "head_dim": 16,
+                                                                   "moe_intermediate_size": 32}
+    model = tiny_model(family, **count, num_experts_per_tok=2, **settings)
+    model.set_experts_implementation(experts)
+    return model
+
+
+def compressed_moe(family: str, config, grouped: bool = True) -> torch.nn.Module:
+    """:func:`tiny_moe` with every layer (experts included) converted to ``config``; ``grouped=False`` keeps the
+    experts on QuantizedExperts' loop."""
+    model = compress.convert(tiny_moe(family), {"*": config})
+    for module in model.modules():
+        if hasattr(module, "set_grouped"):
+            module.set_grouped(grouped)
+    return model
 
 
 def tiny_llama(layers: int = 2) -> torch.nn.Module:
@@ -114,6 +135,13 @@ def test_the_architectures_the_loop_models_are_supported(family, attention):
     assert unsupported_reason(tiny_model(family, attention)) is None
 
 
+@pytest.mark.parametrize("family", ["Mixtral", "Qwen3Moe"])
+@pytest.mark.parametrize("experts", ["grouped_mm", "batched_mm"])
+def test_mixture_of_experts_models_with_experts_on_the_device_are_supported(family, experts):
+    assert unsupported_reason(tiny_moe(family, experts)) is None
+    assert unsupported_reason(compressed_moe(family, compress.W8A8Config())) is None
+
+
 @pytest.mark.parametrize(("build", "reason"), [
     (lambda: tiny_model("Gemma3", head_dim=16), "Gemma3ForCausalLM is not one of the architectures"),
     (lambda: LlamaWithOwnForward(tiny_llama().config), "LlamaWithOwnForward is not one of the architectures"),
@@ -123,6 +151,9 @@ def test_the_architectures_the_loop_models_are_supported(family, attention):
                                                       long_factor=[2.0] * 8, original_max_position_embeddings=32)),
      "rotary embedding type 'longrope'"),
     (lambda: tiny_llama().train(), "training mode"),
+    (lambda: tiny_moe("Mixtral", experts="eager"), "model.layers.0.mlp.experts runs transformers' experts as 'eager'"),
+    (lambda: compressed_moe("Qwen3Moe", compress.W8A8Config(), grouped=False),
+     "model.layers.0.mlp.experts runs QuantizedExperts' expert loop"),
     (lambda: tiny_model("Qwen2", layer_types=["full_attention", "chunked_attention"]), "config.layer_types"),
 ])
 def test_what_the_loop_does_not_model_is_refused_with_the_reason(build, reason):

@@ -14,7 +14,7 @@ import compress
 from compress.eval.generate import compile_for_generate, compiled_step_refusal, uncompile_for_generate
 from compress.nn.inference import INFERENCE_MODULES
 from compress.eval.decode_loop import GreedyDecoder, supports
-from tests.compress.eval.test_decode_loop import tiny_llama, tiny_model
+from tests.compress.eval.test_decode_loop import compressed_moe, tiny_llama, tiny_model, tiny_moe
 
 transformers = pytest.importorskip("transformers")
 GREEDY = dict(do_sample=False, pad_token_id=0)
@@ -194,7 +194,16 @@ SWEEP = {
                                                 sliding_window=4, max_window_layers=0), True),
     "gemma3 window 4, softcapping": (lambda: tiny_model("Gemma3", head_dim=16, sliding_window=4,
                                                         final_logit_softcapping=1.0), False),
+    "mixtral window 4, grouped_mm experts": (lambda: tiny_moe("Mixtral", sliding_window=4), True),
+    "mixtral W8A8 experts (grouped kernels)": (lambda: compressed_moe("Mixtral", compress.W8A8Config()), True),
+    "mixtral W8A8 experts on the loop": (lambda: compressed_moe("Mixtral", compress.W8A8Config(), grouped=False),
+                                         False),
+    "mixtral eager experts": (lambda: tiny_moe("Mixtral", experts="eager"), False),
+    "qwen3-moe, a dense layer": (lambda: tiny_moe("Qwen3Moe", mlp_only_layers=[1]), True),
+    "qwen3-moe W4A16 experts (grouped kernels)": (
+        lambda: compressed_moe("Qwen3Moe", compress.W4A16Config(group_size=32)), True),
 }
+
 
 
 @pytest.mark.parametrize("name", SWEEP)
@@ -252,4 +261,21 @@ def test_gpu_graphed_loop_models_eager_attention_and_sliding_windows(name):
     compile_for_generate(model)
     got = model.generate(prompt, max_new_tokens=24, **GREEDY)
     assert model._graphed_decoders[(2, 128)].graph is not None and torch.equal(got, want)
+    torch._dynamo.reset()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["mixtral window 4, grouped_mm experts", "mixtral W8A8 experts (grouped kernels)",
+                                  "qwen3-moe W4A16 experts (grouped kernels)"])
+def test_gpu_graphed_loop_serves_mixture_of_experts_models(name):
+    """Routing and experts inside the captured step: float grouped_mm experts, our grouped kernels (fp16)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    model = SWEEP[name][0]().half().cuda()
+    prompt = torch.randint(0, 256, (2, 7), generator=torch.Generator().manual_seed(1)).cuda()
+    want = model.generate(prompt, max_new_tokens=16, **GREEDY)
+    compile_for_generate(model)
+    got = model.generate(prompt, max_new_tokens=16, **GREEDY)
+    assert model._graphed_decoders[(2, 128)].graph is not None
+    assert got.shape == want.shape and (got == want).float().mean() > 0.9  # fp16 near-ties may flip
     torch._dynamo.reset()

@@ -27,6 +27,18 @@ def test_build_model_is_seeded():
     assert torch.get_default_dtype() == torch.float32  # restored after the build
 
 
+def test_build_model_seeds_a_mixtral_experts_and_router_too():
+    from transformers import MixtralConfig
+
+    config = MixtralConfig(hidden_size=32, intermediate_size=48, num_local_experts=4, num_attention_heads=2,
+                           num_key_value_heads=1, vocab_size=64, num_hidden_layers=1)
+    a, b = (variants.build_model(config, torch.float32, CPU, 5) for _ in range(2))
+    experts, router = a.model.layers[0].mlp.experts, a.model.layers[0].mlp.gate
+    assert torch.equal(experts.gate_up_proj, b.model.layers[0].mlp.experts.gate_up_proj)
+    assert torch.equal(router.weight, b.model.layers[0].mlp.gate.weight)
+    assert 0.015 < experts.down_proj.std() < 0.025 and 0.015 < router.weight.std() < 0.025
+
+
 def test_siblings_fuse_into_two_groups_per_layer_with_the_same_bytes():
     model = _tiny_model()
     before = variants.weight_bytes(model)

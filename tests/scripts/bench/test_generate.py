@@ -44,12 +44,22 @@ def test_tiny_cpu_run_times_every_mode_and_the_harness(tmp_path):
     assert report["targets"]["llama2-7b w4a16 >= 2.0x fp16 (batch 1, compiled)"] is None  # not measured
 
 
+def test_tiny_cpu_run_of_a_mixture_of_experts_model(tmp_path):
+    """The tiny Mixtral, float (transformers' grouped_mm experts) and W8A8 (QuantizedExperts' grouped path):
+    compiled generate gives eager generate's tokens, and the target over its variants is judged."""
+    report = _run(tmp_path, "--device", "cpu", "--models", "mixtral", "--variants", "fp16,w8a8", "--batches", "1",
+                  "--eager-rounds", "1", "--no-harness")
+    assert report["failed"] == [] and [r["variant"] for r in report["results"]] == ["fp16", "w8a8"]
+    assert all(r["compiled"]["tokens_equal_to_eager"] == 1.0 for r in report["results"])
+    assert report["targets"]["mixtral every variant faster than fp16 (batch 1 and 8, compiled)"] is not None
+
+
 @pytest.mark.slow
-def test_tiny_cpu_run_of_both_models_with_the_host_overhead(tmp_path):
+def test_tiny_cpu_run_of_every_model_with_the_host_overhead(tmp_path):
     report = bench.main(["--tiny", "--repeats", "1", "--device", "cpu", "--variants", "fp16,w4a16,dds50",
                          "--batches", "2", "--modes", "eager", "--no-harness", "--out", str(tmp_path / "g.json")])
     assert report["failed"] == []
-    assert {r["model"] for r in report["results"]} == {"smollm2", "llama2-7b"}
+    assert {r["model"] for r in report["results"]} == {"smollm2", "llama2-7b", "mixtral"}
     assert all("compiled" not in r and "harness" not in r for r in report["results"])
     kinds = {kind for row in report["host_overhead"] for kind in row["modules"]}
     assert kinds == {"w8a8", "w8a8-static", "w8a8-block", "w4a16", "w8a16", "dds50", "dds50-w8a8", "dds50-w4a16"}
@@ -57,7 +67,7 @@ def test_tiny_cpu_run_of_both_models_with_the_host_overhead(tmp_path):
 
 def test_time_budget_skips_work_not_started_in_time(tmp_path):
     report = _run(tmp_path, "--device", "cpu", "--variants", "fp16,w8a8", "--batches", "1,2", "--time-budget", "0")
-    assert len(report["skipped"]) == 2 * 2 * 2 and report["results"] == [] and report["failed"] == []
+    assert len(report["skipped"]) == 3 * 2 * 2 and report["results"] == [] and report["failed"] == []
     assert [(s["batch"], s["model"]) for s in report["skipped"][:3]] == [(1, "smollm2"), (1, "smollm2"),
                                                                         (1, "llama2-7b")]  # batch sizes outermost
 
