@@ -119,7 +119,8 @@ def experts_reason(model: nn.Module) -> str | None:
         if isinstance(module, QuantizedExperts):
             if module.grouped_scheme is None:
                 return (f"{name} runs QuantizedExperts' expert loop, which synchronises with the host (the grouped "
-                        f"kernels need one scheme for every expert, no bias and SiLU, and set_grouped(True))")
+                        f"kernels take experts all W4A16, dynamic W8A8 or W8A16, without bias, under SiLU; "
+                        f"block-sparse experts and set_grouped(False) keep the loop)")
         elif type(module).__name__.endswith("Experts") and type(module).__module__.startswith("transformers."):
             if implementation not in DEVICE_EXPERTS:
                 return (f"{name} runs transformers' experts as {implementation!r}, which synchronises with the "
