@@ -25,8 +25,11 @@ Timing: :func:`compress.eval.timing.rotation_ms` with one input set: the call ca
 replayed under ``triton.testing.do_bench`` (median; L2 flushed before each replay), except the loops,
 which synchronise with the host and are timed eagerly (``graph`` false). Each record also has
 ``rel_err_vs_float`` (its output against ``float``'s on the same input) and, for grouped variants,
-``rel_err_vs_loop``. ``ratios``: float ms / variant ms per model and token count. ``targets``: W4A16 grouped
->= 2.5x float at 1-8 tokens and >= 1.0x at 512; W8A8 grouped >= 1.6x at 1-8 and >= 1.2x at 512.
+``rel_err_vs_loop``; float and grouped variants ``experts_ms`` and ``experts_share``: the experts alone on
+the same routed inputs (:func:`run_experts`, timed the same way), over the whole call (router and all), the
+share of the time the expert kernels take. ``ratios``: float ms / variant ms per model and token count.
+``targets``: W4A16 grouped >= 2.5x float at 1-8 tokens and >= 1.0x at 512; W8A8 grouped >= 1.6x at 1-8 and
+>= 1.2x at 512.
 Output: the JSON report (``--out``, rewritten after each model) and a printed table. ``--cpu-check``: tiny
 shapes in fp32 on the CPU, where every module runs its reference; for the plumbing test.
 """
@@ -108,6 +111,23 @@ def run_blocks(blocks, x):
     return x
 
 
+def experts_inputs(blocks, x) -> list[tuple]:
+    """Per block, the experts' inputs on this forward: (hidden (T, H), top-k ids, top-k weights), each block fed
+    the one before's output, routed by its own router (``block.gate``)."""
+    inputs = []
+    for block in blocks:
+        flat = x.reshape(-1, x.shape[-1])
+        _, weights, ids = block.gate(flat)
+        inputs.append((flat, ids, weights))
+        x = block(x)
+    return inputs
+
+
+def run_experts(blocks, inputs):
+    """The experts alone on routed inputs (:func:`experts_inputs`): what the grouped kernels run."""
+    return [block.experts(*args) for block, args in zip(blocks, inputs)]
+
+
 def rel_error(y: torch.Tensor, ref: torch.Tensor) -> float:
     return float((y.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30))
 
@@ -133,6 +153,11 @@ def bench_model(name: str, variants, tokens_list, args, device, dtype) -> tuple[
             ms, graphed = rotation_ms([lambda: run_blocks(blocks, x)], captures, args.warmup_ms, args.rep_ms,
                                       device=device)
             record = dict(model=name, variant=variant, tokens=tokens, ms=ms, graph=graphed, build_s=round(build_s, 2))
+            if not variant.endswith("loop"):  # the experts' share: routing done, the experts alone, timed alike
+                routed = experts_inputs(blocks, x)
+                experts_ms, _ = rotation_ms([lambda: run_experts(blocks, routed)], captures, args.warmup_ms,
+                                            args.rep_ms, device=device)
+                record.update(experts_ms=experts_ms, experts_share=experts_ms / ms)
             if ("float", tokens) in outputs:
                 record["rel_err_vs_float"] = rel_error(y, outputs["float", tokens])
             loop = (variant.replace("grouped", "loop"), tokens)

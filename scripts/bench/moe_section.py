@@ -6,7 +6,8 @@ moe_layers, float_experts_implementation; ``dtype``; ``tokens``), ``results`` (o
 token count: ``ms``, ``graph``, ``ratio_vs_float`` = float ms / this ms in the same run, ``rel_err_vs_float``,
 ``rel_err_vs_loop`` for grouped variants), ``targets`` (one verdict per target) and optionally ``provenance``.
 
-Per model one table: a row per variant, a column per token count, each cell ``us (ratio to float)``; then the
+Per model one table: a row per variant, a column per token count, each cell ``us (ratio to float)``; where the
+run timed the experts alone (``experts_ms``, ``experts_share``), their time and share of the call; then the
 largest relative errors per variant and the targets.
 """
 from __future__ import annotations
@@ -45,6 +46,20 @@ def model_rows(results: list[dict], tokens: list[int]) -> tuple[list[list[str]],
     return speed, errors
 
 
+def share_rows(results: list[dict], tokens: list[int]) -> list[list[str]]:
+    """A row per variant with ``experts_ms``: us of the experts alone (their share of the call) per token count."""
+    by_key = {(r["variant"], r["tokens"]): r for r in results}
+    variants = [v for v in dict.fromkeys(r["variant"] for r in results)
+                if any("experts_ms" in r for r in results if r["variant"] == v)]
+
+    def share(record: dict | None) -> str:
+        if record is None or "experts_ms" not in record:
+            return "-"
+        return f"{1e3 * record['experts_ms']:.1f} ({100 * record['experts_share']:.0f}%)"
+
+    return [[v] + [share(by_key.get((v, t))) for t in tokens] for v in variants]
+
+
 def moe_section(name: str, report: dict) -> list[str]:
     env = require(report, "environment", name)
     config = require(report, "config", name)
@@ -61,6 +76,10 @@ def moe_section(name: str, report: dict) -> list[str]:
         lines += [f"### {model}", "", model_setup(model, shape, config.get("dtype")), "",
                   "Cells: us per call (float time / this time).", ""]
         lines += table(["variant"] + [f"{t} token{'s' if t != 1 else ''}" for t in tokens], speed)
+        shares = share_rows(rows, tokens)
+        if shares:
+            lines += ["", "The experts alone on the same routed inputs: us (share of the whole call).", ""]
+            lines += table(["variant"] + [f"{t} token{'s' if t != 1 else ''}" for t in tokens], shares)
         lines += ["", "Largest relative error of the output over the token counts:", ""]
         lines += table(["variant", "vs float", "vs the same scheme's loop"], errors) + [""]
     verdicts = [[t["target"], "-" if t.get("worst") is None else f"{t['worst']:.2f}x ({t.get('worst_at')})",

@@ -21,6 +21,10 @@ def test_cpu_check_writes_json_with_every_model_variant_and_token_count(tmp_path
         assert r["rel_err_vs_float"] < (0.5 if r["variant"].startswith("w4a16") else 5e-2), r  # tiny K: coarse int4
         if r["variant"].endswith("grouped") and "rel_err_vs_loop" in r:
             assert r["rel_err_vs_loop"] < 1e-5, r  # the same modules' numbers, grouped or looped
+        if r["variant"].endswith("loop"):
+            assert "experts_ms" not in r
+        else:  # the experts alone on the routed inputs: a share of the whole call
+            assert r["experts_ms"] > 0 and r["experts_share"] == r["experts_ms"] / r["ms"]
     assert set(report["ratios"]) == set(bench.MODELS)
     assert report["config"]["models"]["mixtral-layer"]["float_experts_implementation"]
     assert [t["target"] for t in report["targets"]] == [

@@ -24,3 +24,12 @@ def test_a_missing_entry_is_named(key):
     del report[key]
     with pytest.raises(ValueError, match=f"moe-x.json: expected a '{key}' entry"):
         moe_section("moe-x.json", report)
+
+
+def test_the_experts_share_is_shown_where_the_run_timed_it():
+    report = moe_report("GPU X")
+    report["results"][4].update(experts_ms=0.08, experts_share=0.8)
+    text = "\n".join(moe_section("moe-x.json", report))
+    assert "| w4a16-grouped | 80.0 (80%) | - |" in text
+    del report["results"][4]["experts_ms"]
+    assert "The experts alone" not in "\n".join(moe_section("moe-x.json", report))
