@@ -75,20 +75,20 @@ def add_limits(results: list[dict], gpu: str | None) -> None:
             r["fraction_of_limit"] = fraction
 
 
+def with_fraction(figure: str, fraction: float | None) -> str:
+    return figure if fraction is None else f"{figure} ({100 * fraction:.0f}%)"
+
+
 def small_m_cell(record: dict | None, cublas: dict | None) -> str:
     if record is None or "gbps" not in record:
         return "-"
-    fraction = bandwidth_fraction(record, cublas)
-    tb_s = f"{record['gbps'] / 1e3:.2f}"
-    return tb_s if fraction is None else f"{tb_s} ({100 * fraction:.0f}%)"
+    return with_fraction(f"{record['gbps'] / 1e3:.2f}", bandwidth_fraction(record, cublas))
 
 
 def large_m_cell(record: dict | None, gpu: str | None) -> str:
     if record is None or "tflops" not in record:
         return "-"
-    fraction = compute_fraction(record, gpu)
-    tflops = f"{useful_tflops(record):.0f}"
-    return tflops if fraction is None else f"{tflops} ({100 * fraction:.0f}%)"
+    return with_fraction(f"{useful_tflops(record):.0f}", compute_fraction(record, gpu))
 
 
 def fraction_range(values: list[float], goal: float | None = None) -> str:
