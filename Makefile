@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml setup.py
 	touch $(STAMP)
 
 run: $(STAMP)
-	$(VENV)/bin/compress run --config recipes/quickstart.yaml
+	$(VENV)/bin/compress run --config recipes/quickstart.yaml --overwrite
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -18,7 +18,7 @@ shift; shift || true
 mkdir -p "$out"
 variants=$(ls recipes/"$family"-*.yaml | sed "s|recipes/$family-||; s|\.yaml$||" | grep -vx dense)
 for v in dense $variants; do
-  python -m compress.cli run --config "recipes/$family-$v.yaml" --compress.evaluate=false \
+  python -m compress.cli run --config "recipes/$family-$v.yaml" --compress.evaluate=false --overwrite \
     --trainer.enable_progress_bar=false "$@" > "$out/train-$v.log" 2>&1 &
 done
 wait

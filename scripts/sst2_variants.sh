@@ -40,7 +40,7 @@ done
 for i in "${!names[@]}"; do
   name=${names[$i]}
   # shellcheck disable=SC2086  # overrides are separate words on purpose
-  python -m compress.cli run --config "$out/recipes/$name.yaml" --compress.evaluate=false \
+  python -m compress.cli run --config "$out/recipes/$name.yaml" --compress.evaluate=false --overwrite \
     --compress.output_dir="runs/minilm-sst2-$name" --trainer.enable_progress_bar=false \
     --trainer.max_time="$max_time" --data.init_args.num_workers=2 \
     --trainer.logger=lightning.pytorch.loggers.CSVLogger --trainer.logger.init_args.save_dir="$out/$name" \

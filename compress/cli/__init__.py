@@ -2,11 +2,14 @@
 
 Subcommands::
 
-    compress run      --config RECIPE [--ckpt_path CKPT] [overrides]
+    compress run      --config RECIPE [--ckpt_path CKPT] [--overwrite] [overrides]
                                                     fine-tune with the recipe's compression callbacks
                                                     (resumed from a Lightning checkpoint with
                                                     --ckpt_path: a file, or the directory of a
                                                     sharded FSDP2 checkpoint), export, evaluate, report
+                                                    (an earlier run's export, float/ or report in
+                                                    the output dir is refused before training,
+                                                    replaced only with --overwrite)
     compress fit      --config RECIPE [overrides]   plain LightningCLI fit (same recipe checks)
     compress validate --config RECIPE [overrides]   plain LightningCLI validate
     compress export   --config RECIPE --ckpt_path CKPT [--export_dir DIR] [--overwrite]

@@ -15,7 +15,7 @@ import compress
 from compress.checkpoint import check_save_target
 from compress.checkpoint.save import SAVE_FORMATS
 from compress.cli.checkpoints import checkpoint_option, load_lightning_checkpoint
-from compress.cli.recipe import CompressCLI, check_recipe, options_from, split_option
+from compress.cli.recipe import CompressCLI, check_recipe, flag_option, options_from, split_option
 from compress.lightning.callbacks import Export, target_model
 from compress.lightning.data import load_tokenizer
 
@@ -35,14 +35,6 @@ A Lightning checkpoint of a run of RECIPE -> a compressed model directory (print
                        W8A8 and W4A16 layers only, with the recipe's tokenizer)
   recipe overrides     as for compress run (compress run --help lists them)
 """
-
-
-def _overwrite_flag(args: list[str]) -> tuple[bool, list[str]]:
-    """``--overwrite`` (a flag, no value) taken out of ``args``: (whether it was given, the other args)."""
-    rest = [arg for arg in args if arg != "--overwrite"]
-    if any(arg.startswith("--overwrite=") for arg in rest):
-        raise ValueError("compress export: --overwrite is a flag and takes no value")
-    return len(rest) != len(args), rest
 
 
 def _format_option(args: list[str]) -> tuple[str, list[str]]:
@@ -86,7 +78,7 @@ def export(args: list[str]) -> int:
     ckpt_path, rest = checkpoint_option(args, "export")
     export_dir, rest = split_option(rest, "export_dir")
     save_format, rest = _format_option(rest)
-    overwrite_values, rest = _overwrite_flag(rest)
+    overwrite_values, rest = flag_option(rest, "overwrite", "export")
     if ckpt_path is None:
         raise ValueError("compress export: expected one --ckpt_path CHECKPOINT, got none")
     if len(export_dir) > 1:

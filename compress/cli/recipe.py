@@ -280,6 +280,14 @@ def started_command_line():
         sys.argv = current
 
 
+def flag_option(args: list[str], name: str, command: str) -> tuple[bool, list[str]]:
+    """``--name`` (a flag, no value) taken out of ``args``: (whether it was given, the other args)."""
+    rest = [arg for arg in args if arg != f"--{name}"]
+    if any(arg.startswith(f"--{name}=") for arg in rest):
+        raise ValueError(f"compress {command}: --{name} is a flag and takes no value")
+    return len(rest) != len(args), rest
+
+
 def split_option(args: list[str], name: str) -> tuple[list[str], list[str]]:
     """Remove ``--name V [V ...]`` / ``--name=V`` from ``args``; return (values, remaining args)."""
     values, rest, index = [], [], 0

@@ -4,7 +4,10 @@
 ``run`` writes into ``compress.output_dir``: Lightning logs and checkpoints, the exported model dir
 (the Export callback's ``dirpath``), ``float/`` (the run's fine-tuned float weights, when asked or
 when the recipe exports nothing) and ``report.{md,json,png}`` comparing the run's float weights with
-the exported compressed model.
+the exported compressed model. An earlier run's export, ``float/`` or report there is refused before
+training starts (:func:`check_run_targets`), unless ``--overwrite`` is given: a second run of a
+recipe never replaces the first one's results silently, and never finds out after hours of training
+that it cannot save.
 
 Multi-device runs (``trainer.devices`` > 1 with DDP, or FSDP2 through ``ModelParallelStrategy``): Lightning
 starts the other ranks by running the same command line again; after the fit every rank leaves the
@@ -22,7 +25,9 @@ import compress
 from compress.cli.checkpoints import checkpoint_option
 from compress.cli.evaluate import build_report
 from compress.cli.export import export_callback
-from compress.cli.recipe import CompressCLI, check_recipe, options_from, started_command_line
+from compress.checkpoint.safe_write import check_save_target
+from compress.cli.recipe import CompressCLI, check_recipe, flag_option, options_from, started_command_line
+from compress.eval.report import check_report_target
 from compress.lightning.callbacks import FloatWeightsSnapshot
 
 log = logging.getLogger(__name__)
@@ -45,11 +50,13 @@ def run(args: list[str]) -> int:
     trainer's step, optimizer and the callbacks' schedules and masks come from the checkpoint, and so
     does the time ``trainer.max_time`` has counted; a sharded checkpoint directory of an FSDP2 run
     too, read by Lightning), export, evaluate, report."""
+    overwrite, args = flag_option(args, "overwrite", "run")
     ckpt_path, args = checkpoint_option(args, "run", sharded=True)
     cli = CompressCLI(args=args, run=False)
     options = options_from(cli.config_init)
     torch.set_float32_matmul_precision(options.float32_matmul_precision)
     check_recipe(cli.model, cli.trainer.callbacks)
+    check_run_targets(cli.trainer.callbacks, options, overwrite)
     snapshot = FloatWeightsSnapshot()
     cli.trainer.callbacks.insert(0, snapshot)
     with started_command_line():
@@ -70,6 +77,19 @@ def run(args: list[str]) -> int:
         _, paths = build_report(models, cli.datamodule, options)
         sys.stdout.write(Path(paths["markdown"]).read_text())
     return 0
+
+
+def check_run_targets(callbacks, options, overwrite: bool) -> None:
+    """Before training: ``FileExistsError`` when the run would replace an earlier run's export, ``float/``
+    or report (unless ``overwrite``: ``--overwrite``), or could not save where the recipe says (a file, or
+    a directory holding something else, is never replaced)."""
+    exporter = export_callback(callbacks)
+    if exporter is not None and exporter.save:
+        check_save_target(exporter.dirpath, overwrite, flag="--overwrite")
+    if exporter is None or options.save_float_model:
+        check_save_target(Path(options.output_dir) / "float", overwrite, flag="--overwrite")
+    if options.evaluate:
+        check_report_target(options.output_dir, overwrite=overwrite, flag="--overwrite")
 
 
 def _leave_process_group() -> None:

@@ -93,8 +93,8 @@ def run_mode(mode: str, recipe: dict, args) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     config = out / "recipe.yaml"
     config.write_text(yaml.safe_dump(recipe_copy(recipe, out, args.edit)))
-    command = [sys.executable, "-m", "compress.cli", "run", "--config", str(config),
-               *mode_overrides(mode, recipe, args.steps, out)]
+    command = [sys.executable, "-m", "compress.cli", "run", "--config", str(config), "--overwrite",
+               *mode_overrides(mode, recipe, args.steps, out)]  # a re-run replaces the mode's earlier results
     started = time.perf_counter()
     with open(out / "run.log", "w") as log:
         status = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT).returncode

@@ -1,5 +1,6 @@
 """Tests for compress/cli/run.py: ``compress run`` composes pruning, QAT and export end to end on a tiny
-model, writes the float model and a report comparing it with the export, and resumes from a checkpoint."""
+model, writes the float model and a report comparing it with the export, resumes from a checkpoint, and
+refuses to replace an earlier run's results without ``--overwrite``."""
 import json
 
 import pytest
@@ -99,3 +100,33 @@ def test_run_resumes_from_a_checkpoint(sparse_w8a8_run, tmp_path):
     reference = load_file(str(root / "out" / "compressed" / "model.safetensors"))
     assert resumed.keys() == reference.keys()
     assert all(torch.equal(resumed[k], reference[k]) for k in resumed)
+
+
+def test_a_second_run_into_the_same_output_dir_is_refused_before_training(sparse_w8a8_run, monkeypatch):
+    """The finished run's export, float/ and report stay; --overwrite replaces them (checked up to the fit)."""
+    root, path = sparse_w8a8_run
+    before = (root / "out" / "report.json").read_text()
+    fitted = []
+    monkeypatch.setattr("lightning.pytorch.Trainer.fit", lambda *a, **k: fitted.append(True) or 1 / 0)
+    with pytest.raises(FileExistsError, match=r"compressed: already holds a compressed checkpoint; pass --overwrite"):
+        run_command(["run", "--config", path])
+    assert fitted == [] and (root / "out" / "report.json").read_text() == before
+    with pytest.raises(ZeroDivisionError):  # with the flag the run goes on to the (stubbed) fit
+        run_command(["run", "--config", path, "--overwrite"])
+    assert fitted == [True]
+
+
+def test_a_report_or_float_dir_of_an_earlier_run_is_refused_too(tmp_path, monkeypatch):
+    monkeypatch.setattr("lightning.pytorch.Trainer.fit", lambda *a, **k: 1 / 0)
+    path = write_recipe(tmp_path / "recipe.yaml", tiny_recipe(tmp_path / "out", [pruning()]))  # no export: float/
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "report.md").write_text("earlier")
+    with pytest.raises(FileExistsError, match=r"holds an earlier report .*report.md.*pass --overwrite"):
+        run_command(["run", "--config", path])
+    (tmp_path / "out" / "report.md").unlink()
+    (tmp_path / "out" / "float").mkdir()
+    (tmp_path / "out" / "float" / "notes.txt").write_text("mine")
+    with pytest.raises(FileExistsError, match="non-empty directory that is not a compressed checkpoint"):
+        run_command(["run", "--config", path, "--overwrite"])  # never replaced, even with the flag
+    with pytest.raises(ValueError, match="--overwrite is a flag and takes no value"):
+        run_command(["run", "--config", path, "--overwrite=yes"])

@@ -53,7 +53,7 @@ def test_compress_run_resumes_from_the_sharded_checkpoint_directory(fsdp_run):
     checkpoint = next((root / "out").glob("lightning_logs/*/checkpoints/*.ckpt"))
     assert checkpoint.is_dir() and (checkpoint / "meta.pt").is_file()  # sharded: one file per rank + meta.pt
     result = compress_command("run", "--config", path, "--ckpt_path", str(checkpoint), "--trainer.max_epochs=3",
-                              "--compress.evaluate=false")
+                              "--compress.evaluate=false", "--overwrite")  # the first run's export is replaced
     assert result.returncode == 0, result.stderr[-3000:]
     assert "Restored all states from the checkpoint" in result.stderr
     assert compress.load_compressed(root / "out" / "compressed") is not None
