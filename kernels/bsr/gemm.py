@@ -29,6 +29,7 @@ import triton.language as tl
 from compress_kernels.common.checks import interpreting
 from compress_kernels.common.launch import launch
 from compress_kernels.common.splitk import last_split_buffers, last_split_reduces
+from compress_kernels.common.tiles import block_row_share
 from compress_kernels.reference import BSR_BLOCK
 
 
@@ -51,17 +52,7 @@ def _bsr_gemm_kernel(
     pid_n = tl.program_id(0)  # which BLOCK_N outputs (fastest: programs of one M tile run together)
     pid_m = tl.program_id(1)  # which BLOCK_M rows of x
     pid_s = tl.program_id(2)  # which share of the block row's stored blocks
-    block_row = (pid_n * BLOCK_N) // BLOCK
-    sub = (pid_n * BLOCK_N) % BLOCK + tl.arange(0, BLOCK_N)  # (BLOCK_N,)
-    row_start = tl.load(crow_ptr + block_row).to(tl.int32)
-    row_end = tl.load(crow_ptr + block_row + 1).to(tl.int32)
-    if SPLIT > 1:  # a compile-time choice: the unsplit kernel carries none of this
-        share = tl.cdiv(tl.cdiv(row_end - row_start, SPLIT), GROUP) * GROUP  # whole steps per share
-        start = row_start + pid_s * share
-        end = tl.minimum(row_end, start + share)
-    else:
-        start = row_start
-        end = row_end
+    block_row, sub, start, end = block_row_share(crow_ptr, pid_n, pid_s, SPLIT, GROUP, BLOCK_N, BLOCK)
 
     first_row = pid_m * BLOCK_M
     x_ptr += first_row.to(tl.int64) * stride_xm

@@ -30,6 +30,7 @@ from compress_kernels.common.checks import interpreting
 from compress_kernels.common.int4 import unpack_int4_tile
 from compress_kernels.common.launch import launch
 from compress_kernels.common.splitk import last_split_buffers, last_split_reduces
+from compress_kernels.common.tiles import block_row_share
 from compress_kernels.reference import BSR_BLOCK
 
 WORDS = BSR_BLOCK // 8  # int32 words per row of a stored block
@@ -46,14 +47,7 @@ def _bsr_w4a16_gemm_kernel(
     pid_n = tl.program_id(0)  # which BLOCK_N outputs (fastest: programs of one M tile run together)
     pid_m = tl.program_id(1)  # which BLOCK_M rows of x
     pid_s = tl.program_id(2)  # which share of the block row's stored blocks
-    block_row = (pid_n * BLOCK_N) // BLOCK
-    sub = (pid_n * BLOCK_N) % BLOCK + tl.arange(0, BLOCK_N)  # (BLOCK_N,)
-    start = tl.load(crow_ptr + block_row).to(tl.int32)
-    end = tl.load(crow_ptr + block_row + 1).to(tl.int32)
-    if SPLIT > 1:  # whole GROUP steps per share
-        share = tl.cdiv(tl.cdiv(end - start, SPLIT), GROUP) * GROUP
-        start = start + pid_s * share
-        end = tl.minimum(end, start + share)
+    block_row, sub, start, end = block_row_share(crow_ptr, pid_n, pid_s, SPLIT, GROUP, BLOCK_N, BLOCK)
 
     first_row = pid_m * BLOCK_M
     offs_m = tl.arange(0, BLOCK_M)

@@ -25,6 +25,7 @@ from compress_kernels.bsr.gemm import runs_of_block
 from compress_kernels.common.launch import launch
 from compress_kernels.common.pdl import launch_options, pdl_enabled, wait_for_inputs
 from compress_kernels.common.splitk import last_split_buffers, last_split_reduces
+from compress_kernels.common.tiles import block_row_share
 from compress_kernels.reference import BSR_BLOCK
 @triton.jit
 def _bsr_w8a8_kernel(
@@ -37,14 +38,7 @@ def _bsr_w8a8_kernel(
     pid_n = tl.program_id(0)  # which BLOCK_N outputs (fastest: programs of one M tile run together)
     pid_m = tl.program_id(1)  # which BLOCK_M rows of x
     pid_s = tl.program_id(2)  # which share of the block row's stored blocks
-    block_row = (pid_n * BLOCK_N) // BLOCK
-    sub = (pid_n * BLOCK_N) % BLOCK + tl.arange(0, BLOCK_N)  # outputs inside the block row, (BLOCK_N,)
-    start = tl.load(crow_ptr + block_row).to(tl.int32)
-    end = tl.load(crow_ptr + block_row + 1).to(tl.int32)
-    if SPLIT > 1:  # whole GROUP steps per share, as in the fp16 tiles
-        share = tl.cdiv(tl.cdiv(end - start, SPLIT), GROUP) * GROUP
-        start = start + pid_s * share
-        end = tl.minimum(end, start + share)
+    block_row, sub, start, end = block_row_share(crow_ptr, pid_n, pid_s, SPLIT, GROUP, BLOCK_N, BLOCK)
 
     first_row = pid_m * BLOCK_M
     offs_m = tl.arange(0, BLOCK_M)

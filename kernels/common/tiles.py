@@ -8,6 +8,9 @@
 * :func:`weight_columns`: the column offsets a program loads, as contiguous when N is a multiple of
   BLOCK_N (so loads are 16 bytes wide) and wrapped modulo N otherwise (loads need no mask; the
   stores mask the wrapped columns).
+* :func:`block_row_share`: a block-sparse program's block row, its outputs inside it and the slice
+  ``[start, end)`` of the row's stored blocks it owns when ``SPLIT`` programs share the row (whole
+  ``GROUP`` steps each; the last share may be short or empty).
 * :func:`split8`: a tensor whose last three dims are (2, 2, 2) -> its 8 slices in index order (the
   8 nibble positions of a packed int4 word, for the x operand of the W4A16 kernels).
 """
@@ -41,6 +44,22 @@ def split_k_range(pid_k, K, SPLIT_K, BLOCK_K: tl.constexpr):
     k_first = pid_k * tiles_per_split * BLOCK_K
     k_last = min(K, k_first + tiles_per_split * BLOCK_K)
     return k_first, k_last
+
+
+@triton.jit
+def block_row_share(crow_ptr, pid_n, pid_s, SPLIT: tl.constexpr, GROUP: tl.constexpr, BLOCK_N: tl.constexpr,
+                    BLOCK: tl.constexpr):
+    """(block_row, sub, start, end): program (``pid_n``, share ``pid_s``) of a BSR kernel with 32x32 blocks
+    (``BLOCK``) owns outputs ``BLOCK * block_row + sub`` (BLOCK_N of them) and stored blocks [start, end)."""
+    block_row = (pid_n * BLOCK_N) // BLOCK
+    sub = (pid_n * BLOCK_N) % BLOCK + tl.arange(0, BLOCK_N)
+    start = tl.load(crow_ptr + block_row).to(tl.int32)
+    end = tl.load(crow_ptr + block_row + 1).to(tl.int32)
+    if SPLIT > 1:  # a compile-time choice: the unsplit kernel carries none of this
+        share = tl.cdiv(tl.cdiv(end - start, SPLIT), GROUP) * GROUP  # whole steps per share
+        start = start + pid_s * share
+        end = tl.minimum(end, start + share)
+    return block_row, sub, start, end
 
 
 @triton.jit

@@ -17,8 +17,18 @@ from compress.nn.inference.base import _InferenceLinear
 
 
 class _BlockSparseIndices:
-    """The BSR index check shared by the block-sparse modules: their forwards pass
-    ``check_indices=False`` to the launchers, so indices are checked once, where they come in."""
+    """What the block-sparse modules share: the BSR index check (their forwards pass ``check_indices=False``
+    to the launchers, so indices are checked once, where they come in), the count of stored blocks and the
+    description of the layer's blocks."""
+
+    @property
+    def nnz(self) -> int:
+        return self.col_indices.numel()
+
+    def _blocks_repr(self) -> str:
+        total = (self.out_features // self.block) * (self.in_features // self.block)
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+                f"block={self.block}, nnz_blocks={self.nnz}/{total}")
 
     def check_indices(self) -> None:
         """ValueError unless ``crow_indices`` / ``col_indices`` hold the ``torch.sparse_bsr`` invariants
@@ -55,10 +65,6 @@ class BSRLinear(_BlockSparseIndices, _InferenceLinear):
         cls._copy_float_state(module, linear)
         return module.to(source.device)
 
-    @property
-    def nnz(self) -> int:
-        return self.col_indices.numel()
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self._use_kernel(x):
             b = self._buffers
@@ -73,6 +79,4 @@ class BSRLinear(_BlockSparseIndices, _InferenceLinear):
         return bsr_to_dense(self.crow_indices, self.col_indices, self.values, (self.out_features, self.in_features))
 
     def extra_repr(self) -> str:
-        total = (self.out_features // self.block) * (self.in_features // self.block)
-        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
-                f"block={self.block}, nnz_blocks={self.nnz}/{total}")
+        return self._blocks_repr()

@@ -91,10 +91,6 @@ class BSRW4A16Linear(_BlockSparseIndices, _InferenceLinear):
         module.compute_dtype_marker = dense.weight.new_empty(0)
         return module
 
-    @property
-    def nnz(self) -> int:
-        return self.col_indices.numel()
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b = self._buffers
         parts = (b["crow_indices"], b["col_indices"], b["values"], b["scales"], self.out_features)
@@ -109,6 +105,4 @@ class BSRW4A16Linear(_BlockSparseIndices, _InferenceLinear):
         return bsr_to_dense(self.crow_indices, self.col_indices, blocks, (self.out_features, self.in_features))
 
     def extra_repr(self) -> str:
-        total = (self.out_features // self.block) * (self.in_features // self.block)
-        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
-                f"block={self.block}, nnz_blocks={self.nnz}/{total}, group_size={self.group_size}")
+        return f"{self._blocks_repr()}, group_size={self.group_size}"

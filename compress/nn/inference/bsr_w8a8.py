@@ -62,10 +62,6 @@ class BSRW8A8Linear(_BlockSparseIndices, _TakesHandedInput, _InferenceLinear):
         module.compute_dtype_marker = dense.weight.new_empty(0)
         return module
 
-    @property
-    def nnz(self) -> int:
-        return self.col_indices.numel()
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         handed = self._handed_input(x)
         if handed is not None:
@@ -94,6 +90,4 @@ class BSRW8A8Linear(_BlockSparseIndices, _TakesHandedInput, _InferenceLinear):
         return w if self.input_smoothing is None else w / self.input_smoothing
 
     def extra_repr(self) -> str:
-        total = (self.out_features // self.block) * (self.in_features // self.block)
-        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
-                f"block={self.block}, nnz_blocks={self.nnz}/{total}, {_activation_repr(self)}")
+        return f"{self._blocks_repr()}, {_activation_repr(self)}"
