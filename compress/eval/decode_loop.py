@@ -10,8 +10,10 @@ forward is embedding, rotary embedding, layers, norm and ``lm_head``) with sdpa 
 rotary embedding whose frequencies do not change with the sequence length, causal attention, in eval
 mode. A mixture-of-experts layer must route and run its experts on the device, without a host
 synchronisation (a CUDA graph cannot hold one): ``transformers``' float experts under the
-``grouped_mm`` or ``batched_mm`` implementation, or ``QuantizedExperts`` on its grouped kernels
-(:func:`experts_reason`); the eager expert loops are refused. Anything else
+``batched_mm`` implementation, or ``grouped_mm`` where torch runs it on the device (on a GPU: bf16
+weights on SM90 / SM100; elsewhere torch loops over the experts with their offsets read on the host),
+or ``QuantizedExperts`` on its grouped kernels (:func:`experts_reason`); the eager expert loops are
+refused. Anything else
 (Gemma 3's per-layer rotary embeddings and logit softcapping, flash attention, dynamic rotary
 scaling, a subclass, a new architecture) is refused with the reason, and
 ``compress.eval.generate`` hands it to ``transformers``' ``generate``.
@@ -125,7 +127,23 @@ def experts_reason(model: nn.Module) -> str | None:
             if implementation not in DEVICE_EXPERTS:
                 return (f"{name} runs transformers' experts as {implementation!r}, which synchronises with the "
                         f"host (the loop models {', '.join(DEVICE_EXPERTS)})")
+            if implementation == "grouped_mm" and not _grouped_mm_on_device(module):
+                weight = next(module.parameters())
+                return (f"{name} runs transformers' grouped_mm experts in {weight.dtype} on "
+                        f"{torch.cuda.get_device_name(weight.device)}, where torch's grouped_mm loops over the "
+                        f"experts with their offsets read on the host (it runs on the device only in bf16 on "
+                        f"SM90 / SM100): use bf16 weights or set_experts_implementation('batched_mm')")
     return None
+
+
+def _grouped_mm_on_device(experts: nn.Module) -> bool:
+    """Whether torch's grouped_mm runs ``experts`` without reading the group offsets on the host: always off a
+    GPU (no host synchronisation to avoid), on a GPU only its bf16 CUTLASS kernels (SM90 and SM100); every
+    other case takes torch's fallback, which copies the offsets to the host and loops over the groups."""
+    weight = next(experts.parameters())
+    if weight.device.type != "cuda":
+        return True
+    return weight.dtype == torch.bfloat16 and torch.cuda.get_device_capability(weight.device)[0] in (9, 10)
 
 
 def _config_reason(model: nn.Module) -> str | None:

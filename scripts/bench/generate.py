@@ -35,6 +35,7 @@ from pathlib import Path
 
 import torch
 
+from compress.eval.decode_loop import experts_reason
 from compress.eval.generate import LOOPS
 from scripts.bench import host_overhead
 from scripts.bench.decode import environment, int_list, release_memory, write_report
@@ -51,18 +52,24 @@ DEFAULT_LLAMA_LAYERS = 8  # of 32: the compiled whole-model graph compiles in se
 
 # ---- one model, batch and variant ------------------------------------------------------------------
 def bench_unit(source: ModelSource, variant: str, batch: int, args, report: dict) -> dict:
-    """Build the variant, time every mode and the harness (a failing one is recorded, the others go on)."""
+    """Build the variant, time every mode and the harness (a failing one is recorded, the others go on).
+    Experts that synchronise with the host (block-sparse experts run ``QuantizedExperts``' loop:
+    :func:`compress.eval.decode_loop.experts_reason`) are timed eager only: the compiled step and the
+    harness's CUDA graph cannot hold them, so those modes record ``not_timed`` with the reason."""
     began = time.perf_counter()
     model = source.build(variant)
+    unserved = experts_reason(model)
     result = dict(model=source.name, variant=variant, batch=batch,
-                  dtype=str(VARIANTS[variant].dtype).replace("torch.", ""),
+                  dtype=str(source.dtype(variant)).replace("torch.", ""),
                   weight_bytes=weight_bytes(model), build_s=time.perf_counter() - began)
     prompt = random_prompt(model, batch, args.prompt_len, args.seed)
     eager_out = None
     try:
         for mode in (*args.modes, *(["harness"] if args.harness else [])):
             try:
-                if mode == "eager":
+                if mode != "eager" and unserved is not None:
+                    result[mode] = dict(not_timed=unserved)
+                elif mode == "eager":
                     reference = source.reference() if variant != "fp16" else None
                     result["eager"], eager_out = bench_eager(model, prompt, args, reference)
                 elif mode == "compiled":

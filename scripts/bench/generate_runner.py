@@ -16,8 +16,9 @@ benchmark); ``"none"`` fuses nothing:
   (:func:`scripts.bench.decode_variants.build_model`), ``layers`` decoder layers;
 * ``mixtral``: a random-weight Mixtral of the MoE benchmark's small model (2 layers of hidden 2048,
   intermediate 7168, 8 experts, top-2, 16 heads / 8 KV heads, vocabulary 32000), its float experts as
-  ``transformers`` runs them (``grouped_mm``); the variants convert the experts too (``QuantizedExperts``
-  on the grouped kernels).
+  ``transformers`` runs them (``grouped_mm``; the float model in bf16 on a GPU, where torch's grouped_mm
+  runs on the device: :meth:`ModelSource.dtype`); the variants convert the experts too
+  (``QuantizedExperts`` on the grouped kernels).
 
 With ``tiny`` they are tiny random models (``smollm2`` keeps its grouped-query attention and tied
 embeddings; ``mixtral`` 4 experts), for the CPU tests.
@@ -84,13 +85,22 @@ class ModelSource:
 
             self._base = build_pretrained(AutoModelForCausalLM, SMOLLM2_NAME, None, "float32").eval()
 
+    def dtype(self, variant: str) -> torch.dtype:
+        """The variant's dtype, except ``mixtral``'s float model on a GPU: bf16, the one dtype in which torch's
+        grouped_mm runs the float experts on the device (in fp16 it reads the expert offsets on the host,
+        which no CUDA graph holds, so the fp16 anchor would be an eager one)."""
+        dtype = VARIANTS[variant].dtype
+        if self.name == "mixtral" and variant == "fp16" and self.args.device != "cpu":
+            return torch.bfloat16
+        return dtype
+
     def build(self, variant: str) -> nn.Module:
-        """The model in the variant's dtype on the device, the variant applied, siblings fused as ``fuse`` says."""
-        spec, args = VARIANTS[variant], self.args
+        """The model in :meth:`dtype` on the device, the variant applied, siblings fused as ``fuse`` says."""
+        spec, args, dtype = VARIANTS[variant], self.args, self.dtype(variant)
         if self._base is not None:
-            model = copy.deepcopy(self._base).to(device=args.device, dtype=spec.dtype).eval()
+            model = copy.deepcopy(self._base).to(device=args.device, dtype=dtype).eval()
         else:
-            model = build_model(self.config(), spec.dtype, args.device, args.seed)
+            model = build_model(self.config(), dtype, args.device, args.seed)
         if args.fuse not in FUSE_CHOICES:
             raise ValueError(f"fuse: expected one of {FUSE_CHOICES}, got {args.fuse!r}")
         if args.fuse == "all":
