@@ -21,8 +21,16 @@ OURS = ["quickstart.yaml", *sorted(p.name for p in RECIPES.glob("minilm-sst2-*.y
 
 def test_the_minilm_variants_are_all_there():
     expected = {"dense", "w8a8-qat", "w8a8block-qat", "w4a16-qat", "w8a16-qat", "sparse50", "sparse50-w8a8",
-                "sparse50-w8a8-fsdp"}
+                "sparse50-w8a8-fsdp", "sparse75-w8a8"}
     assert {name.removeprefix("minilm-sst2-").removesuffix(".yaml") for name in OURS[1:]} == expected
+
+
+def test_the_75_percent_recipe_is_the_50_percent_one_with_three_quarters_of_the_blocks_pruned():
+    ours, half = _recipe("minilm-sst2-sparse75-w8a8.yaml"), _recipe("minilm-sst2-sparse50-w8a8.yaml")
+    assert ours["trainer"]["callbacks"][0]["init_args"] == dict(half["trainer"]["callbacks"][0]["init_args"],
+                                                                sparsity=0.75)
+    assert ours["trainer"]["callbacks"][1] == half["trainer"]["callbacks"][1]
+    assert ours["model"] == half["model"] and ours["data"] == half["data"]
 
 
 def test_the_fsdp_recipe_is_the_sparse_w8a8_one_on_two_gpus_without_distillation():
