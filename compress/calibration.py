@@ -327,12 +327,12 @@ def prune_layer(layer: CompressedLinear, xtx: torch.Tensor, tokens: int) -> None
     weight = layer.weight.detach()
     if config.algorithm == "obs":
         pruned, mask = obs_block_prune(weight, hessian(xtx, tokens), config.sparsity, config.block,
-                                       config.obs_damping, config.obs_rounds)
+                                       config.obs_damping, config.obs_rounds, tile_rows=config.tile_rows)
         weight.copy_(pruned.to(weight.dtype))
         layer.set_mask(mask)
         return
     scores = activation_block_scores(weight, xtx.diagonal().clamp_min(0).sqrt(), config.block)
-    layer.set_mask(mask_from_scores(scores, config.sparsity))
+    layer.set_mask(mask_from_scores(scores, config.sparsity, config.tile_rows))
 
 
 def run_hessian_passes(model: nn.Module, calibration_data, sync: Callable | None = None,

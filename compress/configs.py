@@ -64,6 +64,7 @@ from typing import Any, ClassVar, Optional, Union
 
 from compress.core import block_quant
 from compress.core.quant import INT4_QMAX, INT8_QMAX
+from compress.core.sparsity import TILE_ROWS
 
 ACTIVATION_MODES = ("dynamic", "static")
 OBSERVERS = ("absmax", "percentile", "moving_average")
@@ -400,6 +401,11 @@ class BlockSparseConfig(_ConfigMixin):
     ``obs_damping`` (fraction of the Hessian's mean diagonal added to it, in (0, 1]) and ``obs_rounds``
     (selection rounds, each re-scoring after the last one's updates) are its knobs; ``score`` is not
     used and must keep its default.
+
+    ``tile_rows`` (1, 2, 4 or 8): blocks are pruned in tiles of that many consecutive block rows x one
+    block column, so every block row of a tile keeps the same block columns (1: free blocks, the
+    default). It is the pattern of the large-M block-sparse kernel, whose output tiles span
+    ``32 * tile_rows`` outputs: a pruned tile is a whole K step it skips.
     """
 
     sparsity: float = 0.5
@@ -408,6 +414,7 @@ class BlockSparseConfig(_ConfigMixin):
     algorithm: str = "score"
     obs_damping: float = 0.01
     obs_rounds: int = 8
+    tile_rows: int = 1
 
     def __post_init__(self):
         _check_type("BlockSparseConfig.sparsity", self.sparsity, (int, float))
@@ -427,6 +434,8 @@ class BlockSparseConfig(_ConfigMixin):
             raise ValueError(f"BlockSparseConfig.score: not used with algorithm='obs' (blocks are ranked by their "
                              f"second-order cost); expected the default 'magnitude', got {self.score!r}")
         _check_knobs_unused(self, "obs", OBS_DEFAULTS)
+        _check_type("BlockSparseConfig.tile_rows", self.tile_rows, (int,))
+        _check_choice("BlockSparseConfig.tile_rows", self.tile_rows, TILE_ROWS)
 
     @property
     def needs_calibration(self) -> bool:

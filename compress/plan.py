@@ -470,7 +470,7 @@ def prune_one_shot(model: nn.Module, keep_weights=()) -> None:
         config = layer.sparse_config
         if config is None or config.sparsity == 0 or config.needs_calibration or not bool(layer.mask.all()):
             continue
-        mask = block_mask(layer.weight, config.sparsity, config.block, config.score)
+        mask = block_mask(layer.weight, config.sparsity, config.block, config.score, config.tile_rows)
         layer.set_mask(mask, zero_weights=name not in keep_weights)
         logger.info("prune: %s pruned one-shot to %.0f%% of its blocks", name, 100 * config.sparsity)
 

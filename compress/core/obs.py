@@ -42,7 +42,8 @@ import torch
 import torch.nn.functional as F
 
 from compress.core.gptq import drop_dead_inputs
-from compress.core.sparsity import _check_sparsity, block_counts, block_grid, block_sums
+from compress.core.sparsity import (_check_sparsity, _check_tile_rows, block_counts, block_grid, block_sums, tile_mask,
+                                    untile)
 
 HINV_CHUNK_BYTES = 1 << 29  # the batch of per-block-row inverse Hessians is built in pieces of at most 512 MiB
 
@@ -93,12 +94,15 @@ def remove_columns_(w_rows: torch.Tensor, hinv: torch.Tensor, columns: torch.Ten
 
 
 def obs_block_prune(weight: torch.Tensor, h: torch.Tensor, sparsity: float, block: int = 32,
-                    damping: float = 0.01, rounds: int = 8,
-                    keep: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                    damping: float = 0.01, rounds: int = 8, keep: torch.Tensor | None = None,
+                    tile_rows: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """Prune ``floor(sparsity * blocks)`` b x b blocks of ``weight`` (N, K) by OBS cost and compensate
     (module docstring). ``h``: (K, K) Hessian of the layer's inputs. ``keep``: a block mask (N/b, K/b)
-    whose pruned blocks stay pruned (and count towards the total). Returns (the updated weight (N, K)
-    float32 with the pruned blocks exactly zero, the block mask (N/b, K/b) bool, True = kept)."""
+    whose pruned blocks stay pruned (and count towards the total). ``tile_rows`` > 1: ``floor(sparsity *
+    tiles)`` tiles of that many block rows go instead (:mod:`compress.core.sparsity`), each costing the sum
+    of its blocks' costs (the block rows of a tile lose the same columns, so they share one inverse
+    Hessian and their costs add). Returns (the updated weight (N, K) float32 with the pruned blocks
+    exactly zero, the block mask (N/b, K/b) bool, True = kept)."""
     _check_sparsity(sparsity)
     n, k = weight.shape
     if tuple(h.shape) != (k, k):
@@ -106,6 +110,7 @@ def obs_block_prune(weight: torch.Tensor, h: torch.Tensor, sparsity: float, bloc
                          f"got {tuple(h.shape)}")
     if not isinstance(rounds, int) or rounds < 1:
         raise ValueError(f"OBS: rounds: expected a positive int, got {rounds!r}")
+    _check_tile_rows(tile_rows)
     rows, cols = block_grid((n, k), block)
     mask = torch.ones(rows, cols, dtype=torch.bool, device=weight.device) if keep is None else keep.clone().bool()
     if tuple(mask.shape) != (rows, cols):
@@ -115,21 +120,23 @@ def obs_block_prune(weight: torch.Tensor, h: torch.Tensor, sparsity: float, bloc
     w = F.pad(w, (0, pad_k, 0, pad_n))
     h = F.pad(damped(h, damping), (0, pad_k, 0, pad_k))
     h.diagonal()[k:] = 1.0
+    mask = untile(tile_mask(mask, tile_rows), tile_rows, rows)
     w.view(rows, block, cols, block).mul_(mask[:, None, :, None])
-    target = int(sparsity * rows * cols)
+    tiles = -(-rows // tile_rows)
+    target = int(sparsity * tiles * cols)
     for round_index in range(rounds):
-        pruned_now = int((~mask).sum())
+        pruned_now = int((~tile_mask(mask, tile_rows)).sum())
         goal = max(pruned_now, target - (target - pruned_now) * (rounds - 1 - round_index) // (rounds - round_index))
         if goal <= pruned_now:
             continue
         pruned_columns = (~mask).repeat_interleave(block, dim=1)
         costs = torch.cat([block_costs(w[start * block:(start + len(hinv)) * block], hinv, block)
                            for start, hinv in row_inverse_hessians(h, pruned_columns)])
-        costs = costs.masked_fill(~mask, float("inf"))
+        costs = tile_costs(costs.masked_fill(~mask, float("inf")), tile_rows)
         chosen = torch.argsort(costs.flatten(), stable=True)[:goal - pruned_now]
-        newly = torch.zeros(rows * cols, dtype=torch.bool, device=w.device)
+        newly = torch.zeros(tiles * cols, dtype=torch.bool, device=w.device)
         newly[chosen] = True
-        newly = newly.reshape(rows, cols)
+        newly = untile(newly.reshape(tiles, cols), tile_rows, rows)
         changed = newly.any(dim=1).nonzero().flatten()
         for start, hinv in row_inverse_hessians(h, pruned_columns[changed]):
             for offset, r in enumerate(changed[start:start + len(hinv)].tolist()):
@@ -138,6 +145,13 @@ def obs_block_prune(weight: torch.Tensor, h: torch.Tensor, sparsity: float, bloc
         mask &= ~newly
     w.view(rows, block, cols, block).mul_(mask[:, None, :, None])
     return w[:n, :k].contiguous(), mask
+
+
+def tile_costs(costs: torch.Tensor, tile_rows: int) -> torch.Tensor:
+    """(R, C) block costs -> (ceil(R / t), C): each tile's sum over its block rows (``inf`` where any is)."""
+    rows, cols = costs.shape
+    tiles = -(-rows // tile_rows)
+    return F.pad(costs, (0, 0, 0, tiles * tile_rows - rows)).reshape(tiles, tile_rows, cols).sum(dim=1)
 
 
 def activation_block_scores(weight: torch.Tensor, input_norms: torch.Tensor, block: int = 32) -> torch.Tensor:

@@ -27,6 +27,14 @@ blocks)`` lowest-scoring blocks (ties broken by position with a stable sort, so 
 sees the same weights builds the same mask). :func:`shrink_mask` does the same but never revives a
 block that an earlier mask pruned (it scores them ``-inf``).
 
+Tiles (``tile_rows`` > 1, the pattern of the large-M kernel, :class:`compress.BlockSparseConfig`):
+the blocks are pruned in vertical tiles of ``tile_rows`` consecutive block rows x one block column
+(the last tile of a block-row count that ``tile_rows`` does not divide is shorter), so every block row
+of a tile keeps the same block columns. The mask functions then rank tiles by the mean score of
+their blocks (:func:`tile_scores`) and prune ``floor(sparsity * tiles)`` of them; a tile counts as
+pruned while any of its blocks is (:func:`tile_mask`), and :func:`untile` spreads the tile mask back
+over the block grid.
+
 :func:`global_block_masks` ranks the blocks of several layers together: the model as a whole
 prunes ``floor(sparsity * all blocks)``, the lowest scores first, while each layer stays within
 ``[(1 - spread) * sparsity, sparsity + spread * (1 - sparsity)]`` of its own blocks (so layers whose
@@ -130,9 +138,50 @@ def _check_sparsity(sparsity: float) -> None:
         raise ValueError(f"sparsity: expected a fraction in [0, 1), got {sparsity}")
 
 
-def mask_from_scores(scores: torch.Tensor, sparsity: float) -> torch.Tensor:
-    """Bool grid like ``scores``: False for the ``floor(sparsity * numel)`` lowest scores."""
+TILE_ROWS = (1, 2, 4, 8)  # block rows per pruned tile (1: free blocks)
+
+
+def _check_tile_rows(tile_rows: int) -> None:
+    if isinstance(tile_rows, bool) or tile_rows not in TILE_ROWS:
+        raise ValueError(f"tile_rows: expected one of {TILE_ROWS}, got {tile_rows!r}")
+
+
+def tile_scores(scores: torch.Tensor, tile_rows: int) -> torch.Tensor:
+    """(R, C) block scores -> (ceil(R / t), C): each tile's mean over its block rows (``-inf`` stays ``-inf``)."""
+    _check_tile_rows(tile_rows)
+    rows, cols = scores.shape
+    tiles = -(-rows // tile_rows)
+    padded = F.pad(scores.float(), (0, 0, 0, tiles * tile_rows - rows))
+    sizes = torch.full((tiles, 1), float(tile_rows), device=scores.device)
+    sizes[-1] = rows - (tiles - 1) * tile_rows
+    return padded.reshape(tiles, tile_rows, cols).sum(dim=1) / sizes
+
+
+def tile_mask(mask: torch.Tensor, tile_rows: int) -> torch.Tensor:
+    """(R, C) block mask -> (ceil(R / t), C): a tile is kept only while every block of it is."""
+    _check_tile_rows(tile_rows)
+    rows, cols = mask.shape
+    tiles = -(-rows // tile_rows)
+    padded = F.pad(mask.bool(), (0, 0, 0, tiles * tile_rows - rows), value=True)
+    return padded.reshape(tiles, tile_rows, cols).all(dim=1)
+
+
+def untile(mask: torch.Tensor, tile_rows: int, rows: int) -> torch.Tensor:
+    """(ceil(R / t), C) tile mask -> the (R, C) block mask."""
+    return mask.repeat_interleave(tile_rows, dim=0)[:rows]
+
+
+def is_tiled(mask: torch.Tensor, tile_rows: int) -> bool:
+    """Whether every tile of ``tile_rows`` block rows of the (R, C) ``mask`` keeps the same block columns."""
+    return bool(torch.equal(untile(tile_mask(mask, tile_rows), tile_rows, mask.shape[0]), mask.bool()))
+
+
+def mask_from_scores(scores: torch.Tensor, sparsity: float, tile_rows: int = 1) -> torch.Tensor:
+    """Bool grid like ``scores``: False for the ``floor(sparsity * numel)`` lowest scores (with ``tile_rows``
+    > 1: for the blocks of the ``floor(sparsity * tiles)`` tiles of lowest mean score)."""
     _check_sparsity(sparsity)
+    if tile_rows != 1:
+        return untile(mask_from_scores(tile_scores(scores, tile_rows), sparsity), tile_rows, scores.shape[0])
     num_pruned = int(sparsity * scores.numel())
     mask = torch.ones(scores.numel(), dtype=torch.bool, device=scores.device)
     order = torch.argsort(scores.flatten(), stable=True)
@@ -168,15 +217,19 @@ def fisher_block_scores(w: torch.Tensor, grad: torch.Tensor, block: int = 32) ->
     return _block_products("fisher_block_scores", w, grad, block).square()
 
 
-def shrink_mask(scores: torch.Tensor, mask: torch.Tensor, sparsity: float) -> torch.Tensor:
+def shrink_mask(scores: torch.Tensor, mask: torch.Tensor, sparsity: float, tile_rows: int = 1) -> torch.Tensor:
     """Like :func:`mask_from_scores`, but blocks pruned in ``mask`` stay pruned.
 
     Pruned blocks score ``-inf``, so they are the first taken; when ``mask`` already prunes more
-    than ``floor(sparsity * numel)`` blocks the result is ``mask`` itself (masks only shrink).
+    than ``floor(sparsity * numel)`` blocks the result is ``mask`` itself (masks only shrink). With
+    ``tile_rows`` > 1 the same over tiles (a tile with any pruned block is pruned whole).
     """
     _check_sparsity(sparsity)
     if mask.shape != scores.shape:
         raise ValueError(f"shrink_mask: expected a mask of shape {tuple(scores.shape)}, got {tuple(mask.shape)}")
+    if tile_rows != 1:
+        tiled = shrink_mask(tile_scores(scores, tile_rows), tile_mask(mask, tile_rows), sparsity)
+        return untile(tiled, tile_rows, scores.shape[0])
     kept = mask.to(device=scores.device, dtype=torch.bool)
     if int((~kept).sum()) >= int(sparsity * scores.numel()):
         return kept.clone()
@@ -192,8 +245,9 @@ def allocation_bounds(sparsity: float, spread: float) -> tuple[float, float]:
 
 
 def global_block_masks(scores: dict[str, torch.Tensor], masks: dict[str, torch.Tensor], sparsity: float,
-                       spread: float) -> dict[str, torch.Tensor]:
-    """Block masks for several layers ranked together (module docstring).
+                       spread: float, tile_rows: int = 1) -> dict[str, torch.Tensor]:
+    """Block masks for several layers ranked together (module docstring). With ``tile_rows`` > 1 every
+    layer's tiles are ranked instead of its blocks (by their mean block score; counts below in tiles).
 
     ``scores`` / ``masks``: {layer: (N/b, K/b) grid}; blocks pruned in ``masks`` stay pruned. Layer
     ``i`` of ``n_i`` blocks prunes at least ``max(floor(lo * n_i), its pruned blocks, 1 if sparsity > 0
@@ -206,6 +260,15 @@ def global_block_masks(scores: dict[str, torch.Tensor], masks: dict[str, torch.T
         raise ValueError(f"global_block_masks: expected masks for the scored layers {sorted(scores)}, "
                          f"got {sorted(masks)}")
     lo, hi = allocation_bounds(sparsity, spread)
+    if tile_rows != 1:
+        _check_tile_rows(tile_rows)
+        for name, grid in scores.items():
+            if tuple(masks[name].shape) != tuple(grid.shape):
+                raise ValueError(f"global_block_masks: layer {name!r}: expected a mask of shape {tuple(grid.shape)}, "
+                                 f"got {tuple(masks[name].shape)}")
+        tiled = global_block_masks({name: tile_scores(grid, tile_rows) for name, grid in scores.items()},
+                                   {name: tile_mask(mask, tile_rows) for name, mask in masks.items()}, sparsity, spread)
+        return {name: untile(tiled[name], tile_rows, scores[name].shape[0]) for name in tiled}
     names = list(scores)
     if not names:
         return {}
@@ -242,9 +305,10 @@ def global_block_masks(scores: dict[str, torch.Tensor], masks: dict[str, torch.T
     return result
 
 
-def block_mask(w: torch.Tensor, sparsity: float, block: int = 32, score: str = "magnitude") -> torch.Tensor:
-    """Block mask (N/b, K/b) keeping the highest-scoring ``1 - sparsity`` of the blocks of ``w``."""
-    return mask_from_scores(block_scores(w, block, score), sparsity)
+def block_mask(w: torch.Tensor, sparsity: float, block: int = 32, score: str = "magnitude",
+               tile_rows: int = 1) -> torch.Tensor:
+    """Block mask (N/b, K/b) keeping the highest-scoring ``1 - sparsity`` of the blocks (or tiles) of ``w``."""
+    return mask_from_scores(block_scores(w, block, score), sparsity, tile_rows)
 
 
 def expand_mask(mask: torch.Tensor, shape: tuple[int, int], block: int = 32) -> torch.Tensor:

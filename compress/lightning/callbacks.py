@@ -99,9 +99,10 @@ class BlockPruning(pl.Callback):
     ``plan``: None (every eligible linear) or ``{pattern: final sparsity}``. ``score``: ``"magnitude"``,
     ``"l2"``, ``"movement"`` or ``"fisher"``. ``exclude``: patterns left dense (None: embeddings,
     classifier heads, ``lm_head``). ``allocation``: ``"layer"`` or ``"global"`` (within ``spread``).
-    ``reorder_neurons``: in ``setup``, before any layer is swapped, list each MLP's hidden neurons by
-    importance; once per callback (a resumed run gets the reordered weights from its checkpoint). List
-    this callback before ``QuantizationAware`` when both are used.
+    ``tile_rows``: blocks pruned in tiles of that many block rows (the large-M kernel's pattern;
+    :class:`compress.BlockSparseConfig`). ``reorder_neurons``: in ``setup``, before any layer is swapped,
+    list each MLP's hidden neurons by importance; once per callback (a resumed run gets the reordered
+    weights from its checkpoint). List this callback before ``QuantizationAware`` when both are used.
 
     Gradient scores are summed in ``on_before_optimizer_step``: once per optimizer step under gradient
     accumulation, after AMP unscaling, before Lightning's gradient clipping, for the layers that
@@ -111,10 +112,10 @@ class BlockPruning(pl.Callback):
     def __init__(self, sparsity: float = 0.5, start_step: int = 0, end_step: int = 100, frequency: int = 10,
                  score: str = "magnitude", plan: Optional[dict[str, float]] = None,
                  exclude: Optional[list[str]] = None, allocation: str = "layer", spread: float = 0.5,
-                 reorder_neurons: bool = False, algorithm: str = "score"):
+                 reorder_neurons: bool = False, algorithm: str = "score", tile_rows: int = 1):
         super().__init__()
         self.schedule = PruningSchedule(sparsity, start_step, end_step, frequency, score, plan, exclude, allocation,
-                                        spread, reorder_neurons, algorithm)
+                                        spread, reorder_neurons, algorithm, tile_rows)
         self._hooks = []
 
     @property

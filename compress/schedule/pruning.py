@@ -29,6 +29,9 @@ starts, a plain loop passes ``calibration_data`` to :class:`compress.schedule.Co
 training then keeps them: the schedule re-scores nothing, its steps and ``score`` are not used, and
 ``allocation`` must stay ``"layer"`` (each layer at its sparsity).
 
+``tile_rows`` > 1: every mask prunes tiles of that many block rows x one block column, ranked by their
+blocks' mean score (the large-M kernel's pattern; :mod:`compress.core.sparsity`), in either allocation.
+
 ``reorder_neurons``: before the layers are swapped, list each MLP's hidden neurons by importance so weak
 neurons share blocks (:func:`compress.core.neuron_order.reorder_mlp_neurons`; the function is unchanged).
 
@@ -108,7 +111,7 @@ class PruningSchedule:
     def __init__(self, sparsity: float = 0.5, start_step: int = 0, end_step: int = 100, frequency: int = 10,
                  score: str = "magnitude", plan: Optional[dict[str, float]] = None,
                  exclude: Optional[list[str]] = None, allocation: str = "layer", spread: float = 0.5,
-                 reorder_neurons: bool = False, algorithm: str = "score"):
+                 reorder_neurons: bool = False, algorithm: str = "score", tile_rows: int = 1):
         if score not in BLOCK_SCORES:
             raise ValueError(f"score: expected one of {BLOCK_SCORES}, got {score!r}")
         if allocation not in ALLOCATIONS:
@@ -120,7 +123,7 @@ class PruningSchedule:
             raise ValueError("allocation='global' ranks the gradual scores of all layers; algorithm='obs' prunes each "
                              "layer to its sparsity one-shot: expected allocation='layer'")
         allocation_bounds(sparsity, spread)  # validates spread
-        BlockSparseConfig(sparsity=sparsity, score=score, algorithm=algorithm)  # validates sparsity, algorithm
+        BlockSparseConfig(sparsity=sparsity, score=score, algorithm=algorithm, tile_rows=tile_rows)  # validates them
         check_step("start_step", start_step)
         check_step("end_step", end_step)
         if end_step < start_step:
@@ -129,11 +132,12 @@ class PruningSchedule:
         if not isinstance(reorder_neurons, bool):
             raise ValueError(f"reorder_neurons: expected a bool, got {reorder_neurons!r}")
         rules = {"*": sparsity} if plan is None else dict(plan)
-        self.plan = Plan({p: BlockSparseConfig(sparsity=s, score=score, algorithm=algorithm) for p, s in rules.items()},
+        self.plan = Plan({p: BlockSparseConfig(sparsity=s, score=score, algorithm=algorithm, tile_rows=tile_rows)
+                          for p, s in rules.items()},
                          exclude=DEFAULT_EXCLUDE if exclude is None else tuple(exclude))
         self.sparsity, self.start_step, self.end_step, self.frequency = sparsity, start_step, end_step, frequency
         self.score, self.allocation, self.spread, self.reorder_neurons = score, allocation, spread, reorder_neurons
-        self.algorithm = algorithm
+        self.algorithm, self.tile_rows = algorithm, tile_rows
         self.has_plan = plan is not None
         self.last_pruned_step: Optional[int] = None
         self.gradient_scores: dict[str, torch.Tensor] = {}  # movement or Fisher sums: name -> (N/32, K/32) float32
@@ -295,10 +299,11 @@ class PruningSchedule:
         scores, fallbacks = self._layer_scores()
         for name, layer in self.layers.items():
             target = cubic_sparsity(step, self.start_step, self.end_step, layer.sparse_config.sparsity)
+            tile_rows = layer.sparse_config.tile_rows
             if self.score in GRADIENT_SCORES:
-                mask = shrink_mask(scores[name], layer.mask, target)
+                mask = shrink_mask(scores[name], layer.mask, target, tile_rows)
             else:
-                mask = mask_from_scores(scores[name], target)
+                mask = mask_from_scores(scores[name], target, tile_rows)
             reached.append(_install_mask(layer, mask))
         self._rescored(step)
         if fallbacks:
@@ -317,7 +322,8 @@ class PruningSchedule:
         fell_back = summed and any(s is None or not bool(s.any()) for s in scores.values())
         if not summed or fell_back:
             scores = weight_block_scores(layers, "magnitude" if summed else self.score)
-        masks = global_block_masks(scores, {name: layer.mask for name, layer in layers.items()}, target, self.spread)
+        masks = global_block_masks(scores, {name: layer.mask for name, layer in layers.items()}, target, self.spread,
+                                   self.tile_rows)
         shares = [_install_mask(layer, masks[name]) for name, layer in layers.items()]
         self._rescored(step)
         if fell_back:
@@ -342,7 +348,7 @@ class PruningSchedule:
         (``sparsity`` when every layer has it; with a ``plan`` each layer's config holds its own)."""
         settings = {"start_step": self.start_step, "end_step": self.end_step, "frequency": self.frequency,
                     "score": self.score, "allocation": self.allocation, "spread": self.spread,
-                    "algorithm": self.algorithm}
+                    "algorithm": self.algorithm, "tile_rows": self.tile_rows}
         return settings if self.has_plan else {"sparsity": self.sparsity, **settings}
 
     def layer_configs(self) -> dict[str, Optional[dict]]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Optional
 
+from compress.configs import config_from_dict
 from compress.schedule.validation import check_step
 
 _MISSING = "(not recorded)"
@@ -55,14 +56,16 @@ def check_saved_settings(where: str, ours: dict, saved) -> None:
 
 def check_saved_layers(where: str, ours: dict[str, Optional[dict]], saved) -> None:
     """ValueError unless the ``saved`` ``{layer name: config dict}`` names the layers of ``ours`` with the
-    same configs (``saved`` None: a state written before layers were recorded, not checked)."""
+    same configs (``saved`` None: a state written before layers were recorded, not checked; a field a saved
+    config lacks counts at its default: :func:`_with_defaults`)."""
     if saved is None:
         return
     check_mapping(f"{where}: saved layers", saved)
     check_saved_layer_names(where, set(ours), set(saved))
     for name, config in ours.items():
-        if saved[name] != config:
-            raise ValueError(f"{where}: layer {name!r}: {_first_difference(config, saved[name])}; a resumed run "
+        mine, theirs = _with_defaults(config), _with_defaults(saved[name])
+        if theirs != mine:
+            raise ValueError(f"{where}: layer {name!r}: {_first_difference(mine, theirs)}; a resumed run "
                              "keeps its settings: resume with the saved ones, or start a new run (from the saved "
                              "weights, without this state)")
 
@@ -74,6 +77,17 @@ def check_saved_layer_names(where: str, ours: set[str], saved: set[str]) -> None
     raise ValueError(f"{where}: expected the state of this model's layers {_names(ours)}, got the state of layers "
                      f"{_names(saved)} (only in the state: {_names(saved - ours)}; only in this model: "
                      f"{_names(ours - saved)}); state from another model or plan?")
+
+
+def _with_defaults(saved):
+    """A saved config dict with the fields it lacks (added to its config class since it was written) at their
+    defaults, so that a state saved before a new option existed still resumes; anything else unchanged."""
+    if not isinstance(saved, Mapping) or "type" not in saved:
+        return saved
+    try:
+        return config_from_dict(dict(saved)).to_dict()
+    except (TypeError, ValueError):  # not a config this version reads: compared as saved, and refused
+        return saved
 
 
 def _first_difference(ours, saved) -> str:

@@ -503,3 +503,18 @@ def test_convert_with_gptq_failing_on_a_later_layer_leaves_the_model_as_it_was(m
             assert isinstance(layer.weight_scale, nn.Parameter) == (name != "2")
     else:
         assert not compressed_layers(model)
+
+
+@pytest.mark.parametrize("score", ["magnitude", "l2"])
+def test_one_shot_tiles_export_block_rows_that_share_their_columns(score):
+    """BlockSparseConfig(tile_rows=4) one-shot: each tile of 4 block rows of the exported BSR keeps the same
+    block columns (the last, shorter tile of a 6-block-row layer too), at half of the tiles."""
+    torch.manual_seed(0)
+    model = compress.convert(nn.Sequential(nn.Linear(128, 192)), {"*": BlockSparseConfig(0.5, score=score,
+                                                                                          tile_rows=4)})
+    layer = model[0]
+    assert isinstance(layer, BSRLinear)
+    crow, col = layer.crow_indices.tolist(), layer.col_indices.tolist()
+    rows = [col[crow[r]:crow[r + 1]] for r in range(6)]
+    assert rows[0] == rows[1] == rows[2] == rows[3] and rows[4] == rows[5]
+    assert len(rows[0]) + len(rows[4]) == 4  # 2 tiles x 4 block columns = 8 tiles, half of them kept

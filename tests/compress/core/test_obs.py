@@ -123,3 +123,35 @@ def test_activation_scores_weigh_each_column_by_its_input_norm():
     assert torch.equal(scores, torch.tensor([[1.0, 3.0], [1.0, 3.0]]))
     with pytest.raises(ValueError, match=r"expected input norms of shape \(64,\)"):
         activation_block_scores(w, torch.ones(32))
+
+
+def test_tiles_of_block_rows_go_whole_and_the_cheapest_tile_by_enumeration():
+    """tile_rows=2: a tile (2 block rows x 1 block column) costs the sum of its blocks' losses; one round
+    removes the tile whose exact least-squares loss is the lowest, and the kept weights are that optimum."""
+    torch.manual_seed(4)
+    w, h = torch.randn(12, 12, dtype=torch.float64), _hessian(_inputs(256, 12, seed=4).double())
+    hd = _damped(h)
+    costs = {}
+    for t, c in itertools.product(range(3), range(6)):  # 6 block rows of 2 -> 3 tiles
+        keep = torch.ones(6, 6, dtype=torch.bool)
+        keep[2 * t:2 * t + 2, c] = False
+        costs[(t, c)] = _loss(w, _optimal_weight(w, hd, expand_mask(keep, (12, 12), 2)), hd)
+    pruned, mask = obs_block_prune(w, h, sparsity=1 / 18 + 1e-9, block=2, rounds=1, tile_rows=2)
+    rows, cols = (~mask).nonzero(as_tuple=True)
+    assert rows.tolist() in ([0, 1], [2, 3], [4, 5]) and cols.unique().numel() == 1
+    assert (int(rows[0]) // 2, int(cols[0])) == min(costs, key=costs.get)
+    assert torch.allclose(pruned.double(), _optimal_weight(w, hd, expand_mask(mask, (12, 12), 2)), atol=1e-8)
+
+
+@pytest.mark.parametrize("tile_rows", [2, 4])
+def test_tiled_masks_keep_one_column_set_per_tile_at_the_asked_sparsity(tile_rows):
+    from compress.core.sparsity import is_tiled
+
+    w, h = torch.randn(6 * 32, 96), _hessian(_inputs(384, 96))
+    pruned, mask = obs_block_prune(w, h, 0.5, block=32, rounds=3, tile_rows=tile_rows)
+    tiles = -(-6 // tile_rows)
+    assert is_tiled(mask, tile_rows)
+    assert int((~mask[::tile_rows]).sum()) == int(0.5 * tiles * 3)
+    assert bool((pruned[~expand_mask(mask, (192, 96), 32)] == 0).all())
+    with pytest.raises(ValueError, match=r"tile_rows: expected one of \(1, 2, 4, 8\), got 3"):
+        obs_block_prune(w, h, 0.5, tile_rows=3)

@@ -188,3 +188,40 @@ def test_block_sums_of_row_slices_add_up_to_the_whole_weights(cuts):
     assert torch.allclose(magnitude, sparsity.block_scores(w, 32, "magnitude"), rtol=1e-5)
     with pytest.raises(ValueError, match="do not fit"):
         sparsity.block_sums(w[:10], 32, row_offset=65, num_rows=70)
+
+
+def test_tile_scores_are_each_tiles_mean_and_the_short_last_tile_counts_its_own_rows():
+    scores = torch.arange(10, dtype=torch.float32).reshape(5, 2)  # 5 block rows: tiles of 2, 2 and 1 rows
+    assert torch.equal(sparsity.tile_scores(scores, 2), torch.tensor([[1.0, 2.0], [5.0, 6.0], [8.0, 9.0]]))
+    mask = torch.ones(5, 2, dtype=torch.bool)
+    mask[3, 1] = False
+    assert torch.equal(sparsity.tile_mask(mask, 2), torch.tensor([[True, True], [True, False], [True, True]]))
+    assert torch.equal(sparsity.untile(sparsity.tile_mask(mask, 2), 2, 5)[2:4, 1], torch.tensor([False, False]))
+    assert not sparsity.is_tiled(mask, 2) and sparsity.is_tiled(mask, 1)
+
+
+@pytest.mark.parametrize("rows", [16, 18])
+def test_tiled_masks_prune_the_lowest_mean_tiles_whole(rows):
+    scores = torch.rand(rows, 6, generator=torch.Generator().manual_seed(rows))
+    mask = sparsity.mask_from_scores(scores, 0.5, tile_rows=4)
+    tiles = sparsity.tile_scores(scores, 4)
+    assert sparsity.is_tiled(mask, 4)
+    pruned = ~sparsity.tile_mask(mask, 4)
+    assert int(pruned.sum()) == int(0.5 * tiles.numel())
+    assert float(tiles[pruned].max()) <= float(tiles[~pruned].min())  # the lowest means went
+
+
+def test_tiled_shrink_and_global_masks_stay_tiled_and_never_revive():
+    g = torch.Generator().manual_seed(0)
+    first = sparsity.mask_from_scores(torch.rand(8, 4, generator=g), 0.25, tile_rows=2)
+    later = sparsity.shrink_mask(torch.rand(8, 4, generator=g), first, 0.5, tile_rows=2)
+    assert sparsity.is_tiled(later, 2) and bool((later <= first).all()) and int((~later).sum()) == 16
+    scores = {"a": torch.rand(8, 4, generator=g), "b": torch.rand(6, 8, generator=g)}
+    masks = sparsity.global_block_masks(scores, {"a": first, "b": torch.ones(6, 8, dtype=torch.bool)}, 0.5, 0.5,
+                                        tile_rows=2)
+    assert all(sparsity.is_tiled(m, 2) for m in masks.values()) and bool((masks["a"] <= first).all())
+    assert int((~masks["a"][::2]).sum()) + int((~masks["b"][::2]).sum()) == int(0.5 * (16 + 24))
+    with pytest.raises(ValueError, match="expected a mask of shape"):
+        sparsity.global_block_masks(scores, {"a": first, "b": torch.ones(8, 6, dtype=torch.bool)}, 0.5, 0.5, 2)
+    with pytest.raises(ValueError, match=r"tile_rows: expected one of \(1, 2, 4, 8\), got 3"):
+        sparsity.mask_from_scores(torch.rand(8, 4), 0.5, tile_rows=3)

@@ -76,9 +76,10 @@ def renamed_two_layers():
 def test_the_state_records_the_settings_and_the_layers():
     state = bound(two_layers(), end_step=10, score="movement").state_dict()
     assert state["settings"] == {"sparsity": 0.5, "start_step": 0, "end_step": 10, "frequency": 10,
-                                 "score": "movement", "allocation": "layer", "spread": 0.5, "algorithm": "score"}
+                                 "score": "movement", "allocation": "layer", "spread": 0.5, "algorithm": "score",
+                                 "tile_rows": 1}
     assert state["layers"] == {name: {"type": "BlockSparseConfig", "sparsity": 0.5, "block": 32, "score": "movement",
-                                      "algorithm": "score", "obs_damping": 0.01, "obs_rounds": 8}
+                                      "algorithm": "score", "obs_damping": 0.01, "obs_rounds": 8, "tile_rows": 1}
                                for name in ("0", "2")}
     assert set(state["gradient_scores"]) == {"0", "2"}
 
@@ -103,6 +104,7 @@ def test_the_state_of_another_model_is_refused_when_bound_and_at_bind(score):
     (dict(score="l2"), r"made with score='magnitude', this schedule has score='l2'"),
     (dict(end_step=20), r"made with end_step=100, this schedule has end_step=20"),
     (dict(allocation="global"), r"made with allocation='layer', this schedule has allocation='global'"),
+    (dict(tile_rows=2), r"made with tile_rows=1, this schedule has tile_rows=2"),
 ])
 def test_a_state_made_with_other_settings_is_refused(change, fragment):
     saved = bound(two_layers()).state_dict()
@@ -186,3 +188,39 @@ def test_a_loaded_state_starts_a_fresh_count_of_the_steps_summed():
     pruning.accumulate(step=3)
     pruning.load_state_dict(pruning.state_dict())
     pruning.accumulate(step=3)  # a resumed run sums the step it resumes at
+
+
+@pytest.mark.parametrize("allocation, score", [("layer", "fisher"), ("global", "fisher"), ("layer", "magnitude")])
+def test_tiled_pruning_keeps_one_column_set_per_tile_at_every_re_scoring(allocation, score):
+    """tile_rows=2: every mask the schedule installs prunes tiles of 2 block rows whole, and masks only shrink."""
+    from compress.core.sparsity import is_tiled
+
+    model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 64))
+    pruning = bound(model, start_step=0, end_step=4, frequency=2, score=score, allocation=allocation, tile_rows=2)
+    before = {name: layer.mask.clone() for name, layer in pruning.layers.items()}
+    for step in range(6):
+        pruning.prune_if_due(step)
+        backward(model)
+        pruning.accumulate()
+        model.zero_grad()
+        for name, layer in pruning.layers.items():
+            assert is_tiled(layer.mask, 2) and bool((layer.mask <= before[name]).all())
+            before[name] = layer.mask.clone()
+    pruned = sum(int((~layer.mask).sum()) for layer in pruning.layers.values())
+    assert pruned == pytest.approx(0.5 * sum(layer.mask.numel() for layer in pruning.layers.values()), abs=2)
+    with pytest.raises(ValueError, match=r"tile_rows: expected one of \(1, 2, 4, 8\), got 3"):
+        PruningSchedule(0.5, tile_rows=3)
+
+
+def test_a_state_saved_before_tiles_existed_still_resumes():
+    """Saved settings and layer configs without tile_rows (written before the option) load into a schedule
+    with the default; a saved tiled config is still refused by an untiled schedule."""
+    saved = bound(two_layers()).state_dict()
+    del saved["settings"]["tile_rows"]
+    for config in saved["layers"].values():
+        del config["tile_rows"]
+    resumed = bound(two_layers())
+    resumed.load_state_dict(saved)
+    saved["layers"]["0"]["tile_rows"] = 4
+    with pytest.raises(ValueError, match=r"layer '0': saved with tile_rows=4, this schedule has tile_rows=1"):
+        bound(two_layers()).load_state_dict(saved)
