@@ -43,7 +43,8 @@ def test_a_changed_layer_config_names_the_layer_and_the_key():
     saved = {"up": {"type": "BlockSparseConfig", "sparsity": 0.5, "block": 32}}
     with pytest.raises(ValueError, match=r"layer 'up': saved with sparsity=0\.5, this schedule has sparsity=0\.7"):
         check_saved_layers("Where", ours, saved)
-    with pytest.raises(ValueError, match=r"layer 'up': saved with type='Mystery', this schedule has type='BlockSparseConfig'"):
+    with pytest.raises(ValueError, match=r"layer 'up': saved with type='Mystery', this schedule has "
+                                         r"type='BlockSparseConfig'"):
         check_saved_layers("Where", ours, {"up": {"type": "Mystery"}})
     check_saved_layers("Where", ours, {"up": {"type": "BlockSparseConfig", "sparsity": 0.7}})  # block at its default
     check_saved_layers("Where", ours, None)  # written before layers were recorded
