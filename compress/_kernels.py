@@ -66,6 +66,7 @@ __all__ = [
     "moe_w8a16",
     "reference",
     "rms_norm_quantize",
+    "tile_rows_of",
     "w4a16_matmul",
     "w8a8_block_matmul",
     "w8a8_matmul",
@@ -79,3 +80,11 @@ def check_bsr_indices(crow_indices, col_indices, block_cols: int) -> None:
     from compress_kernels.bsr.indices import check_bsr_indices as check
 
     check(crow_indices, col_indices, block_cols)
+
+
+def tile_rows_of(crow_indices, col_indices) -> int:
+    """:func:`compress_kernels.bsr.indices.tile_rows_of`: the tiles of block rows (8, 4, 2, else 1) that hold
+    the same block columns (valid indices expected)."""
+    from compress_kernels.bsr.indices import tile_rows_of as tiles
+
+    return tiles(crow_indices, col_indices)

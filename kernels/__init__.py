@@ -18,7 +18,8 @@ docs/architecture.md. The public calls, by package::
     moe/         moe_w4a16 / moe_w8a8 / moe_w8a16(x, topk_ids, topk_weights, gate_up, gate_up_scales, down,
                  down_scales): a fused-experts layer (gate/up, SwiGLU, down, top-k sum), the weights of every
                  expert stacked, one launch per projection, routing on the device
-    bsr/         bsr_matmul(x, weight, bias=None), bsr_matmul_parts(x, crow, col, values, out_features, bias=None)
+    bsr/         bsr_matmul(x, weight, bias=None), bsr_matmul_parts(x, crow, col, values, out_features, bias=None,
+                 tile_rows=1)
     bsr_w8a8/    bsr_w8a8_matmul_parts(x, crow, col, values_int8, w_scale, out_features, bias=None, x_scale=None),
                  bsr_w8a8_matmul_quantized(xq, s_x, crow, col, values_int8, w_scale, out_features, bias, out_dtype)
     bsr_w4a16/   bsr_w4a16_matmul(x, crow, col, values_int4 (nnz, 32, 4) int32, scales (nnz, 32), out_features,

@@ -14,7 +14,9 @@ Kernels (``BsrConfig.kernel``):
   or the dense W8A8 kernels (int8);
 * ``gemv``: :mod:`compress_kernels.bsr.gemv`, one token row per program on CUDA cores (DDS only);
 * ``gemm``: :mod:`compress_kernels.bsr.gemm` (DDS) or :mod:`compress_kernels.bsr_w8a8.gemm`, tensor-core
-  tiles over gathered blocks, a block row optionally shared by ``split`` programs.
+  tiles over gathered blocks, a block row optionally shared by ``split`` programs;
+* ``tiles``: :mod:`compress_kernels.bsr.tile_gemm` (DDS), for weights pruned in tiles of ``tile_rows`` block
+  rows (``BlockSparseConfig(tile_rows=R)``): tensor-core tiles 32 R outputs wide.
 """
 from __future__ import annotations
 
@@ -37,6 +39,7 @@ GEMV_TWO_ROWS_MAX_BYTES = 16 * 2**20  # M = 2: the one-row kernel while the stor
 GEMV_FOUR_ROWS_MAX_BYTES = 4 * 2**20  # M = 3-4: ... at most this
 GEMV_PREFETCH_BYTES = 8192  # one-row kernel: bytes of each block row's stored blocks prefetched into L2 ...
 PREFETCH_MAX_WEIGHTS = 128 * 2**20  # ... on layers of at most this many weights (N * K)
+TILES_MIN_M = 64  # tiled weights: the tile kernel from this many rows on (exclusive)
 PICK_CACHE_SIZE = 4096  # argument tuples remembered by the cached picks (a model has a few shapes per M)
 
 
@@ -44,9 +47,9 @@ PICK_CACHE_SIZE = 4096  # argument tuples remembered by the cached picks (a mode
 class BsrConfig:
     """Launch parameters: which kernel, tile sizes and Triton's warps / pipelining depth."""
 
-    kernel: str  # "dense", "gemv" or "gemm"
+    kernel: str  # "dense", "gemv", "gemm" or "tiles"
     block_m: int  # rows of x per program (1 for gemv)
-    block_n: int  # outputs of one block row per program: 8, 16 or 32
+    block_n: int  # outputs per program: 8, 16 or 32 of one block row (32 tile_rows for "tiles")
     group: int  # stored blocks gathered per step (K-tile width 32 * group)
     num_warps: int
     num_stages: int
@@ -79,13 +82,20 @@ def gemv_serves(m: int, stored_bytes: int) -> bool:
     return stored_bytes <= limit
 
 
-def pick(m: int, n: int, k: int, nnz: int, device, can_prefetch: bool) -> BsrConfig:
+def pick(m: int, n: int, k: int, nnz: int, device, can_prefetch: bool, tile_rows: int = 1) -> BsrConfig:
     """The DDS kernel and tiles for x (M, K) times the (N, K) weight with ``nnz`` stored 32x32 blocks on
     ``device``; ``can_prefetch``: the values can be bulk-prefetched
-    (:func:`compress_kernels.common.prefetch.prefetch_allowed`)."""
+    (:func:`compress_kernels.common.prefetch.prefetch_allowed`); ``tile_rows``: the weight's block rows hold
+    the same columns in tiles of that many (:func:`compress_kernels.bsr.indices.tile_rows_of`)."""
     few_programs = 2 * sm_count(device)  # about two programs per SM
     block_rows = n // BSR_BLOCK
     blocks_per_row = nnz / block_rows
+    # Tiled weights past 64 rows: outputs 32 R wide, so each x tile is read once per R block rows (a first
+    # pick, not yet timed on a GPU: 128x128 tiles with 64-wide K steps at R >= 4, 64-wide outputs at R = 2)
+    if tile_rows > 1 and m > TILES_MIN_M:
+        block_m = 128 if m >= 128 else 64
+        return BsrConfig("tiles", block_m, tile_rows * BSR_BLOCK, 2 if tile_rows >= 4 else 4,
+                         8 if tile_rows * block_m >= 512 else 4, 3)
     # From 2048 rows on layers keeping >= 40% of their blocks: dense weight, cuBLAS
     if densifies(m, n, k, nnz):
         return DENSE
@@ -124,9 +134,9 @@ def pick(m: int, n: int, k: int, nnz: int, device, can_prefetch: bool) -> BsrCon
 
 
 @functools.lru_cache(maxsize=PICK_CACHE_SIZE)
-def cached_pick(m: int, n: int, k: int, nnz: int, device, can_prefetch: bool) -> BsrConfig:
+def cached_pick(m: int, n: int, k: int, nnz: int, device, can_prefetch: bool, tile_rows: int = 1) -> BsrConfig:
     """:func:`pick`, remembered per argument tuple (``device`` as a tensor's, with its index)."""
-    return pick(m, n, k, nnz, device, can_prefetch)
+    return pick(m, n, k, nnz, device, can_prefetch, tile_rows)
 
 
 def small_layer_tile(m: int, block_rows: int, blocks_per_row: float, few_programs: int) -> BsrConfig:

@@ -59,3 +59,30 @@ def check_bsr_indices(crow_indices: torch.Tensor, col_indices: torch.Tensor, blo
         b = unsorted + 1
         raise ValueError(f"col_indices: expected strictly increasing block columns within each block row, got "
                          f"col_indices[{b - 1}] = {int(col[b - 1])} then col_indices[{b}] = {int(col[b])}")
+
+
+TILE_ROWS = (8, 4, 2)  # the tiles of block rows the large-M tile kernel takes, largest first
+
+
+def tile_rows_of(crow_indices: torch.Tensor, col_indices: torch.Tensor) -> int:
+    """The largest R of (8, 4, 2) such that every R consecutive block rows from a multiple of R hold the same
+    block columns (the pattern of ``BlockSparseConfig(tile_rows=R)``; the last tile may be shorter), else 1.
+    Valid indices expected (:func:`check_bsr_indices`); one host synchronisation."""
+    crow = crow_indices.to(torch.int64)
+    col = col_indices.to(torch.int64)
+    steps = crow[1:] - crow[:-1]
+    rows = torch.arange(steps.shape[0], device=crow.device)
+    row_of = torch.repeat_interleave(rows, steps)
+    place = torch.arange(col.shape[0], device=crow.device) - crow[row_of]  # position within its block row
+    verdicts = []
+    for tile in TILE_ROWS:
+        leader = (rows // tile) * tile  # each block row's tile's first block row
+        tiled = (steps == steps[leader]).all()
+        if col.shape[0]:  # counts equal: a row's p-th block must have its leader's p-th block's column
+            leader_block = (crow[leader[row_of]] + place).clamp(max=col.shape[0] - 1)
+            tiled = tiled & (col == col[leader_block]).all()
+        verdicts.append(tiled)
+    for tile, tiled in zip(TILE_ROWS, torch.stack(verdicts).tolist()):
+        if tiled:
+            return tile
+    return 1

@@ -42,7 +42,8 @@ from compress_kernels.bsr.densify import bsr_to_dense
 from compress_kernels.bsr.dispatch import BsrConfig, cached_pick
 from compress_kernels.bsr.gemm import launch_gemm
 from compress_kernels.bsr.gemv import launch_gemv
-from compress_kernels.bsr.indices import check_bsr_indices
+from compress_kernels.bsr.indices import TILE_ROWS, check_bsr_indices, tile_rows_of
+from compress_kernels.bsr.tile_gemm import launch_tile_gemm
 from compress_kernels.common.bound import BoundMatmul
 from compress_kernels.common.checks import check_activation, check_bias, check_same_device, check_tensor
 from compress_kernels.common.prefetch import prefetch_allowed
@@ -52,12 +53,13 @@ INDEX_DTYPES = (torch.int32, torch.int64)
 _MAX_INT32 = 2**31 - 1
 
 
-def launch(x2, crow_indices, col_indices, values, out_features: int, bias=None,
+def launch(x2, crow_indices, col_indices, values, out_features: int, bias=None, tile_rows: int = 1,
            config: BsrConfig | None = None) -> torch.Tensor:
     """Run validated ``x2`` (M, K) (unit column stride) through the picked kernel (or ``config``);
-    returns (M, out_features) in x2's dtype."""
+    returns (M, out_features) in x2's dtype. ``tile_rows``: the indices' tile pattern (1: free blocks)."""
     m, k = x2.shape
-    config = config or cached_pick(m, out_features, k, col_indices.shape[0], x2.device, prefetch_allowed(values))
+    config = config or cached_pick(m, out_features, k, col_indices.shape[0], x2.device, prefetch_allowed(values),
+                                   tile_rows)
     if config.kernel == "dense":  # large M: cuBLAS on the dense weight
         weight = bsr_to_dense(crow_indices, col_indices, values, out_features, k)
         return torch.nn.functional.linear(x2, weight, None if bias is None else bias.to(x2.dtype))
@@ -68,18 +70,20 @@ def launch(x2, crow_indices, col_indices, values, out_features: int, bias=None,
         launch_gemv(x2, crow_indices, col_indices, values, bias, y, config)
     elif config.kernel == "gemm":
         launch_gemm(x2, crow_indices, col_indices, values, bias, y, config)
+    elif config.kernel == "tiles":
+        launch_tile_gemm(x2, crow_indices, col_indices, values, bias, y, config, tile_rows)
     else:
-        raise ValueError(f"config.kernel: expected 'dense', 'gemv' or 'gemm', got {config.kernel!r}")
+        raise ValueError(f"config.kernel: expected 'dense', 'gemv', 'gemm' or 'tiles', got {config.kernel!r}")
     return y
 
 
-def launch_nd(x, crow_indices, col_indices, values, out_features: int, bias=None) -> torch.Tensor:
+def launch_nd(x, crow_indices, col_indices, values, out_features: int, bias=None, tile_rows: int = 1) -> torch.Tensor:
     """:func:`launch` on validated ``x`` (..., K): (..., out_features) in x's dtype (the custom op's work)."""
     k = x.shape[-1]
     x2 = x.reshape(-1, k)
     if x2.shape[0] > 0 and x2.stride(-1) != 1:
         x2 = x2.contiguous()
-    y = launch(x2, crow_indices, col_indices, values, out_features, bias)
+    y = launch(x2, crow_indices, col_indices, values, out_features, bias, tile_rows)
     return y.reshape(*x.shape[:-1], out_features)
 
 
@@ -91,18 +95,19 @@ def _bsr_matmul_op(
     values: torch.Tensor,
     out_features: int,
     bias: torch.Tensor | None = None,
+    tile_rows: int = 1,
 ) -> torch.Tensor:
-    return launch_nd(x, crow_indices, col_indices, values, out_features, bias)
+    return launch_nd(x, crow_indices, col_indices, values, out_features, bias, tile_rows)
 
 
 @_bsr_matmul_op.register_fake
-def _bsr_matmul_fake(x, crow_indices, col_indices, values, out_features, bias=None):
+def _bsr_matmul_fake(x, crow_indices, col_indices, values, out_features, bias=None, tile_rows=1):
     return x.new_empty((*x.shape[:-1], out_features))
 
 
 def check_parts(x, crow_indices, col_indices, values, out_features, bias, value_dtype=None,
                 check_indices: bool = True, block_shape: tuple[int, int] = (BSR_BLOCK, BSR_BLOCK),
-                block_layout: str = "32x32 blocks") -> None:
+                block_layout: str = "32x32 blocks", tile_rows: int = 1) -> None:
     """Validate the BSR parts against ``x``; raise TypeError / ValueError naming expected vs actual.
     ``values`` must be in ``value_dtype`` (x's dtype when None) with shape (nnz, *block_shape) (what one
     stored block is: ``block_layout``); ``check_indices``: also the index values (a host synchronisation)."""
@@ -140,8 +145,14 @@ def check_parts(x, crow_indices, col_indices, values, out_features, bias, value_
     check_bias(bias, out_features, x)
     if not isinstance(check_indices, bool):
         raise TypeError(f"check_indices: expected a bool, got {type(check_indices).__name__}")
+    if isinstance(tile_rows, bool) or tile_rows not in (1, *TILE_ROWS):
+        raise ValueError(f"tile_rows: expected one of {(1, *sorted(TILE_ROWS))}, got {tile_rows!r}")
     if check_indices and not _building_a_graph(x):
         check_bsr_indices(crow_indices, col_indices, k // BSR_BLOCK)
+        if tile_rows > 1 and tile_rows_of(crow_indices, col_indices) < tile_rows:
+            raise ValueError(f"tile_rows={tile_rows}: expected every {tile_rows} block rows from a multiple of "
+                             f"{tile_rows} to store the same block columns, got indices that do not (their "
+                             f"pattern: tile_rows={tile_rows_of(crow_indices, col_indices)})")
 
 
 def _building_a_graph(x) -> bool:
@@ -152,23 +163,29 @@ def _building_a_graph(x) -> bool:
     return x.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
-def bsr_matmul_parts(x, crow_indices, col_indices, values, out_features, bias=None, *, check_indices=True):
+def bsr_matmul_parts(x, crow_indices, col_indices, values, out_features, bias=None, tile_rows=1, *,
+                     check_indices=True):
     """``y = x @ W.T (+ bias)`` for ``W`` (out_features, K) given by its BSR parts (32x32 blocks).
 
     ``x`` (..., K) fp16/bf16; ``crow_indices`` (N/32 + 1,) and ``col_indices`` (nnz,) int32/int64;
     ``values`` (nnz, 32, 32) in x's dtype; ``bias`` (N,) in x's dtype or float32. Returns (..., N).
-    ``check_indices=False`` skips the index-value check (for indices already checked once).
+    ``tile_rows`` (1, 2, 4 or 8): the block rows store the same block columns in tiles of that many
+    (:func:`compress_kernels.bsr.indices.tile_rows_of`), which large M runs on the tile kernel
+    (:mod:`compress_kernels.bsr.tile_gemm`). ``check_indices=False`` skips the index-value check (for
+    indices already checked once, the tile pattern included).
     """
-    check_parts(x, crow_indices, col_indices, values, out_features, bias, check_indices=check_indices)
-    return torch.ops.compress_kernels.bsr_matmul(x, crow_indices, col_indices, values, out_features, bias)
+    check_parts(x, crow_indices, col_indices, values, out_features, bias, check_indices=check_indices,
+                tile_rows=tile_rows)
+    return torch.ops.compress_kernels.bsr_matmul(x, crow_indices, col_indices, values, out_features, bias, tile_rows)
 
 
-def bind_bsr_matmul_parts(x, crow_indices, col_indices, values, out_features, bias=None) -> BoundMatmul:
+def bind_bsr_matmul_parts(x, crow_indices, col_indices, values, out_features, bias=None, tile_rows=1) -> BoundMatmul:
     """:func:`bsr_matmul_parts` with every argument validated now, against ``x`` (the index *values* not:
     check them once where they come in), and the parts bound for later inputs of x's dtype, device
     and K (:class:`compress_kernels.common.bound.BoundMatmul`)."""
-    check_parts(x, crow_indices, col_indices, values, out_features, bias, check_indices=False)
-    return BoundMatmul("bsr_matmul", launch_nd, (crow_indices, col_indices, values, out_features, bias), x)
+    check_parts(x, crow_indices, col_indices, values, out_features, bias, check_indices=False, tile_rows=tile_rows)
+    return BoundMatmul("bsr_matmul", launch_nd, (crow_indices, col_indices, values, out_features, bias, tile_rows),
+                       x)
 
 
 def bsr_matmul(x, weight, bias=None, *, check_indices=True):

@@ -13,7 +13,8 @@ Every op computes ``y = x @ W.T`` for x (M, K) and a weight of N x K, in its own
   ``ours_dds_{50,75,90}`` (block-sparse fp16), ``ours_dds_w8a8_{50,90}`` (int8 blocks, per-token
   int8 x: a layer both pruned and W8A8-quantized; compare with ``ours_w8a8``) and ``ours_dds_w4a16_{50,90}``
   (int4 blocks with one fp32 scale per row of each block, fp16 x: a layer both pruned and W4A16-quantized;
-  compare with ``ours_w4a16_g128``).
+  compare with ``ours_w4a16_g128``); ``ours_dds_tiles4_{50,75}`` (block-sparse fp16 pruned in tiles of 4 block
+  rows, ``BlockSparseConfig(tile_rows=4)``: the tile kernel from M = 65; compare with ``ours_dds_p``).
 
 Weights are random in each op's format (values do not change the time): fp16 ``N(0, 0.02)``;
 int8 uniform with per-channel (or per-group, or per-128 x 128-block) scales; packed int4 from uniform
@@ -57,23 +58,26 @@ CPU_SHAPES, CPU_MS = [(128, 64), (256, 96)], [1, 16]
 SPARSITIES = (50, 75, 90)
 DDS_W8A8_SPARSITIES = (50, 90)
 DDS_W4A16_SPARSITIES = (50, 90)
+DDS_TILES_SPARSITIES = (50, 75)
+TILE_ROWS = 4  # block rows per pruned tile of the ``bsr_tiles`` weights
 GROUP_SIZE = 128
 BSR_BLOCK = 32
 MAX_SETS = 128
 CHECK_ROWS = 64  # rows of x checked against the fp32 reference (keeps the reference cheap)
 CPU_ROTATE_MB = 0.1
 WEIGHT_KINDS = ("fp16", "int8", "int8_g128", "int8_fp16_scales", "int8_block", "int4", "int4_tinygemm", "bsr",
-                "bsr_int8", "bsr_int4")
+                "bsr_int8", "bsr_int4", "bsr_tiles")
 
 
 # ---- weights -------------------------------------------------------------------------------------
-def random_block_mask(n, k, sparsity_pct, gen, device):
-    """(N/32, K/32) bool mask (True = block kept) with exactly ``round(p * blocks)`` blocks absent."""
-    rows, cols = n // BSR_BLOCK, k // BSR_BLOCK
+def random_block_mask(n, k, sparsity_pct, gen, device, tile_rows: int = 1):
+    """(N/32, K/32) bool mask (True = block kept) with exactly ``round(p * blocks)`` blocks absent (with
+    ``tile_rows``: ``round(p * tiles)`` tiles of that many block rows, a whole block column each)."""
+    rows, cols = -(-(n // BSR_BLOCK) // tile_rows), k // BSR_BLOCK
     total = rows * cols
     keep = torch.ones(total, dtype=torch.bool, device=device)
     keep[torch.randperm(total, generator=gen, device=device)[: round(sparsity_pct / 100 * total)]] = False
-    return keep.reshape(rows, cols)
+    return keep.reshape(rows, cols).repeat_interleave(tile_rows, dim=0)[: n // BSR_BLOCK]
 
 
 def bsr_parts_from_mask(mask, dtype, gen, device):
@@ -108,9 +112,12 @@ def make_weight_set(kind, k, n, gen, device, sparsity_pct=None) -> dict:
         q = torch.stack([pairs >> 4, pairs & 0xF], dim=-1).reshape(n, k).to(torch.int8) - 8
         scales_zeros = torch.rand(k // GROUP_SIZE, n, 2, generator=gen, device=device) * 1e-2
         return {"packed": anchors.tinygemm_pack(q), "scales_zeros": scales_zeros.to(torch.bfloat16)}
-    if kind in ("bsr", "bsr_int8", "bsr_int4"):
-        crow, col, values = bsr_parts_from_mask(random_block_mask(n, k, sparsity_pct, gen, device),
+    if kind in ("bsr", "bsr_int8", "bsr_int4", "bsr_tiles"):
+        tile_rows = TILE_ROWS if kind == "bsr_tiles" else 1
+        crow, col, values = bsr_parts_from_mask(random_block_mask(n, k, sparsity_pct, gen, device, tile_rows),
                                                 torch.float16, gen, device)
+        if kind == "bsr_tiles":
+            return {"crow": crow, "col": col, "values": values, "n": n, "k": k, "tile_rows": tile_rows}
         if kind == "bsr":  # also as a torch.sparse_bsr_tensor (a view of the same parts) for torch's kernel
             bsr = torch.sparse_bsr_tensor(crow, col, values, size=(n, k), check_invariants=False)
             return {"crow": crow, "col": col, "values": values, "bsr": bsr, "n": n, "k": k}
@@ -206,6 +213,11 @@ def _ours_dds(x, ws):
     return compress_kernels.bsr_matmul_parts(x, ws["crow"], ws["col"], ws["values"], ws["n"], check_indices=False)
 
 
+def _ours_dds_tiles(x, ws):
+    return compress_kernels.bsr_matmul_parts(x, ws["crow"], ws["col"], ws["values"], ws["n"], None, ws["tile_rows"],
+                                             check_indices=False)
+
+
 def _dds_ref(x, ws):
     return reference.bsr_matmul_ref(x, ws["crow"], ws["col"], ws["values"], ws["n"])
 
@@ -251,6 +263,8 @@ def kernel_specs() -> list[KernelSpec]:
               for p in DDS_W8A8_SPARSITIES]
     specs += [KernelSpec(f"ours_dds_w4a16_{p}", "bsr_int4", _ours_dds_w4a16, _dds_w4a16_ref, sparsity=p)
               for p in DDS_W4A16_SPARSITIES]
+    specs += [KernelSpec(f"ours_dds_tiles{TILE_ROWS}_{p}", "bsr_tiles", _ours_dds_tiles, _dds_ref, sparsity=p)
+              for p in DDS_TILES_SPARSITIES]
     return specs
 
 

@@ -71,6 +71,8 @@ QUANT_TARGETS = [
     ("ours_w8a16", "W8A16", (2048, None), None, 0.95),
     ("ours_w8a8_block", "W8A8 block-scaled", (1, 16), ((4096, 4096),) + BIG_LLM_SHAPES, 1.5),  # issue #25's targets
     ("ours_w8a8_block", "W8A8 block-scaled", (2048, None), None, 1.5),
+    ("ours_dds_tiles4_50", "DDS 50% in tiles of 4 block rows", (2048, None), None, 1.4),  # issue #43's targets
+    ("ours_dds_tiles4_75", "DDS 75% in tiles of 4 block rows", (2048, None), None, 2.2),
 ]
 # ours vs another of ours at the same shape and M: (kernel, peer, label, M range, minimal ratio peer ms / kernel ms)
 PEER_TARGETS = [("ours_w8a8_block", "ours_w8a8", "W8A8 block-scaled vs our per-channel W8A8", (2048, None), 0.9)]

@@ -1,5 +1,6 @@
 """``BSRLinear``: a block-sparse weight (32x32 BSR parts) in the model dtype, dense activations; the
-kernel is :func:`compress_kernels.bsr.op.bsr_matmul_parts` (absent blocks skipped).
+kernel is :func:`compress_kernels.bsr.op.bsr_matmul_parts` (absent blocks skipped; weights pruned in tiles
+of block rows, ``BlockSparseConfig(tile_rows=R)``, run on the tile kernel at large M).
 
 BSR index *values* are checked where they come in (``check_indices()``: :func:`compress.load_compressed`
 runs it on every block-sparse layer; ``from_float`` builds valid ones), so the forwards of the
@@ -10,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from compress._kernels import bind_bsr_matmul_parts, bsr_matmul_parts, check_bsr_indices, reference
+from compress._kernels import bind_bsr_matmul_parts, bsr_matmul_parts, check_bsr_indices, reference, tile_rows_of
 from compress.configs import BlockSparseConfig
 from compress.core.sparsity import bsr_to_dense, check_bsr_shape, dense_to_bsr
 from compress.nn.inference.base import _InferenceLinear
@@ -19,7 +20,10 @@ from compress.nn.inference.base import _InferenceLinear
 class _BlockSparseIndices:
     """What the block-sparse modules share: the BSR index check (their forwards pass ``check_indices=False``
     to the launchers, so indices are checked once, where they come in), the count of stored blocks and the
-    description of the layer's blocks."""
+    description of the layer's blocks, and the tiles of block rows that store the same columns
+    (``tile_rows``: 8, 4, 2 or 1, found where the indices come in; 1 until then)."""
+
+    tile_rows = 1
 
     @property
     def nnz(self) -> int:
@@ -32,7 +36,8 @@ class _BlockSparseIndices:
 
     def check_indices(self) -> None:
         """ValueError unless ``crow_indices`` / ``col_indices`` hold the ``torch.sparse_bsr`` invariants
-        (crow from 0 to nnz, non-decreasing; block columns in range and increasing within a row)."""
+        (crow from 0 to nnz, non-decreasing; block columns in range and increasing within a row); then
+        ``tile_rows`` from them."""
         if tuple(self.crow_indices.shape) != (self.out_features // self.block + 1,):
             raise ValueError(f"crow_indices: expected shape ({self.out_features // self.block + 1},), "
                              f"got {tuple(self.crow_indices.shape)}")
@@ -40,6 +45,7 @@ class _BlockSparseIndices:
             raise ValueError(f"values: expected {self.col_indices.shape[0]} blocks (one per col_indices entry), "
                              f"got {self.values.shape[0]}")
         check_bsr_indices(self.crow_indices, self.col_indices, self.in_features // self.block)
+        self.tile_rows = tile_rows_of(self.crow_indices, self.col_indices)
 
 
 class BSRLinear(_BlockSparseIndices, _InferenceLinear):
@@ -62,6 +68,7 @@ class BSRLinear(_BlockSparseIndices, _InferenceLinear):
         crow, col, values = dense_to_bsr(source, block, mask)
         module = cls(linear.in_features, linear.out_features, linear.bias is not None, col.numel(), block)
         module.crow_indices, module.col_indices, module.values = crow, col, values.clone()
+        module.tile_rows = tile_rows_of(crow, col)
         cls._copy_float_state(module, linear)
         return module.to(source.device)
 
@@ -70,7 +77,7 @@ class BSRLinear(_BlockSparseIndices, _InferenceLinear):
             b = self._buffers
             values = self._in_dtype("values", b["values"], x.dtype)
             return self._kernel(bsr_matmul_parts, bind_bsr_matmul_parts, x, b["crow_indices"], b["col_indices"], values,
-                                self.out_features, self._bias_for(x), check_indices=False)
+                                self.out_features, self._bias_for(x), self.tile_rows, check_indices=False)
         return reference.bsr_matmul_ref(x, self.crow_indices, self.col_indices, self.values,
                                                   self.out_features, self.bias)
 

@@ -57,8 +57,9 @@ def test_rotation_size_is_bounded():
 def test_select_matches_globs_and_keeps_order():
     names = [s.name for s in sweep.kernel_specs()]
     assert sweep.select(names, ["ours_dds_*"]) == ["ours_dds_50", "ours_dds_75", "ours_dds_90", "ours_dds_w8a8_50",
-                                                   "ours_dds_w8a8_90", "ours_dds_w4a16_50", "ours_dds_w4a16_90"]
-    assert sweep.select(names, []) == names and len(names) == len(set(names)) == 20
+                                                   "ours_dds_w8a8_90", "ours_dds_w4a16_50", "ours_dds_w4a16_90",
+                                                   "ours_dds_tiles4_50", "ours_dds_tiles4_75"]
+    assert sweep.select(names, []) == names and len(names) == len(set(names)) == 22
     assert sweep.select(names, ["*w8a8_block"]) == ["torch_int_mm_w8a8_block", "ours_w8a8_block"]
     assert sweep.select(names, ["ours_w8a16*"]) == ["ours_w8a16", "ours_w8a16_g128"]
 
@@ -79,3 +80,9 @@ def test_cpu_rotation_times_every_call_in_turn():
     ms, graphed = sweep.time_rotation(calls, sweep.SweepOptions(kernels=[], shapes=[], ms=[], cpu=True))
     assert ms >= 0 and graphed is False
     assert seen == [0] + [1, 2, 0] * 3  # one warm-up call, then three rounds of the rotation in order
+
+
+def test_tiled_masks_drop_whole_tiles_of_block_rows():
+    mask = sweep.random_block_mask(6 * 32, 8 * 32, 50, torch.Generator().manual_seed(0), torch.device("cpu"), 4)
+    assert mask.shape == (6, 8) and torch.equal(mask[0], mask[3]) and torch.equal(mask[4], mask[5])
+    assert int((~mask[::4]).sum()) == 8  # half of the 2 x 8 tiles

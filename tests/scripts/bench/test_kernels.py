@@ -20,8 +20,8 @@ def test_cpu_check_writes_json(tmp_path):
                        "torch_weight_int8pack_w8a16", "torch_bsr_50", "torch_bsr_75", "torch_bsr_90", "ours_w8a8",
                        "ours_w8a8_block", "ours_w4a16_g128", "ours_w8a16", "ours_w8a16_g128", "ours_dds_50",
                        "ours_dds_75", "ours_dds_90", "ours_dds_w8a8_50", "ours_dds_w8a8_90", "ours_dds_w4a16_50",
-                       "ours_dds_w4a16_90"}
-    assert len(report["results"]) == 20 * 2
+                       "ours_dds_w4a16_90", "ours_dds_tiles4_50", "ours_dds_tiles4_75"}
+    assert len(report["results"]) == 22 * 2
     for r in report["results"]:
         assert "error" not in r, r
         assert r["ms"] > 0 and r["ratio_vs_cublas"] > 0 and r["K"] == 128 and r["N"] == 64

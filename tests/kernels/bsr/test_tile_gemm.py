@@ -1,0 +1,72 @@
+"""DDS tile kernel (compress_kernels/bsr/tile_gemm.py) on weights pruned in tiles of block rows: every tile width,
+a short last tile, empty tiles and bias against the reference; the op routes tiled indices to it at large M and
+refuses tile_rows the indices do not hold. CPU: the Triton interpreter; GPU: marked ``gpu``.
+"""
+import pytest
+import torch
+
+import compress_kernels
+from compress.core.sparsity import expand_mask, mask_from_scores
+from compress_kernels.bsr.dispatch import BsrConfig, pick
+from compress_kernels.bsr.indices import tile_rows_of
+from compress_kernels.bsr.tile_gemm import launch_tile_gemm
+from compress_kernels.reference import bsr_matmul_ref
+from tests.kernels.helpers import DEVICE, bsr_parts
+
+TOL = {torch.float16: dict(atol=2e-2, rtol=1e-2), torch.bfloat16: dict(atol=1e-1, rtol=2e-2)}
+
+
+def tiled_dense(n, k, sparsity, tile_rows, dtype, device=DEVICE, seed=0, empty_tile=None):
+    """Dense (n, k) weight whose absent 32x32 blocks come in tiles of ``tile_rows`` block rows."""
+    gen = torch.Generator().manual_seed(seed)
+    keep = mask_from_scores(torch.rand(n // 32, k // 32, generator=gen), sparsity, tile_rows)
+    if empty_tile is not None:
+        keep[empty_tile * tile_rows:(empty_tile + 1) * tile_rows] = False
+    return (torch.randn(n, k, generator=gen) * expand_mask(keep, (n, k))).to(device=device, dtype=dtype)
+
+
+@pytest.mark.parametrize("tile_rows, n", [(2, 96), (4, 192), (4, 160), (8, 256)])  # 160: a last tile of 1 row
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_tiles_match_the_reference(tile_rows, n, dtype):
+    k, m = 160, 70
+    crow, col, values = bsr_parts(tiled_dense(n, k, 0.5, tile_rows, dtype, empty_tile=1))
+    assert tile_rows_of(crow, col) >= tile_rows
+    x = torch.randn(m, k, device=DEVICE).to(dtype)
+    bias = torch.randn(n, device=DEVICE).to(dtype)
+    y = torch.full((m, n), float("nan"), device=DEVICE, dtype=dtype)  # poison: every entry must be written
+    config = BsrConfig("tiles", 32, 32 * tile_rows, 2, 4, 2)
+    launch_tile_gemm(x, crow, col, values, bias, y, config, tile_rows)
+    torch.testing.assert_close(y, bsr_matmul_ref(x, crow, col, values, n, bias), **TOL[dtype])
+
+
+def test_the_op_takes_tiled_indices_to_the_tile_kernel_at_large_m_and_checks_the_pattern():
+    n, k, m = 128, 128, 80
+    w = tiled_dense(n, k, 0.5, 4, torch.float16)
+    crow, col, values = bsr_parts(w)
+    assert pick(m, n, k, col.numel(), torch.device(DEVICE), False, 4).kernel == "tiles"
+    assert pick(m, n, k, col.numel(), torch.device(DEVICE), False, 1).kernel != "tiles"
+    x = torch.randn(m, k, device=DEVICE).half()
+    y = compress_kernels.bsr_matmul_parts(x, crow, col, values, n, None, 4)
+    torch.testing.assert_close(y, bsr_matmul_ref(x, crow, col, values, n, None), **TOL[torch.float16])
+    free = bsr_parts(tiled_dense(n, k, 0.5, 1, torch.float16, seed=3))
+    with pytest.raises(ValueError, match=r"tile_rows=4: expected every 4 block rows .*\(their pattern: tile_rows=1\)"):
+        compress_kernels.bsr_matmul_parts(x, *free, n, None, 4)
+    with pytest.raises(ValueError, match=r"tile_rows: expected one of \(1, 2, 4, 8\), got 3"):
+        compress_kernels.bsr_matmul_parts(x, crow, col, values, n, None, 3)
+
+
+def test_a_config_that_is_not_the_tile_width_is_refused():
+    crow, col, values = bsr_parts(tiled_dense(64, 64, 0.0, 2, torch.float16))
+    with pytest.raises(ValueError, match=r"block_n = 32 \* tile_rows \(64\)"):
+        launch_tile_gemm(torch.zeros(16, 64, device=DEVICE).half(), crow, col, values, None,
+                         torch.empty(16, 64, device=DEVICE).half(), BsrConfig("tiles", 16, 32, 1, 4, 3), 2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m, tile_rows", [(256, 4), (1024, 4), (2048, 2), (4096, 8)])
+def test_full_size_tiles(m, tile_rows):
+    k, n = 4096, 4096
+    crow, col, values = bsr_parts(tiled_dense(n, k, 0.5, tile_rows, torch.float16, device="cuda", seed=m))
+    x = torch.randn(m, k, device="cuda").half()
+    y = compress_kernels.bsr_matmul_parts(x, crow, col, values, n, None, tile_rows)
+    torch.testing.assert_close(y, bsr_matmul_ref(x, crow, col, values, n, None), atol=5e-1, rtol=2e-2)
