@@ -6,7 +6,9 @@ default plan targets (``lm_head`` and embeddings stay dense), 32x32 blocks:
 * ``blocks-{s}-magnitude`` / ``-activation``: the lowest-scoring blocks by mean |w|, or by mean
   ``|w_ij| * ||x_j||`` (calibration inputs' channel norms),
 * ``blocks-{s}-obs``: second-order (OBS) blocks with the kept weights compensated, layer by layer,
-* ``blocks-50-obs-w4a16-g32`` / ``-w8a8``: OBS 50%, then GPTQ of the survivors in the same pass.
+* ``blocks-50-obs-w4a16-g32`` / ``-w8a8``: OBS 50%, then GPTQ of the survivors in the same pass,
+* ``blocks-50-obs-tiles4`` / ``blocks-50-activation-tiles4``: OBS / activation-weighted 50% in tiles of 4
+  block rows x one block column (``BlockSparseConfig(tile_rows=4)``, the large-M tile kernel's pattern).
 
 The peer (``--peer``; llm-compressor, installed for this benchmark only, never a dependency):
 ``oneshot`` with ``SparseGPTModifier`` at 2:4 and at 50% unstructured and ``WandaPruningModifier`` at
@@ -55,6 +57,8 @@ def our_variants(sparsities: list[float]) -> dict[str, list]:
             found[f"blocks-{tag}-obs-w8a8"] = [obs, W8A8Config(algorithm="gptq")]
             found[f"blocks-{tag}-magnitude"] = [BlockSparseConfig(s)]
             found[f"blocks-{tag}-activation"] = [BlockSparseConfig(s, score="activation")]
+            found[f"blocks-{tag}-obs-tiles4"] = [BlockSparseConfig(s, algorithm="obs", tile_rows=4)]
+            found[f"blocks-{tag}-activation-tiles4"] = [BlockSparseConfig(s, score="activation", tile_rows=4)]
     return found
 
 

@@ -14,7 +14,8 @@ from tests.scripts.bench.test_post_training import _tiny_llama
 def test_variants_sweep_obs_and_compare_scores_and_quantization_at_half():
     names = list(our_variants([0.25, 0.5]))
     assert names == ["blocks-25-obs", "blocks-50-obs", "blocks-50-obs-w4a16-g32", "blocks-50-obs-w8a8",
-                     "blocks-50-magnitude", "blocks-50-activation"]
+                     "blocks-50-magnitude", "blocks-50-activation", "blocks-50-obs-tiles4",
+                     "blocks-50-activation-tiles4"]
 
 
 def test_an_unknown_peer_variant_is_refused():
