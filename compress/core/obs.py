@@ -43,7 +43,7 @@ import torch.nn.functional as F
 
 from compress.core.gptq import drop_dead_inputs
 from compress.core.sparsity import (_check_sparsity, _check_tile_rows, block_counts, block_grid, block_sums, tile_mask,
-                                    untile)
+                                    tile_sums, untile)
 
 HINV_CHUNK_BYTES = 1 << 29  # the batch of per-block-row inverse Hessians is built in pieces of at most 512 MiB
 
@@ -132,7 +132,7 @@ def obs_block_prune(weight: torch.Tensor, h: torch.Tensor, sparsity: float, bloc
         pruned_columns = (~mask).repeat_interleave(block, dim=1)
         costs = torch.cat([block_costs(w[start * block:(start + len(hinv)) * block], hinv, block)
                            for start, hinv in row_inverse_hessians(h, pruned_columns)])
-        costs = tile_costs(costs.masked_fill(~mask, float("inf")), tile_rows)
+        costs = tile_sums(costs.masked_fill(~mask, float("inf")), tile_rows)  # inf where any block is pruned
         chosen = torch.argsort(costs.flatten(), stable=True)[:goal - pruned_now]
         newly = torch.zeros(tiles * cols, dtype=torch.bool, device=w.device)
         newly[chosen] = True
@@ -145,13 +145,6 @@ def obs_block_prune(weight: torch.Tensor, h: torch.Tensor, sparsity: float, bloc
         mask &= ~newly
     w.view(rows, block, cols, block).mul_(mask[:, None, :, None])
     return w[:n, :k].contiguous(), mask
-
-
-def tile_costs(costs: torch.Tensor, tile_rows: int) -> torch.Tensor:
-    """(R, C) block costs -> (ceil(R / t), C): each tile's sum over its block rows (``inf`` where any is)."""
-    rows, cols = costs.shape
-    tiles = -(-rows // tile_rows)
-    return F.pad(costs, (0, 0, 0, tiles * tile_rows - rows)).reshape(tiles, tile_rows, cols).sum(dim=1)
 
 
 def activation_block_scores(weight: torch.Tensor, input_norms: torch.Tensor, block: int = 32) -> torch.Tensor:

@@ -146,24 +146,30 @@ def _check_tile_rows(tile_rows: int) -> None:
         raise ValueError(f"tile_rows: expected one of {TILE_ROWS}, got {tile_rows!r}")
 
 
+def _by_tile(grid: torch.Tensor, tile_rows: int, fill) -> torch.Tensor:
+    """(R, C) grid -> (ceil(R / t), t, C): its block rows by tile, the short last tile padded with ``fill``."""
+    _check_tile_rows(tile_rows)
+    rows, cols = grid.shape
+    tiles = -(-rows // tile_rows)
+    return F.pad(grid, (0, 0, 0, tiles * tile_rows - rows), value=fill).reshape(tiles, tile_rows, cols)
+
+
+def tile_sums(grid: torch.Tensor, tile_rows: int) -> torch.Tensor:
+    """(R, C) block values -> (ceil(R / t), C): each tile's sum over its block rows."""
+    return _by_tile(grid.float(), tile_rows, 0.0).sum(dim=1)
+
+
 def tile_scores(scores: torch.Tensor, tile_rows: int) -> torch.Tensor:
     """(R, C) block scores -> (ceil(R / t), C): each tile's mean over its block rows (``-inf`` stays ``-inf``)."""
-    _check_tile_rows(tile_rows)
-    rows, cols = scores.shape
-    tiles = -(-rows // tile_rows)
-    padded = F.pad(scores.float(), (0, 0, 0, tiles * tile_rows - rows))
-    sizes = torch.full((tiles, 1), float(tile_rows), device=scores.device)
-    sizes[-1] = rows - (tiles - 1) * tile_rows
-    return padded.reshape(tiles, tile_rows, cols).sum(dim=1) / sizes
+    sums = tile_sums(scores, tile_rows)
+    sizes = torch.full((sums.shape[0], 1), float(tile_rows), device=scores.device)
+    sizes[-1] = scores.shape[0] - (sums.shape[0] - 1) * tile_rows
+    return sums / sizes
 
 
 def tile_mask(mask: torch.Tensor, tile_rows: int) -> torch.Tensor:
     """(R, C) block mask -> (ceil(R / t), C): a tile is kept only while every block of it is."""
-    _check_tile_rows(tile_rows)
-    rows, cols = mask.shape
-    tiles = -(-rows // tile_rows)
-    padded = F.pad(mask.bool(), (0, 0, 0, tiles * tile_rows - rows), value=True)
-    return padded.reshape(tiles, tile_rows, cols).all(dim=1)
+    return _by_tile(mask.bool(), tile_rows, True).all(dim=1)
 
 
 def untile(mask: torch.Tensor, tile_rows: int, rows: int) -> torch.Tensor:

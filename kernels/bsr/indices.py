@@ -61,7 +61,7 @@ def check_bsr_indices(crow_indices: torch.Tensor, col_indices: torch.Tensor, blo
                          f"col_indices[{b - 1}] = {int(col[b - 1])} then col_indices[{b}] = {int(col[b])}")
 
 
-TILE_ROWS = (8, 4, 2)  # the tiles of block rows the large-M tile kernel takes, largest first
+TILE_ROWS = (1, 2, 4, 8)  # block rows per tile of a tiled pattern (1: free blocks)
 
 
 def tile_rows_of(crow_indices: torch.Tensor, col_indices: torch.Tensor) -> int:
@@ -75,14 +75,15 @@ def tile_rows_of(crow_indices: torch.Tensor, col_indices: torch.Tensor) -> int:
     row_of = torch.repeat_interleave(rows, steps)
     place = torch.arange(col.shape[0], device=crow.device) - crow[row_of]  # position within its block row
     verdicts = []
-    for tile in TILE_ROWS:
+    candidates = TILE_ROWS[:0:-1]  # 8, 4, 2: the largest that holds wins
+    for tile in candidates:
         leader = (rows // tile) * tile  # each block row's tile's first block row
         tiled = (steps == steps[leader]).all()
         if col.shape[0]:  # counts equal: a row's p-th block must have its leader's p-th block's column
             leader_block = (crow[leader[row_of]] + place).clamp(max=col.shape[0] - 1)
             tiled = tiled & (col == col[leader_block]).all()
         verdicts.append(tiled)
-    for tile, tiled in zip(TILE_ROWS, torch.stack(verdicts).tolist()):
+    for tile, tiled in zip(candidates, torch.stack(verdicts).tolist()):
         if tiled:
             return tile
     return 1

@@ -145,14 +145,15 @@ def check_parts(x, crow_indices, col_indices, values, out_features, bias, value_
     check_bias(bias, out_features, x)
     if not isinstance(check_indices, bool):
         raise TypeError(f"check_indices: expected a bool, got {type(check_indices).__name__}")
-    if isinstance(tile_rows, bool) or tile_rows not in (1, *TILE_ROWS):
-        raise ValueError(f"tile_rows: expected one of {(1, *sorted(TILE_ROWS))}, got {tile_rows!r}")
+    if isinstance(tile_rows, bool) or tile_rows not in TILE_ROWS:
+        raise ValueError(f"tile_rows: expected one of {TILE_ROWS}, got {tile_rows!r}")
     if check_indices and not _building_a_graph(x):
         check_bsr_indices(crow_indices, col_indices, k // BSR_BLOCK)
-        if tile_rows > 1 and tile_rows_of(crow_indices, col_indices) < tile_rows:
+        found = tile_rows_of(crow_indices, col_indices) if tile_rows > 1 else 1
+        if found < tile_rows:
             raise ValueError(f"tile_rows={tile_rows}: expected every {tile_rows} block rows from a multiple of "
                              f"{tile_rows} to store the same block columns, got indices that do not (their "
-                             f"pattern: tile_rows={tile_rows_of(crow_indices, col_indices)})")
+                             f"pattern: tile_rows={found})")
 
 
 def _building_a_graph(x) -> bool:

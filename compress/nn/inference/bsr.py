@@ -20,10 +20,7 @@ from compress.nn.inference.base import _InferenceLinear
 class _BlockSparseIndices:
     """What the block-sparse modules share: the BSR index check (their forwards pass ``check_indices=False``
     to the launchers, so indices are checked once, where they come in), the count of stored blocks and the
-    description of the layer's blocks, and the tiles of block rows that store the same columns
-    (``tile_rows``: 8, 4, 2 or 1, found where the indices come in; 1 until then)."""
-
-    tile_rows = 1
+    description of the layer's blocks."""
 
     @property
     def nnz(self) -> int:
@@ -36,8 +33,7 @@ class _BlockSparseIndices:
 
     def check_indices(self) -> None:
         """ValueError unless ``crow_indices`` / ``col_indices`` hold the ``torch.sparse_bsr`` invariants
-        (crow from 0 to nnz, non-decreasing; block columns in range and increasing within a row); then
-        ``tile_rows`` from them."""
+        (crow from 0 to nnz, non-decreasing; block columns in range and increasing within a row)."""
         if tuple(self.crow_indices.shape) != (self.out_features // self.block + 1,):
             raise ValueError(f"crow_indices: expected shape ({self.out_features // self.block + 1},), "
                              f"got {tuple(self.crow_indices.shape)}")
@@ -45,11 +41,13 @@ class _BlockSparseIndices:
             raise ValueError(f"values: expected {self.col_indices.shape[0]} blocks (one per col_indices entry), "
                              f"got {self.values.shape[0]}")
         check_bsr_indices(self.crow_indices, self.col_indices, self.in_features // self.block)
-        self.tile_rows = tile_rows_of(self.crow_indices, self.col_indices)
 
 
 class BSRLinear(_BlockSparseIndices, _InferenceLinear):
-    """Block-sparse weight (32x32 BSR) in the model dtype; dense activations."""
+    """Block-sparse weight (32x32 BSR) in the model dtype; dense activations. ``tile_rows``: the tiles of block
+    rows that store the same block columns (8, 4, 2 or 1), found where the indices come in (1 until then)."""
+
+    tile_rows = 1
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, nnz: int = 0, block: int = 32):
         super().__init__(in_features, out_features, bias)
@@ -71,6 +69,11 @@ class BSRLinear(_BlockSparseIndices, _InferenceLinear):
         module.tile_rows = tile_rows_of(crow, col)
         cls._copy_float_state(module, linear)
         return module.to(source.device)
+
+    def check_indices(self) -> None:
+        """The index check (:class:`_BlockSparseIndices`), then ``tile_rows`` from the indices."""
+        super().check_indices()
+        self.tile_rows = tile_rows_of(self.crow_indices, self.col_indices)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self._use_kernel(x):
