@@ -90,10 +90,14 @@ def pick(m: int, n: int, k: int, nnz: int, device, can_prefetch: bool, tile_rows
     few_programs = 2 * sm_count(device)  # about two programs per SM
     block_rows = n // BSR_BLOCK
     blocks_per_row = nnz / block_rows
-    # Tiled weights past 64 rows: outputs 32 R wide, so each x tile is read once per R block rows (a first
-    # pick, not yet timed on a GPU: 128x128 tiles with 64-wide K steps at R >= 4, 64-wide outputs at R = 2)
-    if tile_rows > 1 and m > TILES_MIN_M:
-        block_m = 128 if m >= 128 else 64
+    # Tiled weights past 64 rows, on layers above SMALL_LAYER, once the tiles give every SM a program:
+    # outputs 32 R wide, so each x tile is read once per R block rows (H200, R = 4, 128x128 tiles: 4096x4096
+    # at M = 1024 0.98x / 1.58x cuBLAS at 50% / 75% against the free blocks' 0.45x / 0.84x; 4096x11008 at
+    # M = 256 (172 programs) 0.74x against 0.48x; with fewer programs, 4096x4096 at M = 256 (64), and on
+    # SmolLM2's 576-wide layers at every M, the free-block rows were the faster)
+    block_m = 128 if m >= 128 else 64
+    tile_programs = triton.cdiv(block_rows, tile_rows) * triton.cdiv(m, block_m)
+    if tile_rows > 1 and m > TILES_MIN_M and n * k > SMALL_LAYER and tile_programs >= sm_count(device):
         return BsrConfig("tiles", block_m, tile_rows * BSR_BLOCK, 2 if tile_rows >= 4 else 4,
                          8 if tile_rows * block_m >= 512 else 4, 3)
     # From 2048 rows on layers keeping >= 40% of their blocks: dense weight, cuBLAS

@@ -190,7 +190,11 @@ SWEEP_TARGETS = {"blocks-25": 0.08, "blocks-50": 0.40, "blocks-50-w8a8": 0.45}  
 
 
 def sweep_section(name: str, data: dict) -> list[str]:
-    """The fine-tuned block-sparsity sweep: perplexity and speed of each point against the dense model."""
+    """The fine-tuned block-sparsity sweep: perplexity and speed of each point against the dense model.
+
+    A point timed in another run than the dense entry carries that run's dense latencies
+    (``dense_latency_ms``); its speed-up is against those.
+    """
     dense = require(data, "dense", name)
     env = require(data, "environment", name)
     lines = ["## Block sparsity sweep: fine-tuned 32x32 blocks, with and without quantization", "",
@@ -204,8 +208,9 @@ def sweep_section(name: str, data: dict) -> list[str]:
     points = {}
     for point in require(data, "points", name):
         points[point["name"]] = point
-        speed = point.get("latency_ms") or {}
-        cells = [f"{speed[b]:.3f} ({base[b] / speed[b]:.2f}x)" if b in speed else "not measured" for b in ("1", "8")]
+        speed, own_base = point.get("latency_ms") or {}, point.get("dense_latency_ms", base)
+        cells = [f"{speed[b]:.3f} ({own_base[b] / speed[b]:.2f}x)" if b in speed else "not measured"
+                 for b in ("1", "8")]
         weights = point.get("linear_weight_bytes")
         rows.append([point["name"], point["recipe"], f"{point['perplexity']:.2f}",
                      f"{100 * (point['perplexity'] / dense['perplexity'] - 1):+.1f}%", *cells,

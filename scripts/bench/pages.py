@@ -16,7 +16,9 @@ Inputs (the schemas the benchmarks write; this module only reads them):
   (gpu, versions, date, ``settings``), ``results`` (one record per kernel, K x N shape and M: ``ms``,
   ``ratio_vs_cublas`` = cuBLAS fp16 time / this time in the same run, ``ratio_vs_anchor`` for ours
   against PyTorch's matching kernel, ``ratio_vs_torch_bsr`` for the DDS kernels against
-  ``bsr_dense_mm`` at the same sparsity, or ``error``) and ``targets`` (one verdict per target).
+  ``bsr_dense_mm`` at the same sparsity, or ``error``), ``targets`` (one verdict per target) and
+  optionally ``runs``: further runs on that GPU of some kernels (each the same schema plus a ``title``),
+  a section each.
 * decode benchmark (``decode-<gpu>.json``): ``environment``, ``config`` (model shape, batches, steps),
   ``results`` (per variant: ``weight_bytes`` and per batch ``tokens_per_s``, ``ms_per_step``,
   ``decoder_weight_tb_per_s``, ``cuda_graph``, ``first_step_logits_rel_err_vs_eager``), ``ratios``
@@ -150,7 +152,8 @@ def kernel_anchors(results: list[dict]) -> list[str]:
 def kernel_section(name: str, report: dict) -> list[str]:
     env = require(report, "environment", name)
     results = require(report, "results", name)
-    lines = [f"## {env.get('gpu')}", "",
+    title = f"{env.get('gpu')}: {report['title']}" if report.get("title") else env.get("gpu")
+    lines = [f"## {title}", "",
              f"Source: {source_link(name)}; {kernel_environment(env)}{provenance(report)}", "",
              "### Targets", ""] + kernel_targets(require(report, "targets", name))
     lines += ["", "### Ratio to cuBLAS fp16", "", "cuBLAS fp16 time / kernel time, same shape and M, same run "
@@ -166,6 +169,11 @@ def kernel_section(name: str, report: dict) -> list[str]:
     if errors:
         lines += ["", "### Not measured", ""] + [f"- {e}" for e in errors]
     return lines + [""]
+
+
+def kernel_file_section(name: str, report: dict) -> list[str]:
+    """The file's run, then each further run it keeps under ``runs``."""
+    return kernel_section(name, report) + [line for run in report.get("runs", []) for line in kernel_section(name, run)]
 
 
 KERNELS_INTRO = ("y = x @ W.T for x (M, K) and a weight of N x K, every kernel on the same shapes and M in one run "
@@ -210,7 +218,8 @@ def decode_section(name: str, report: dict) -> list[str]:
     env = require(report, "environment", name)
     head = ["variant", "batch", "tokens/s", "ms/step", "vs fp16", "vs fp16 eager", "decoder weights GB",
             "weights TB/s", "CUDA graph", "first-step logits rel. err."]
-    lines = [f"## {env.get('gpu')}", "",
+    title = f"{env.get('gpu')}: {report['title']}" if report.get("title") else env.get("gpu")
+    lines = [f"## {title}", "",
              f"Source: {source_link(name)}; torch {env.get('torch')}, Triton {env.get('triton')}, transformers "
              f"{env.get('transformers')}, CUDA {env.get('cuda')}. {decode_setup(require(report, 'config', name))}"
              f"{provenance(report)}",
@@ -431,7 +440,7 @@ def with_figures(doc: str, report: dict) -> str:
 
 PAGES = (
     Page("kernels.md", "Kernel benchmark: ours against cuBLAS fp16 and PyTorch's kernels",
-         ("kernels-h100.json", "kernels-h200.json"), KERNELS_INTRO, kernel_section),
+         ("kernels-h100.json", "kernels-h200.json"), KERNELS_INTRO, kernel_file_section),
     Page("decode.md", "Decode benchmark: Llama-2-7B shapes, tokens per second",
          ("decode-h100.json", "decode-h200.json"), DECODE_INTRO, decode_section),
     Page("sst2.md", "all-MiniLM-L6-v2 on SST-2: accuracy and speed of the recipes", ("sst2-h100.json",),

@@ -1,12 +1,14 @@
 """DDS tile kernel (compress_kernels/bsr/tile_gemm.py) on weights pruned in tiles of block rows: every tile width,
-a short last tile, empty tiles and bias against the reference; the op routes tiled indices to it at large M and
-refuses tile_rows the indices do not hold. CPU: the Triton interpreter; GPU: marked ``gpu``.
+a short last tile, empty tiles and bias against the reference; the table's choice between tiles and free blocks;
+the op runs the tile kernel when the table says so and refuses tile_rows the indices do not hold. CPU: the Triton
+interpreter; GPU: marked ``gpu``.
 """
 import pytest
 import torch
 
 import compress_kernels
 from compress.core.sparsity import expand_mask, mask_from_scores
+from compress_kernels.bsr import op as bsr_op
 from compress_kernels.bsr.dispatch import BsrConfig, pick
 from compress_kernels.bsr.indices import tile_rows_of
 from compress_kernels.bsr.tile_gemm import launch_tile_gemm
@@ -39,14 +41,32 @@ def test_tiles_match_the_reference(tile_rows, n, dtype):
     torch.testing.assert_close(y, bsr_matmul_ref(x, crow, col, values, n, bias), **TOL[dtype])
 
 
-def test_the_op_takes_tiled_indices_to_the_tile_kernel_at_large_m_and_checks_the_pattern():
+@pytest.mark.parametrize("m, n, k, tile_rows, expected", [
+    (1024, 4096, 4096, 4, "tiles"),  # 32 tiles x 8 row blocks = 256 programs
+    (256, 11008, 4096, 4, "tiles"),  # 86 tiles x 2 = 172
+    (256, 4096, 4096, 4, "gemm"),  # 32 x 2 = 64 programs: fewer than the SMs
+    (2048, 4096, 4096, 1, "dense"),  # free blocks at 50%: the dense row
+    (8192, 1536, 576, 4, "dense"),  # a SmolLM2 layer (at most SMALL_LAYER weights): the free-block table
+    (64, 4096, 4096, 4, "gemm"),  # up to TILES_MIN_M rows
+])
+def test_the_table_takes_tiles_once_they_fill_the_sms_of_a_large_layer(m, n, k, tile_rows, expected):
+    nnz = (n // 32) * (k // 32) // 2
+    assert pick(m, n, k, nnz, torch.device("cpu"), False, tile_rows).kernel == expected  # CPU: an H100's 132 SMs
+
+
+def test_the_op_runs_the_tile_kernel_when_the_table_says_tiles_and_checks_the_pattern(monkeypatch):
     n, k, m = 128, 128, 80
-    w = tiled_dense(n, k, 0.5, 4, torch.float16)
-    crow, col, values = bsr_parts(w)
-    assert pick(m, n, k, col.numel(), torch.device(DEVICE), False, 4).kernel == "tiles"
-    assert pick(m, n, k, col.numel(), torch.device(DEVICE), False, 1).kernel != "tiles"
+    crow, col, values = bsr_parts(tiled_dense(n, k, 0.5, 4, torch.float16))
+    seen = []
+
+    def tiles_pick(*args):
+        seen.append(args[-1])
+        return BsrConfig("tiles", 64, 128, 2, 4, 3)
+
+    monkeypatch.setattr(bsr_op, "cached_pick", tiles_pick)  # a small shape the table sends to the free blocks
     x = torch.randn(m, k, device=DEVICE).half()
     y = compress_kernels.bsr_matmul_parts(x, crow, col, values, n, None, 4)
+    assert seen == [4]
     torch.testing.assert_close(y, bsr_matmul_ref(x, crow, col, values, n, None), **TOL[torch.float16])
     free = bsr_parts(tiled_dense(n, k, 0.5, 1, torch.float16, seed=3))
     with pytest.raises(ValueError, match=r"tile_rows=4: expected every 4 block rows .*\(their pattern: tile_rows=1\)"):

@@ -106,7 +106,8 @@ def root(tmp_path):
     """A repository root holding the fixture JSON of every page."""
     results = tmp_path / "benchmarks" / "results"
     results.mkdir(parents=True)
-    files = {"kernels-h100.json": kernel_report("GPU A"), "kernels-h200.json": kernel_report("GPU B"),
+    files = {"kernels-h100.json": kernel_report("GPU A"), "kernels-h200.json": {**kernel_report("GPU B"), "runs": [
+                 {**kernel_report("GPU B"), "title": "tiles of 4 block rows"}]},
              "decode-h100.json": decode_report("GPU A"), "decode-h200.json": decode_report("GPU B"),
              "moe-h200.json": moe_report("GPU B"),
              "sst2-h100.json": sst2_data(), "wikitext-h100.json": wikitext_data(),
@@ -140,6 +141,7 @@ EXPECTED_LINES = [
     # kernels: both GPUs, every cell's ratio to cuBLAS, ours against its anchor, targets, what was not measured
     ("kernels.md", "## GPU A"),
     ("kernels.md", "## GPU B"),
+    ("kernels.md", "## GPU B: tiles of 4 block rows"),
     ("kernels.md", "| K x N | M | cuBLAS fp16 us | ours_w8a8 | ours_dds_50 | torch_int_mm_w8a8 | torch_bsr_50 |"),
     ("kernels.md", "| 4096x4096 | 1 | 16.0 | 1.50x | 1.00x | 0.25x | 0.50x |"),
     ("kernels.md", "| K x N | M | ours_w8a8 vs its PyTorch anchor | ours_dds_50 vs torch_bsr_50 |"),

@@ -1,0 +1,78 @@
+"""Fold one joint ``compress evaluate`` report into the block-sparsity sweep of a results file.
+
+    python -m scripts.bench.sweep_points --report runs/sweep/report.json --commit abc1234 \\
+        --results benchmarks/results/smollm2-h200.json --note "..."
+
+The sweep (``<results>["sweep"]``, rendered by :func:`scripts.bench.llm_sections.sweep_section`) holds
+the dense model and one entry per point (``blocks-25``, ``blocks-50-w8a8``, ...). The report compares
+saved models on one device with the dense model first (named ``dense``). Each report model whose
+name is a point replaces that point's perplexity, latency per batch, linear weight bytes and
+compression, and is marked measured by ``compress evaluate`` at ``--commit``; the dense entry takes the
+report's dense model. A point the report does not hold keeps its figures; where it has latencies,
+they were timed in another run, so the dense latencies of that run (the old dense entry's, unless
+the point already names its own) stay with it as ``dense_latency_ms``: a speed-up is only ever a
+ratio of two timings of one run.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from compress.eval.report import read_json
+from scripts.bench.decode import write_report
+
+
+def latencies(model) -> dict[str, float]:
+    """``{"batch size": ms}`` of one report model."""
+    return {str(p.batch_size): p.latency_ms for p in model.latency}
+
+
+def fold(sweep: dict, report_path: Path, commit: str, note: str) -> dict:
+    """The sweep with the report's models in place of its dense entry and the points they name."""
+    report = read_json(report_path)
+    base = report.baseline
+    if base.name != "dense":
+        raise ValueError(f"{report_path}: expected the dense model first (named 'dense'), got {base.name!r}")
+    points = {point["name"]: point for point in sweep.get("points", [])}
+    unknown = [m.name for m in report.models[1:] if m.name not in points]
+    if unknown:
+        raise ValueError(f"{report_path}: models {unknown} are not points of the sweep (expected some of "
+                         f"{sorted(points)})")
+    old_dense_ms = sweep["dense"]["latency_ms"]
+    measured = {m.name: m for m in report.models[1:]}
+    for name, point in points.items():
+        model = measured.get(name)
+        if model is None:
+            if "latency_ms" in point:
+                point.setdefault("dense_latency_ms", dict(old_dense_ms))
+                point.setdefault("commit", sweep.get("commit"))
+            continue
+        point.pop("dense_latency_ms", None)
+        point.update({"perplexity": model.metrics["perplexity"], "measured_by": "compress evaluate",
+                      "latency_ms": latencies(model), "linear_weight_bytes": model.linear_weight_bytes,
+                      "compression": model.compression, "commit": commit})
+    sweep["dense"] = {"perplexity": base.metrics["perplexity"], "latency_ms": latencies(base),
+                      "linear_weight_bytes": base.linear_weight_bytes}
+    sweep.update({"commit": commit, "environment": dict(report.environment), "latency_mode": report.latency_mode,
+                  "note": note})
+    return sweep
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m scripts.bench.sweep_points", description=__doc__.split("\n")[0])
+    parser.add_argument("--report", type=Path, required=True, help="a compress evaluate report.json, dense first")
+    parser.add_argument("--commit", required=True, help="the commit the report measured")
+    parser.add_argument("--results", type=Path, required=True, help="the results file with a 'sweep' entry")
+    parser.add_argument("--note", default="", help="how the points were measured (replaces the sweep's note)")
+    args = parser.parse_args(argv)
+    data = json.loads(args.results.read_text())
+    if "sweep" not in data:
+        parser.error(f"{args.results}: expected a 'sweep' entry, found keys {sorted(data)}")
+    data["sweep"] = fold(data["sweep"], args.report, args.commit, args.note)
+    write_report(args.results, data)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
