@@ -8,10 +8,10 @@ the dense model and one entry per point (``blocks-25``, ``blocks-50-w8a8``, ...)
 saved models on one device with the dense model first (named ``dense``). Each report model whose
 name is a point replaces that point's perplexity, latency per batch, linear weight bytes and
 compression, and is marked measured by ``compress evaluate`` at ``--commit``; the dense entry takes the
-report's dense model. A point the report does not hold keeps its figures; where it has latencies,
-they were timed in another run, so the dense latencies of that run (the old dense entry's, unless
-the point already names its own) stay with it as ``dense_latency_ms``: a speed-up is only ever a
-ratio of two timings of one run.
+report's dense model. A point the sweep lacks is added with ``--new-point NAME=RECIPE``. A point the
+report does not hold keeps its figures; where it has latencies, they were timed in another run, so
+the dense latencies of that run (the old dense entry's, unless the point already names its own)
+stay with it as ``dense_latency_ms``: a speed-up is only ever a ratio of two timings of one run.
 """
 from __future__ import annotations
 
@@ -28,13 +28,20 @@ def latencies(model) -> dict[str, float]:
     return {str(p.batch_size): p.latency_ms for p in model.latency}
 
 
-def fold(sweep: dict, report_path: Path, commit: str, note: str) -> dict:
-    """The sweep with the report's models in place of its dense entry and the points they name."""
+def fold(sweep: dict, report_path: Path, commit: str, note: str, new_points: dict[str, str] | None = None) -> dict:
+    """The sweep with the report's models in place of its dense entry and the points they name;
+    ``new_points`` (name -> recipe) are added first."""
     report = read_json(report_path)
     base = report.baseline
     if base.name != "dense":
         raise ValueError(f"{report_path}: expected the dense model first (named 'dense'), got {base.name!r}")
-    points = {point["name"]: point for point in sweep.get("points", [])}
+    sweep.setdefault("points", [])
+    points = {point["name"]: point for point in sweep["points"]}
+    for name, recipe in (new_points or {}).items():
+        if name in points:
+            raise ValueError(f"--new-point {name}: the sweep already has that point")
+        points[name] = {"name": name, "recipe": recipe}
+        sweep["points"].append(points[name])
     unknown = [m.name for m in report.models[1:] if m.name not in points]
     if unknown:
         raise ValueError(f"{report_path}: models {unknown} are not points of the sweep (expected some of "
@@ -65,11 +72,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--commit", required=True, help="the commit the report measured")
     parser.add_argument("--results", type=Path, required=True, help="the results file with a 'sweep' entry")
     parser.add_argument("--note", default="", help="how the points were measured (replaces the sweep's note)")
+    parser.add_argument("--new-point", nargs="*", default=[], help="NAME=RECIPE: a point the sweep does not have yet")
     args = parser.parse_args(argv)
+    new_points = dict(item.partition("=")[::2] for item in args.new_point)
+    if any(not name or not recipe for name, recipe in new_points.items()):
+        parser.error(f"--new-point: expected NAME=RECIPE, got {args.new_point}")
     data = json.loads(args.results.read_text())
     if "sweep" not in data:
         parser.error(f"{args.results}: expected a 'sweep' entry, found keys {sorted(data)}")
-    data["sweep"] = fold(data["sweep"], args.report, args.commit, args.note)
+    data["sweep"] = fold(data["sweep"], args.report, args.commit, args.note, new_points)
     write_report(args.results, data)
     return 0
 

@@ -65,3 +65,12 @@ def test_command_line_rewrites_the_sweep_in_place(report, tmp_path):
     results.write_text(json.dumps({"pruning": {}}))
     with pytest.raises(SystemExit):
         main(["--report", str(report), "--commit", "new", "--results", str(results)])
+
+
+def test_a_new_point_is_added_from_the_report(tmp_path):
+    joint = write_json(Report([_model("dense", 16.0, 4.0), _model("blocks-50-tiles4", 31.0, 2.0)], "GPU", "float16",
+                              {}, "cuda_graph"), tmp_path / "tiles.json")
+    sweep = fold(_sweep(), joint, "c", "", {"blocks-50-tiles4": "r50 with tile_rows 4"})
+    assert sweep["points"][-1]["recipe"] == "r50 with tile_rows 4" and sweep["points"][-1]["perplexity"] == 31.0
+    with pytest.raises(ValueError, match="--new-point blocks-25: the sweep already has that point"):
+        fold(_sweep(), joint, "c", "", {"blocks-25": "r"})
