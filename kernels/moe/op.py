@@ -32,7 +32,8 @@ numbers are unchanged; K may be padded as those modules pad it (x then meets zer
 
 x (T, H) fp16 / bf16; ``topk_ids`` (T, k) int32 / int64, an id outside [0, E) adds nothing (``transformers``'
 expert-parallel sentinel); ``topk_weights`` (T, k) any float dtype. ``moe_<scheme>`` validates and calls the
-custom op ``torch.ops.compress_kernels.moe_<scheme>`` (with a fake implementation for ``torch.compile``);
+custom op ``torch.ops.compress_kernels.moe_experts`` (the scheme its first argument; with a fake implementation
+for ``torch.compile``);
 ``bind_moe_<scheme>`` validates once and returns a :class:`BoundMoE`, which checks only the per-call inputs
 and in eager mode launches directly, through launch plans (:mod:`compress_kernels.common.plans`).
 """
@@ -177,69 +178,51 @@ def launch(scheme: str, x, topk_ids, topk_weights, weights: tuple, config: MoeCo
     return combine_topk(partials, topk_ids, topk_weights, experts, out)
 
 
-# ---- custom ops -------------------------------------------------------------------------------------------
-@torch.library.custom_op("compress_kernels::moe_w4a16", mutates_args=())
-def _moe_w4a16_op(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, gate_up_qweight: torch.Tensor,
-                  gate_up_scales: torch.Tensor, down_qweight: torch.Tensor, down_scales: torch.Tensor) -> torch.Tensor:
-    weights = (gate_up_qweight, gate_up_scales, down_qweight, down_scales)
-    _validate_w4a16(x, topk_ids, topk_weights, *weights)
-    return launch("w4a16", x, topk_ids, topk_weights, weights)
+# ---- custom op -------------------------------------------------------------------------------------------
+def _validate(scheme: str, x, topk_ids, topk_weights, *weights) -> None:
+    """The checks of ``scheme``'s layer (ValueError on an unknown scheme)."""
+    if scheme == "w4a16":
+        _validate_w4a16(x, topk_ids, topk_weights, *weights)
+    elif scheme in ("w8a8", "w8a16"):
+        _validate_int8(x, topk_ids, topk_weights, *weights, weight_only=scheme == "w8a16")
+    else:
+        raise ValueError(f"scheme: expected 'w4a16', 'w8a8' or 'w8a16', got {scheme!r}")
 
 
-@_moe_w4a16_op.register_fake
-def _moe_w4a16_fake(x, topk_ids, topk_weights, gate_up_qweight, gate_up_scales, down_qweight, down_scales):
-    _validate_w4a16(x, topk_ids, topk_weights, gate_up_qweight, gate_up_scales, down_qweight, down_scales)
+@torch.library.custom_op("compress_kernels::moe_experts", mutates_args=())
+def _moe_experts_op(scheme: str, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+                    gate_up_w: torch.Tensor, gate_up_scale: torch.Tensor, down_w: torch.Tensor,
+                    down_scale: torch.Tensor) -> torch.Tensor:
+    weights = (gate_up_w, gate_up_scale, down_w, down_scale)
+    _validate(scheme, x, topk_ids, topk_weights, *weights)
+    return launch(scheme, x, topk_ids, topk_weights, weights)
+
+
+@_moe_experts_op.register_fake
+def _moe_experts_fake(scheme, x, topk_ids, topk_weights, gate_up_w, gate_up_scale, down_w, down_scale):
+    _validate(scheme, x, topk_ids, topk_weights, gate_up_w, gate_up_scale, down_w, down_scale)
     return x.new_empty(x.shape)
 
 
-@torch.library.custom_op("compress_kernels::moe_w8a8", mutates_args=())
-def _moe_w8a8_op(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, gate_up_w_q: torch.Tensor,
-                 gate_up_w_scale: torch.Tensor, down_w_q: torch.Tensor, down_w_scale: torch.Tensor) -> torch.Tensor:
-    weights = (gate_up_w_q, gate_up_w_scale, down_w_q, down_w_scale)
-    _validate_int8(x, topk_ids, topk_weights, *weights, weight_only=False)
-    return launch("w8a8", x, topk_ids, topk_weights, weights)
-
-
-@_moe_w8a8_op.register_fake
-def _moe_w8a8_fake(x, topk_ids, topk_weights, gate_up_w_q, gate_up_w_scale, down_w_q, down_w_scale):
-    _validate_int8(x, topk_ids, topk_weights, gate_up_w_q, gate_up_w_scale, down_w_q, down_w_scale, weight_only=False)
-    return x.new_empty(x.shape)
-
-
-@torch.library.custom_op("compress_kernels::moe_w8a16", mutates_args=())
-def _moe_w8a16_op(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, gate_up_w_q: torch.Tensor,
-                  gate_up_w_scale: torch.Tensor, down_w_q: torch.Tensor, down_w_scale: torch.Tensor) -> torch.Tensor:
-    weights = (gate_up_w_q, gate_up_w_scale, down_w_q, down_w_scale)
-    _validate_int8(x, topk_ids, topk_weights, *weights, weight_only=True)
-    return launch("w8a16", x, topk_ids, topk_weights, weights)
-
-
-@_moe_w8a16_op.register_fake
-def _moe_w8a16_fake(x, topk_ids, topk_weights, gate_up_w_q, gate_up_w_scale, down_w_q, down_w_scale):
-    _validate_int8(x, topk_ids, topk_weights, gate_up_w_q, gate_up_w_scale, down_w_q, down_w_scale, weight_only=True)
-    return x.new_empty(x.shape)
+def _moe(scheme: str, x, topk_ids, topk_weights, *weights) -> torch.Tensor:
+    _validate(scheme, x, topk_ids, topk_weights, *weights)
+    return torch.ops.compress_kernels.moe_experts(scheme, x, topk_ids, topk_weights, *weights)
 
 
 # ---- public calls -----------------------------------------------------------------------------------------
 def moe_w4a16(x, topk_ids, topk_weights, gate_up_qweight, gate_up_scales, down_qweight, down_scales) -> torch.Tensor:
     """The grouped W4A16 experts layer (module docstring): x (T, H) fp16 / bf16 -> (T, H) in x's dtype."""
-    _validate_w4a16(x, topk_ids, topk_weights, gate_up_qweight, gate_up_scales, down_qweight, down_scales)
-    return torch.ops.compress_kernels.moe_w4a16(x, topk_ids, topk_weights, gate_up_qweight, gate_up_scales,
-                                                down_qweight, down_scales)
+    return _moe("w4a16", x, topk_ids, topk_weights, gate_up_qweight, gate_up_scales, down_qweight, down_scales)
 
 
 def moe_w8a8(x, topk_ids, topk_weights, gate_up_w_q, gate_up_w_scale, down_w_q, down_w_scale) -> torch.Tensor:
     """The grouped W8A8 experts layer (module docstring; dynamic per-token activation scales)."""
-    _validate_int8(x, topk_ids, topk_weights, gate_up_w_q, gate_up_w_scale, down_w_q, down_w_scale, weight_only=False)
-    return torch.ops.compress_kernels.moe_w8a8(x, topk_ids, topk_weights, gate_up_w_q, gate_up_w_scale, down_w_q,
-                                               down_w_scale)
+    return _moe("w8a8", x, topk_ids, topk_weights, gate_up_w_q, gate_up_w_scale, down_w_q, down_w_scale)
 
 
 def moe_w8a16(x, topk_ids, topk_weights, gate_up_w_q, gate_up_w_scale, down_w_q, down_w_scale) -> torch.Tensor:
     """The grouped W8A16 experts layer (module docstring)."""
-    _validate_int8(x, topk_ids, topk_weights, gate_up_w_q, gate_up_w_scale, down_w_q, down_w_scale, weight_only=True)
-    return torch.ops.compress_kernels.moe_w8a16(x, topk_ids, topk_weights, gate_up_w_q, gate_up_w_scale, down_w_q,
-                                                down_w_scale)
+    return _moe("w8a16", x, topk_ids, topk_weights, gate_up_w_q, gate_up_w_scale, down_w_q, down_w_scale)
 
 
 class BoundMoE:
@@ -273,25 +256,24 @@ class BoundMoE:
         self.check(x, topk_ids, topk_weights)
         if launches_directly(x):
             return self.plans(x, topk_ids, topk_weights)
-        return getattr(torch.ops.compress_kernels, f"moe_{self.scheme}")(x, topk_ids, topk_weights, *self.weights)
+        return torch.ops.compress_kernels.moe_experts(self.scheme, x, topk_ids, topk_weights, *self.weights)
+
+
+def _bind(scheme: str, x, topk_ids, topk_weights, *weights) -> BoundMoE:
+    _validate(scheme, x, topk_ids, topk_weights, *weights)
+    return BoundMoE(scheme, weights, x)
 
 
 def bind_moe_w4a16(x, topk_ids, topk_weights, gate_up_qweight, gate_up_scales, down_qweight, down_scales) -> BoundMoE:
     """:func:`moe_w4a16` validated now, against these inputs, and bound to the weights."""
-    weights = (gate_up_qweight, gate_up_scales, down_qweight, down_scales)
-    _validate_w4a16(x, topk_ids, topk_weights, *weights)
-    return BoundMoE("w4a16", weights, x)
+    return _bind("w4a16", x, topk_ids, topk_weights, gate_up_qweight, gate_up_scales, down_qweight, down_scales)
 
 
 def bind_moe_w8a8(x, topk_ids, topk_weights, gate_up_w_q, gate_up_w_scale, down_w_q, down_w_scale) -> BoundMoE:
     """:func:`moe_w8a8` validated now, against these inputs, and bound to the weights."""
-    weights = (gate_up_w_q, gate_up_w_scale, down_w_q, down_w_scale)
-    _validate_int8(x, topk_ids, topk_weights, *weights, weight_only=False)
-    return BoundMoE("w8a8", weights, x)
+    return _bind("w8a8", x, topk_ids, topk_weights, gate_up_w_q, gate_up_w_scale, down_w_q, down_w_scale)
 
 
 def bind_moe_w8a16(x, topk_ids, topk_weights, gate_up_w_q, gate_up_w_scale, down_w_q, down_w_scale) -> BoundMoE:
     """:func:`moe_w8a16` validated now, against these inputs, and bound to the weights."""
-    weights = (gate_up_w_q, gate_up_w_scale, down_w_q, down_w_scale)
-    _validate_int8(x, topk_ids, topk_weights, *weights, weight_only=True)
-    return BoundMoE("w8a16", weights, x)
+    return _bind("w8a16", x, topk_ids, topk_weights, gate_up_w_q, gate_up_w_scale, down_w_q, down_w_scale)

@@ -121,12 +121,20 @@ def test_bound_call_matches_the_op(scheme, bind):
 
 
 @pytest.mark.parametrize("scheme", OPS)
-def test_ops_are_registered_with_fakes(scheme):
+def test_the_op_is_registered_with_a_fake_for_every_scheme(scheme):
     weights = [t.to("meta") for t in random_moe_weights(scheme, 4, 64, 32)]
     x = torch.empty(5, 64, device="meta", dtype=torch.bfloat16)
     ids, topk_weights = torch.empty(5, 2, dtype=torch.int64, device="meta"), torch.empty(5, 2, device="meta")
-    y = getattr(torch.ops.compress_kernels, f"moe_{scheme}")(x, ids, topk_weights, *weights)
+    y = torch.ops.compress_kernels.moe_experts(scheme, x, ids, topk_weights, *weights)
     assert y.shape == (5, 64) and y.dtype == torch.bfloat16
+
+
+def test_the_op_refuses_an_unknown_scheme():
+    weights = [t.to("meta") for t in random_moe_weights("w8a8", 4, 64, 32)]
+    x = torch.empty(5, 64, device="meta", dtype=torch.bfloat16)
+    ids, topk_weights = torch.empty(5, 2, dtype=torch.int64, device="meta"), torch.empty(5, 2, device="meta")
+    with pytest.raises(ValueError, match=r"scheme: expected 'w4a16', 'w8a8' or 'w8a16', got 'w2a16'"):
+        torch.ops.compress_kernels.moe_experts("w2a16", x, ids, topk_weights, *weights)
 
 
 def _w4a16_inputs():
