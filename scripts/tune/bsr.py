@@ -4,6 +4,7 @@ table's pick and its neighbours.
     python -m scripts.tune.bsr --shapes 4096x4096,4096x11008 --m 1,16,64 --sparsity 50,90 --out bsr.json
     python -m scripts.tune.bsr --int8 ...        # DDS + W8A8 (int8 blocks, per-token int8 activations)
     python -m scripts.tune.bsr --int4 ...        # DDS + W4A16 (int4 blocks, a scale per row of a block)
+    python -m scripts.tune.bsr --tile-rows 4 ... # DDS on blocks pruned in tiles of 4 block rows
 
 For each weight shape K x N, block sparsity (percent of the 32x32 blocks absent) and token count M
 it times the op with the config :func:`compress_kernels.bsr.dispatch.pick` gives (``--int8``:
@@ -12,8 +13,12 @@ and the same kernel with one launch parameter changed (rows per tile, outputs pe
 programs sharing a block row, warps, stages; the int4 one-row kernel also on a grid of outputs, blocks per
 step and sharing; the dense path, taken at large M on dense layers, has no tiles of ours), each checked
 against the reference (``bsr_matmul_ref`` / ``bsr_w8a8_matmul_ref`` / ``bsr_w4a16_matmul_ref``), next to
-cuBLAS fp16 on the dense shape. Rows and method: :mod:`scripts.tune.sweep` (rows add ``sparsity``). Runs on
-a GPU; on the CPU (Triton's interpreter, ``TRITON_INTERPRET=1``) only tiny shapes are practical.
+cuBLAS fp16 on the dense shape. With ``--tile-rows R`` the blocks are absent in tiles of R block rows x one
+block column (``BlockSparseConfig(tile_rows=R)``), the pick is the table's for that pattern, and the tile
+kernel (:mod:`compress_kernels.bsr.tile_gemm`) is timed on a grid of rows per tile, blocks per step, warps
+and stages beside it, whichever kernel the table picks (the line between them is what this tunes). Rows
+and method: :mod:`scripts.tune.sweep` (rows add ``sparsity`` and ``tile_rows``). Runs on a GPU; on the CPU
+(Triton's interpreter, ``TRITON_INTERPRET=1``) only tiny shapes are practical.
 """
 from __future__ import annotations
 
@@ -22,7 +27,8 @@ import dataclasses
 
 import torch
 
-from compress_kernels.bsr.dispatch import pick
+from compress_kernels.bsr.dispatch import BsrConfig, pick
+from compress_kernels.bsr.indices import TILE_ROWS
 from compress_kernels.bsr.op import launch
 from compress_kernels.bsr_w4a16.dispatch import pick as pick_w4a16
 from compress_kernels.bsr_w4a16.op import launch as launch_w4a16
@@ -55,12 +61,21 @@ def candidates(cfg, int4: bool = False) -> list:
     return [cfg, *sweep.neighbours(cfg, steps)]
 
 
-def block_parts(k: int, n: int, sparsity: int, dtype, gen, device):
-    """(crow, col, values) of a random weight with round(sparsity% of the blocks) absent."""
+def tile_candidates(tile_rows: int) -> list[BsrConfig]:
+    """The tile kernel's grid for tiles of ``tile_rows`` block rows (accumulators up to 128 x 256)."""
+    return [BsrConfig("tiles", bm, tile_rows * BSR_BLOCK, group, warps, stages)
+            for bm in (64, 128, 256) if bm * tile_rows * BSR_BLOCK <= 128 * 256
+            for group in (1, 2, 4) for warps in (4, 8) for stages in (2, 3, 4)]
+
+
+def block_parts(k: int, n: int, sparsity: int, dtype, gen, device, tile_rows: int = 1):
+    """(crow, col, values) of a random weight with round(sparsity% of the blocks) absent, in tiles of
+    ``tile_rows`` block rows x one block column (the last tile may be shorter)."""
     rows, cols = n // BSR_BLOCK, k // BSR_BLOCK
-    keep = torch.ones(rows * cols, dtype=torch.bool, device=device)
-    keep[torch.randperm(rows * cols, generator=gen, device=device)[: round(sparsity / 100 * rows * cols)]] = False
-    keep = keep.reshape(rows, cols)
+    tiles = -(-rows // tile_rows)
+    keep = torch.ones(tiles * cols, dtype=torch.bool, device=device)
+    keep[torch.randperm(tiles * cols, generator=gen, device=device)[: round(sparsity / 100 * tiles * cols)]] = False
+    keep = keep.reshape(tiles, cols).repeat_interleave(tile_rows, dim=0)[:rows]
     crow = torch.zeros(rows + 1, dtype=torch.int32, device=device)
     crow[1:] = torch.cumsum(keep.sum(dim=1), 0).to(torch.int32)
     col = keep.nonzero()[:, 1].to(torch.int32).contiguous()
@@ -84,7 +99,7 @@ def weight_sets(k: int, n: int, m: int, sparsity: int, dtype, args, device) -> t
     for _ in range(count):
         x = torch.randn(m, k, generator=gen, device=device).to(dtype)
         parts = block_parts(k, n, sparsity, torch.int8 if args.int8 else torch.int32 if args.int4 else dtype, gen,
-                            device)
+                            device, args.tile_rows)
         if args.int8:  # a scale per output channel
             scale = (torch.rand(n, generator=gen, device=device) * 1e-3 + 1e-4,)
         elif args.int4:  # a scale per row of each stored block
@@ -108,7 +123,7 @@ def sweep_sparsity(k: int, n: int, m: int, sparsity: int, args, device) -> list[
     sets, fp16 = weight_sets(k, n, m, sparsity, dtype, args, device)
     nnz = sets[0][2].shape[0]
     case = {"op": "bsr_w8a8" if args.int8 else "bsr_w4a16" if args.int4 else "bsr", "K": k, "N": n, "M": m,
-            "dtype": args.dtype, "sparsity": sparsity}
+            "dtype": args.dtype, "sparsity": sparsity, "tile_rows": args.tile_rows}
     if args.int4:
         picked = pick_w4a16(m, n, k, nnz, device)
         run = lambda cfg, s: launch_w4a16(s[0], *s[1:4], s[4], n, config=cfg)  # noqa: E731
@@ -118,10 +133,13 @@ def sweep_sparsity(k: int, n: int, m: int, sparsity: int, args, device) -> list[
         run = lambda cfg, s: launch_w8a8(s[0], *s[1:4], s[4], n, config=cfg)  # noqa: E731
         reference = lambda s: bsr_w8a8_matmul_ref(s[0], *s[1:4], s[4], n)  # noqa: E731
     else:
-        picked = pick(m, n, k, nnz, device, prefetch_allowed(sets[0][3]))
-        run = lambda cfg, s: launch(s[0], *s[1:4], n, config=cfg)  # noqa: E731
+        picked = pick(m, n, k, nnz, device, prefetch_allowed(sets[0][3]), args.tile_rows)
+        run = lambda cfg, s: launch(s[0], *s[1:4], n, tile_rows=args.tile_rows, config=cfg)  # noqa: E731
         reference = lambda s: bsr_matmul_ref(s[0], *s[1:4], n)  # noqa: E731
-    return sweep.time_case(case, candidates(picked, args.int4), picked, sets, run, reference, TOL[dtype], fp16, args)
+    configs = candidates(picked, args.int4)
+    if args.tile_rows > 1:
+        configs += [c for c in tile_candidates(args.tile_rows) if c not in configs]
+    return sweep.time_case(case, configs, picked, sets, run, reference, TOL[dtype], fp16, args)
 
 
 def percent(text: str) -> list[int]:
@@ -137,6 +155,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     values = parser.add_mutually_exclusive_group()
     values.add_argument("--int8", action="store_true", help="sweep DDS + W8A8 (int8 blocks) instead of DDS")
     values.add_argument("--int4", action="store_true", help="sweep DDS + W4A16 (int4 blocks) instead of DDS")
+    values.add_argument("--tile-rows", type=int, choices=TILE_ROWS, default=1,
+                        help="DDS on blocks absent in tiles of this many block rows (and the tile kernel's grid)")
 
 
 def main(argv=None) -> list[dict]:

@@ -39,3 +39,22 @@ def test_neighbours_stay_on_the_kernel():
 def test_bad_arguments_are_refused(argv):
     with pytest.raises(SystemExit):
         bsr.main([*argv, "--m", "1", "--max-sets", "1"])
+
+
+def test_tiled_blocks_time_the_pick_and_the_tile_kernel(monkeypatch):
+    monkeypatch.setattr(bsr, "tile_candidates", lambda r: [BsrConfig("tiles", 64, 32 * r, 2, 4, 2)])
+    monkeypatch.setattr(bsr, "candidates", lambda cfg, int4=False: [cfg])
+    rows = bsr.main(["--shapes", "64x128", "--m", "80", "--sparsity", "50", "--tile-rows", "2", "--max-sets", "1",
+                     "--warmup-ms", "0", "--rep-ms", "1"])
+    assert [r["config"]["kernel"] for r in rows] == ["gemm", "tiles"]  # a small layer: the table keeps free blocks
+    assert all(r["ok"] and r["tile_rows"] == 2 for r in rows)
+
+
+def test_tiled_weights_hold_the_pattern_and_the_sparsity():
+    import torch
+
+    from compress_kernels.bsr.indices import tile_rows_of
+    crow, col, _ = bsr.block_parts(128, 160, 50, torch.float16, torch.Generator().manual_seed(0), "cpu", 4)
+    assert tile_rows_of(crow, col) >= 4
+    per_row = (crow[1:] - crow[:-1]).tolist()  # 5 block rows: a tile of 4 and a tile of 1, 4 block columns
+    assert per_row[:4] == [per_row[0]] * 4 and per_row[0] + per_row[4] == 4  # half of the 8 tile columns kept
