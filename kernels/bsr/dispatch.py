@@ -95,11 +95,11 @@ def pick(m: int, n: int, k: int, nnz: int, device, can_prefetch: bool, tile_rows
     # at M = 1024 0.98x / 1.58x cuBLAS at 50% / 75% against the free blocks' 0.45x / 0.84x; 4096x11008 at
     # M = 256 (172 programs) 0.74x against 0.48x; with fewer programs, 4096x4096 at M = 256 (64), and on
     # SmolLM2's 576-wide layers at every M, the free-block rows were the faster)
-    block_m = 128 if m >= 128 else 64
-    tile_programs = triton.cdiv(block_rows, tile_rows) * triton.cdiv(m, block_m)
-    if tile_rows > 1 and m > TILES_MIN_M and n * k > SMALL_LAYER and tile_programs >= sm_count(device):
-        return BsrConfig("tiles", block_m, tile_rows * BSR_BLOCK, 2 if tile_rows >= 4 else 4,
-                         8 if tile_rows * block_m >= 512 else 4, 3)
+    if tile_rows > 1 and m > TILES_MIN_M and n * k > SMALL_LAYER:
+        block_m = 128 if m >= 128 else 64
+        if triton.cdiv(block_rows, tile_rows) * triton.cdiv(m, block_m) >= sm_count(device):
+            return BsrConfig("tiles", block_m, tile_rows * BSR_BLOCK, 2 if tile_rows >= 4 else 4,
+                             8 if tile_rows * block_m >= 512 else 4, 3)
     # From 2048 rows on layers keeping >= 40% of their blocks: dense weight, cuBLAS
     if densifies(m, n, k, nnz):
         return DENSE

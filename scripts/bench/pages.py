@@ -218,8 +218,7 @@ def decode_section(name: str, report: dict) -> list[str]:
     env = require(report, "environment", name)
     head = ["variant", "batch", "tokens/s", "ms/step", "vs fp16", "vs fp16 eager", "decoder weights GB",
             "weights TB/s", "CUDA graph", "first-step logits rel. err."]
-    title = f"{env.get('gpu')}: {report['title']}" if report.get("title") else env.get("gpu")
-    lines = [f"## {title}", "",
+    lines = [f"## {env.get('gpu')}", "",
              f"Source: {source_link(name)}; torch {env.get('torch')}, Triton {env.get('triton')}, transformers "
              f"{env.get('transformers')}, CUDA {env.get('cuda')}. {decode_setup(require(report, 'config', name))}"
              f"{provenance(report)}",
