@@ -21,7 +21,7 @@ Each section is a pure function of its JSON, like every page of :mod:`scripts.be
 """
 from __future__ import annotations
 
-from scripts.bench.markdown import VERDICT, provenance, ratio, require, table
+from scripts.bench.markdown import VERDICT, plot_lines, provenance, ratio, require, table
 
 GPTQ_SHARE_TARGET = 0.5
 GPTQ_SHARE_SCHEMES = ("w4a16-g32", "w4a16-g128")
@@ -225,4 +225,4 @@ def sweep_section(name: str, data: dict) -> list[str]:
         target_rows.append([variant, f"within +{100 * allowed:.0f}%",
                             "-" if increase is None else f"{100 * increase:+.1f}%",
                             VERDICT[None if increase is None else increase <= allowed]])
-    return lines + table(["point", "target", "seed 0", "status"], target_rows) + [""]
+    return lines + table(["point", "target", "seed 0", "status"], target_rows) + plot_lines(data) + [""]

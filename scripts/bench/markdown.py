@@ -2,6 +2,8 @@
 :mod:`scripts.bench.llm_sections`)."""
 from __future__ import annotations
 
+from pathlib import Path
+
 
 def require(data: dict, key: str, where: str):
     """``data[key]``, or a ValueError naming the file and the key that is missing."""
@@ -29,3 +31,14 @@ def provenance(report: dict) -> str:
     """The code a run measured, when its JSON says (optional ``provenance``: commit and note)."""
     code = report.get("provenance")
     return "" if not code else f" Code: commit `{code['commit']}`; {code['note']}."
+
+
+def plot_lines(data: dict) -> list[str]:
+    """An image link to the report's plot (``plot``: a path from the repository root; the docs' link
+    test checks that it resolves) and what to know of it (``plot_note``), if the data name one."""
+    plot = data.get("plot")
+    if plot is None:
+        return []
+    note = data.get("plot_note")
+    return ["", f"![{Path(plot).stem}: metric against speed, from compress evaluate](../../{plot})"] + \
+        (["", note] if note else [])

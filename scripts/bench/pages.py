@@ -54,7 +54,7 @@ from typing import Callable
 
 from scripts.bench.kernel_limits import limit_tables
 from scripts.bench.llm_sections import generate_sections, post_training_section, pruning_section, sweep_section
-from scripts.bench.markdown import VERDICT, provenance, ratio, require, table
+from scripts.bench.markdown import VERDICT, plot_lines, provenance, ratio, require, table
 from scripts.bench.moe_section import MOE_INTRO, moe_section
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -360,17 +360,6 @@ def quality_section(name: str, data: dict) -> list[str]:
               "this one's (> 1: faster than dense).", ""] + table(head, rows)
     notes = run_notes(runs)
     return lines + plot_lines(data) + (["", "## Notes on the runs", ""] + notes if notes else []) + [""]
-
-
-def plot_lines(data: dict) -> list[str]:
-    """An image link to the report's plot (``plot``: a path from the repository root; the docs' link
-    test checks that it resolves) and what to know of it (``plot_note``), if the data name one."""
-    plot = data.get("plot")
-    if plot is None:
-        return []
-    note = data.get("plot_note")
-    return ["", f"![{Path(plot).stem}: metric against speed, from compress evaluate](../../{plot})"] + \
-        (["", note] if note else [])
 
 
 def smollm2_section(name: str, data: dict) -> list[str]:

@@ -1,7 +1,7 @@
 """Fold one joint ``compress evaluate`` report into the block-sparsity sweep of a results file.
 
     python -m scripts.bench.sweep_points --report runs/sweep/report.json --commit abc1234 \\
-        --results benchmarks/results/smollm2-h200.json --note "..."
+        --results benchmarks/results/smollm2-h200.json --note "..." --plot runs/sweep/report.png
 
 The sweep (``<results>["sweep"]``, rendered by :func:`scripts.bench.llm_sections.sweep_section`) holds
 the dense model and one entry per point (``blocks-25``, ``blocks-50-w8a8``, ...). The report compares
@@ -12,11 +12,15 @@ report's dense model. A point the sweep lacks is added with ``--new-point NAME=R
 report does not hold keeps its figures; where it has latencies, they were timed in another run, so
 the dense latencies of that run (the old dense entry's, unless the point already names its own)
 stay with it as ``dense_latency_ms``: a speed-up is only ever a ratio of two timings of one run.
+With ``--plot``, the report's accuracy-against-speed plot is copied beside the results pages
+(``docs/results/<results name>-sweep.png``) and the sweep names it (``plot``), so its page shows it.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
 from pathlib import Path
 
 from compress.eval.report import read_json
@@ -66,6 +70,15 @@ def fold(sweep: dict, report_path: Path, commit: str, note: str, new_points: dic
     return sweep
 
 
+def store_plot(source: Path, destination: Path) -> None:
+    """Copy the report's plot to ``destination`` atomically (a temporary file, then a rename)."""
+    if source.suffix != ".png" or not source.is_file():
+        raise ValueError(f"--plot: expected the report's .png plot, got {source}")
+    partial = destination.with_name(destination.name + ".partial")
+    shutil.copyfile(source, partial)
+    os.replace(partial, destination)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m scripts.bench.sweep_points", description=__doc__.split("\n")[0])
     parser.add_argument("--report", type=Path, required=True, help="a compress evaluate report.json, dense first")
@@ -73,6 +86,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--results", type=Path, required=True, help="the results file with a 'sweep' entry")
     parser.add_argument("--note", default="", help="how the points were measured (replaces the sweep's note)")
     parser.add_argument("--new-point", nargs="*", default=[], help="NAME=RECIPE: a point the sweep does not have yet")
+    parser.add_argument("--plot", type=Path, help="the report's plot (report.png) to show with the sweep")
+    parser.add_argument("--plot-dir", type=Path, default=Path("docs/results"),
+                        help="where the plot goes, from the repository root (default: docs/results)")
     args = parser.parse_args(argv)
     new_points = dict(item.partition("=")[::2] for item in args.new_point)
     if any(not name or not recipe for name, recipe in new_points.items()):
@@ -81,6 +97,10 @@ def main(argv: list[str] | None = None) -> int:
     if "sweep" not in data:
         parser.error(f"{args.results}: expected a 'sweep' entry, found keys {sorted(data)}")
     data["sweep"] = fold(data["sweep"], args.report, args.commit, args.note, new_points)
+    if args.plot is not None:
+        destination = args.plot_dir / f"{args.results.stem}-sweep.png"
+        store_plot(args.plot, destination)
+        data["sweep"]["plot"] = destination.as_posix()
     write_report(args.results, data)
     return 0
 

@@ -74,3 +74,20 @@ def test_a_new_point_is_added_from_the_report(tmp_path):
     assert sweep["points"][-1]["recipe"] == "r50 with tile_rows 4" and sweep["points"][-1]["perplexity"] == 31.0
     with pytest.raises(ValueError, match="--new-point blocks-25: the sweep already has that point"):
         fold(_sweep(), joint, "c", "", {"blocks-25": "r"})
+
+
+def test_the_plot_is_copied_beside_the_pages_and_shown_with_the_sweep(report, tmp_path):
+    results = tmp_path / "smollm2-h200.json"
+    results.write_text(json.dumps({"sweep": _sweep()}))
+    (tmp_path / "report.png").write_bytes(b"png bytes")
+    pages = tmp_path / "pages"
+    pages.mkdir()
+    main(["--report", str(report), "--commit", "new", "--results", str(results), "--plot",
+          str(tmp_path / "report.png"), "--plot-dir", str(pages)])
+    sweep = json.loads(results.read_text())["sweep"]
+    assert sweep["plot"] == (pages / "smollm2-h200-sweep.png").as_posix()
+    assert (pages / "smollm2-h200-sweep.png").read_bytes() == b"png bytes"
+    assert f"](../../{sweep['plot']})" in "\n".join(sweep_section("s.json", sweep))
+    with pytest.raises(ValueError, match="expected the report's .png plot"):
+        main(["--report", str(report), "--commit", "new", "--results", str(results), "--plot",
+              str(tmp_path / "missing.png"), "--plot-dir", str(pages)])
