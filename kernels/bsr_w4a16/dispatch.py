@@ -3,13 +3,15 @@ kernel and tiles that run, in :class:`compress_kernels.bsr.dispatch.BsrConfig` f
 
 * ``gemv``: :mod:`compress_kernels.bsr_w4a16.gemv`, one token row per program on CUDA cores;
 * ``gemm``: :mod:`compress_kernels.bsr_w4a16.gemm`, tensor-core tiles, one 32-deep dot per stored block,
-  a block row optionally shared by ``split`` programs.
+  a block row optionally shared by ``split`` programs;
+* ``dequant``: :mod:`compress_kernels.bsr_w4a16.dequant`, the blocks de-quantized once to x's dtype, then
+  the DDS op with its own table (its tiles, or from 2048 rows on dense enough layers cuBLAS).
 
 Read the table top to bottom: the first row that matches decides. The one-row rows come from
 ``python -m scripts.tune.bsr --int4`` on an H200 (M = 1; 4096x4096, 4096x14336, 14336x4096 at 50% and 90%);
 the tile rows are still the DDS table's (:func:`compress_kernels.bsr.dispatch.pick`) with the int4 block's
-bytes, and say which DDS figure they were taken from. There is no dense path
-at large M (DDS writes the weight out for cuBLAS from 2048 rows): the tiles serve every M. The table
+bytes, and say which DDS figure they were taken from; past ``DEQUANT_MIN_M`` rows the DDS op takes
+over on de-quantized blocks (:func:`tile_pick` is the table without that row). The table
 depends on shapes and the number of stored blocks only, so a call is the same every time and can be
 captured in a CUDA graph; :func:`cached_pick` remembers it per argument tuple (what the launchers call).
 """
@@ -31,6 +33,13 @@ BLOCK_BYTES = BSR_BLOCK * BSR_BLOCK // 2 + BSR_BLOCK * 4  # one stored block: 51
 GEMV_BLOCK_N, GEMV_GROUP = 32, 16
 GEMV_PROGRAMS_PER_SM = 3  # split the block rows until the one-row kernel has this many programs per SM
 GEMV_MAX_SPLIT = 8
+# Past this many rows the blocks are de-quantized for the DDS op: there its tiles (or cuBLAS) beat the int4
+# tiles, which unpack every block once per M tile and scale each block's dot on CUDA cores. H200, 50%,
+# ``scripts.tune.bsr --int4``, us de-quantized / best int4 tiles: M = 128 576x3072 8.4 / 9.7, 1536x576 10.1 /
+# 13.3, 4096x4096 27.6 / 34.4 (4096x11008 60.4 / 59.4, the one loss); M = 1024 16.9 / 22.3, 13.7 / 19.2,
+# 115.4 / 115.4, 240.5 / 291.2; M = 2048 (DDS densifies 4096-wide layers) 108.2 / 212.2, 312.0 / 541.2
+DEQUANT_MIN_M = 64
+DEQUANT = BsrConfig("dequant", 0, 0, 0, 0, 0)
 
 
 def gemv_split(programs: int, blocks_per_row: float, sms: int) -> int:
@@ -47,6 +56,13 @@ def gemv_split(programs: int, blocks_per_row: float, sms: int) -> int:
 def pick(m: int, n: int, k: int, nnz: int, device) -> BsrConfig:
     """The DDS + W4A16 kernel and tiles for x (M, K) times the int4 (N, K) weight with ``nnz`` stored
     32x32 blocks on ``device``."""
+    if m > DEQUANT_MIN_M:
+        return DEQUANT
+    return tile_pick(m, n, k, nnz, device)
+
+
+def tile_pick(m: int, n: int, k: int, nnz: int, device) -> BsrConfig:
+    """The int4 kernels' own row of the table for these shapes (one-row kernel or tiles), whatever M."""
     few_programs = 2 * sm_count(device)  # about two programs per SM
     block_rows = n // BSR_BLOCK
     blocks_per_row = nnz / block_rows

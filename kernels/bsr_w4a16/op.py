@@ -20,12 +20,13 @@ Math (the contract of ``compress_kernels.reference.bsr_w4a16_matmul_ref``)::
     y = x @ W.T (+ bias)                                          fp32 accumulation, x's dtype
 
 Which kernel runs is decided by :func:`compress_kernels.bsr_w4a16.dispatch.pick`: one row per program
-on CUDA cores (:mod:`~compress_kernels.bsr_w4a16.gemv`) or tensor-core tiles with the scale applied
-after each block's dot (:mod:`~compress_kernels.bsr_w4a16.gemm`). ``bsr_w4a16_matmul`` validates and
-calls the custom op ``torch.ops.compress_kernels.bsr_w4a16_matmul`` (with a fake implementation, so
-callers compile and capture in CUDA graphs: the launch depends on shapes only). ``bind_bsr_w4a16_matmul``
-validates once (indices not checked) and returns a call bound to the parts, which launches without the
-custom op in eager mode (:mod:`compress_kernels.common.bound`).
+on CUDA cores (:mod:`~compress_kernels.bsr_w4a16.gemv`), tensor-core tiles with the scale applied
+after each block's dot (:mod:`~compress_kernels.bsr_w4a16.gemm`) or, at many rows, the blocks
+de-quantized once to x's dtype for the DDS op (:mod:`~compress_kernels.bsr_w4a16.dequant`).
+``bsr_w4a16_matmul`` validates and calls the custom op ``torch.ops.compress_kernels.bsr_w4a16_matmul``
+(with a fake implementation, so callers compile and capture in CUDA graphs: the launch depends on shapes
+only). ``bind_bsr_w4a16_matmul`` validates once (indices not checked) and returns a call bound to the
+parts, which launches without the custom op in eager mode (:mod:`compress_kernels.common.bound`).
 """
 from __future__ import annotations
 
@@ -33,6 +34,8 @@ import torch
 
 from compress_kernels.bsr.dispatch import BsrConfig
 from compress_kernels.bsr.op import check_parts
+from compress_kernels.bsr.op import launch as launch_dds
+from compress_kernels.bsr_w4a16.dequant import dequantize_blocks
 from compress_kernels.bsr_w4a16.dispatch import cached_pick
 from compress_kernels.bsr_w4a16.gemm import launch_gemm
 from compress_kernels.bsr_w4a16.gemv import WORDS, launch_gemv
@@ -41,6 +44,7 @@ from compress_kernels.common.checks import check_same_device, check_shape, check
 from compress_kernels.reference import BSR_BLOCK
 
 LAUNCHERS = {"gemv": launch_gemv, "gemm": launch_gemm}  # kernel -> launcher(x2, crow, col, values, scales, bias, y, c)
+KERNELS = (*LAUNCHERS, "dequant")
 
 
 def launch(x2, crow_indices, col_indices, values, scales, out_features: int, bias=None,
@@ -48,12 +52,15 @@ def launch(x2, crow_indices, col_indices, values, scales, out_features: int, bia
     """Run validated ``x2`` (M, K) (unit column stride) through the picked kernel (or ``config``);
     returns (M, out_features) in x2's dtype."""
     m, k = x2.shape
-    y = torch.empty((m, out_features), dtype=x2.dtype, device=x2.device)
     if m == 0:
-        return y
+        return torch.empty((m, out_features), dtype=x2.dtype, device=x2.device)
     config = config or cached_pick(m, out_features, k, col_indices.shape[0], x2.device)
-    if config.kernel not in LAUNCHERS:
-        raise ValueError(f"config.kernel: expected one of {tuple(LAUNCHERS)}, got {config.kernel!r}")
+    if config.kernel not in KERNELS:
+        raise ValueError(f"config.kernel: expected one of {KERNELS}, got {config.kernel!r}")
+    if config.kernel == "dequant":  # many rows: the DDS op on the blocks in x's dtype
+        return launch_dds(x2, crow_indices, col_indices, dequantize_blocks(values, scales, x2.dtype), out_features,
+                          bias)
+    y = torch.empty((m, out_features), dtype=x2.dtype, device=x2.device)
     LAUNCHERS[config.kernel](x2, crow_indices, col_indices, values, scales, bias, y, config)
     return y
 

@@ -11,7 +11,8 @@ it times the op with the config :func:`compress_kernels.bsr.dispatch.pick` gives
 :func:`compress_kernels.bsr_w8a8.dispatch.pick`; ``--int4``: :func:`compress_kernels.bsr_w4a16.dispatch.pick`),
 and the same kernel with one launch parameter changed (rows per tile, outputs per program, blocks per step,
 programs sharing a block row, warps, stages; the int4 one-row kernel also on a grid of outputs, blocks per
-step and sharing; the dense path, taken at large M on dense layers, has no tiles of ours), each checked
+step and sharing; past 16 rows int4 blocks both ways, de-quantized for the DDS op and the int4 tiles with
+their neighbours; the dense path, taken at large M on dense layers, has no tiles of ours), each checked
 against the reference (``bsr_matmul_ref`` / ``bsr_w8a8_matmul_ref`` / ``bsr_w4a16_matmul_ref``), next to
 cuBLAS fp16 on the dense shape. With ``--tile-rows R`` the blocks are absent in tiles of R block rows x one
 block column (``BlockSparseConfig(tile_rows=R)``), the pick is the table's for that pattern, and the tile
@@ -30,6 +31,7 @@ import torch
 from compress_kernels.bsr.dispatch import BsrConfig, pick
 from compress_kernels.bsr.indices import TILE_ROWS
 from compress_kernels.bsr.op import launch
+from compress_kernels.bsr_w4a16.dispatch import DEQUANT, tile_pick
 from compress_kernels.bsr_w4a16.dispatch import pick as pick_w4a16
 from compress_kernels.bsr_w4a16.op import launch as launch_w4a16
 from compress_kernels.bsr_w8a8.dispatch import pick as pick_w8a8
@@ -44,7 +46,7 @@ TOL = {torch.float16: 5e-3, torch.bfloat16: 2e-2}  # fp32 sums in another order,
 def candidates(cfg, int4: bool = False) -> list:
     """The pick and its neighbours on the same kernel; for the int4 one-row kernel, also every outputs per
     program x blocks per step x split of a block row (4 warps)."""
-    if cfg.kernel == "dense":
+    if cfg.kernel in ("dense", "dequant"):
         return [cfg]
     if cfg.kernel == "gemv" and int4:
         grid = [dataclasses.replace(cfg, block_n=bn, group=g, split=sp, num_warps=4)
@@ -137,6 +139,8 @@ def sweep_sparsity(k: int, n: int, m: int, sparsity: int, args, device) -> list[
         run = lambda cfg, s: launch(s[0], *s[1:4], n, tile_rows=args.tile_rows, config=cfg)  # noqa: E731
         reference = lambda s: bsr_matmul_ref(s[0], *s[1:4], n)  # noqa: E731
     configs = candidates(picked, args.int4)
+    if args.int4 and m > 16:  # both sides of the de-quantized path's row
+        configs += [c for c in (DEQUANT, *candidates(tile_pick(m, n, k, nnz, device), True)) if c not in configs]
     if args.tile_rows > 1:
         configs += [c for c in tile_candidates(args.tile_rows) if c not in configs]
     return sweep.time_case(case, configs, picked, sets, run, reference, TOL[dtype], fp16, args)

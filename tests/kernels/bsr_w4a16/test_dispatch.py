@@ -3,7 +3,7 @@
 Off CUDA the device facts are an H100's (132 SMs), so these picks are the H100's."""
 import torch
 
-from compress_kernels.bsr_w4a16.dispatch import BLOCK_BYTES, cached_pick, pick
+from compress_kernels.bsr_w4a16.dispatch import BLOCK_BYTES, DEQUANT, DEQUANT_MIN_M, cached_pick, pick, tile_pick
 
 CPU = torch.device("cpu")
 
@@ -34,7 +34,7 @@ def test_one_row_tiles_and_split_follow_the_sweep():
 
 def test_tile_rows():
     nnz = 128 * 64
-    assert [pickw(m, 4096, 4096, nnz).block_m for m in (8, 16, 17, 32, 33, 64, 65, 2048)] == \
+    assert [tile_pick(m, 4096, 4096, nnz, CPU).block_m for m in (8, 16, 17, 32, 33, 64, 65, 2048)] == \
         [16, 16, 32, 32, 64, 64, 64, 128]
     assert pickw(16, 4096, 4096, nnz).split == 4  # 128 long block rows: shared by 4
     assert pickw(16, 28672, 8192, 896 * 128).split == 1  # many block rows fill the GPU already
@@ -42,7 +42,14 @@ def test_tile_rows():
     assert pickw(64, 4096, 4096, nnz).split == 4 and pickw(64, 8192, 8192, 256 * 128).split == 1
     assert pickw(64, 1152, 384, 36 * 12).block_m == 16 and pickw(64, 1152, 384, 36 * 12).split == 1
     assert pickw(64, 1536, 1536, 48 * 48).split == 4  # few long block rows
-    assert pickw(300, 1024, 1024, 32 * 16).block_m == 64  # too few 128-row tiles
+    assert tile_pick(300, 1024, 1024, 32 * 16, CPU).block_m == 64  # too few 128-row tiles
+
+
+def test_many_rows_take_the_dds_op_on_dequantized_blocks():
+    for n, k, nnz in ((4096, 4096, 128 * 64), (576, 1536, 18 * 24)):
+        assert pickw(DEQUANT_MIN_M + 1, n, k, nnz) == DEQUANT and pickw(8192, n, k, nnz) == DEQUANT
+        assert pickw(DEQUANT_MIN_M, n, k, nnz) == tile_pick(DEQUANT_MIN_M, n, k, nnz, CPU)
+        assert pickw(DEQUANT_MIN_M, n, k, nnz).kernel == "gemm"
 
 
 def test_the_cached_pick_is_the_pick_remembered():

@@ -142,7 +142,7 @@ def test_gpu_full_size(dtype, m, sparsity, n, k, group_size):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m", [1, 16, 64])
+@pytest.mark.parametrize("m", [1, 16, 64, 512, 2048])  # 512, 2048: the DDS op on de-quantized blocks
 def test_gpu_cuda_graph_capture_and_replay(m):
     n, k = 1024, 2048
     parts, scales, _, _ = int4_block_sparse(n, k, 0.5, 128, device="cuda")
