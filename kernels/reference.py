@@ -58,6 +58,7 @@ SCALE_BLOCK = 128  # block-scaled W8A8: channels per activation scale, side of a
 W8A16_GROUP_SIZE = 128  # input channels per scale of grouped W8A16 weights
 INT4_QMIN, INT4_QMAX = -8, 7
 BSR_BLOCK = 32
+BSR_INT4_WORDS = BSR_BLOCK // 8  # int32 words per row of a stored int4 block (8 nibbles each)
 
 
 def safe_scale(absmax: torch.Tensor, qmax: int) -> torch.Tensor:

@@ -23,9 +23,7 @@ import triton.language as tl
 
 from compress_kernels.common.int4 import unpack_int4_tile
 from compress_kernels.common.launch import launch
-from compress_kernels.reference import BSR_BLOCK
-
-WORDS = BSR_BLOCK // 8  # int32 words per row of a stored block
+from compress_kernels.reference import BSR_BLOCK, BSR_INT4_WORDS
 
 
 @triton.jit
@@ -45,5 +43,6 @@ def dequantize_blocks(values: torch.Tensor, scales: torch.Tensor, dtype: torch.d
     nnz = values.shape[0]
     out = torch.empty((nnz, BSR_BLOCK, BSR_BLOCK), dtype=dtype, device=values.device)
     if nnz:
-        launch(_dequantize_blocks_kernel, (nnz,), values, scales, out, BLOCK=BSR_BLOCK, WORDS=WORDS, num_warps=4)
+        launch(_dequantize_blocks_kernel, (nnz,), values, scales, out, BLOCK=BSR_BLOCK, WORDS=BSR_INT4_WORDS,
+               num_warps=4)
     return out

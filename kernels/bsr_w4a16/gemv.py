@@ -30,9 +30,7 @@ from compress_kernels.common.int4 import tile_partial
 from compress_kernels.common.launch import launch
 from compress_kernels.common.splitk import last_split_buffers, last_split_reduces
 from compress_kernels.common.tiles import block_row_share
-from compress_kernels.reference import BSR_BLOCK
-
-WORDS = BSR_BLOCK // 8  # int32 words per row of a stored block (8 int4 values each)
+from compress_kernels.reference import BSR_BLOCK, BSR_INT4_WORDS
 
 
 @triton.jit
@@ -86,6 +84,6 @@ def launch_gemv(x2, crow_indices, col_indices, values, scales, bias, y, cfg) -> 
         x2, crow_indices, col_indices, values, scales, bias if bias is not None else scales, y, workspace, counters,
         m, n, x2.stride(0), y.stride(0),
         SPLIT=cfg.split, HAS_BIAS=bias is not None, BLOCK_N=cfg.block_n, GROUP=cfg.group, BLOCK=BSR_BLOCK,
-        WORDS=WORDS,
+        WORDS=BSR_INT4_WORDS,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )

@@ -38,10 +38,10 @@ from compress_kernels.bsr.op import launch as launch_dds
 from compress_kernels.bsr_w4a16.dequant import dequantize_blocks
 from compress_kernels.bsr_w4a16.dispatch import cached_pick
 from compress_kernels.bsr_w4a16.gemm import launch_gemm
-from compress_kernels.bsr_w4a16.gemv import WORDS, launch_gemv
+from compress_kernels.bsr_w4a16.gemv import launch_gemv
 from compress_kernels.common.bound import BoundMatmul
 from compress_kernels.common.checks import check_same_device, check_shape, check_tensor
-from compress_kernels.reference import BSR_BLOCK
+from compress_kernels.reference import BSR_BLOCK, BSR_INT4_WORDS
 
 LAUNCHERS = {"gemv": launch_gemv, "gemm": launch_gemm}  # kernel -> launcher(x2, crow, col, values, scales, bias, y, c)
 KERNELS = (*LAUNCHERS, "dequant")
@@ -90,10 +90,11 @@ def _bsr_w4a16_fake(x, crow_indices, col_indices, values, scales, out_features, 
 
 def _validate(x, crow_indices, col_indices, values, scales, out_features, bias, check_indices: bool) -> None:
     if isinstance(values, torch.Tensor) and values.dtype == torch.int8 and values.dim() == 3:
-        raise TypeError(f"values: expected int4 blocks packed 8 to an int32, shape (nnz, {BSR_BLOCK}, {WORDS}) "
-                        f"int32, got int8 {tuple(values.shape)} (nibble j of word r of a block row: channel 8r + j)")
+        raise TypeError(f"values: expected int4 blocks packed 8 to an int32, shape "
+                        f"(nnz, {BSR_BLOCK}, {BSR_INT4_WORDS}) int32, got int8 {tuple(values.shape)} (nibble j of "
+                        "word r of a block row: channel 8r + j)")
     check_parts(x, crow_indices, col_indices, values, out_features, bias, value_dtype=torch.int32,
-                check_indices=check_indices, block_shape=(BSR_BLOCK, WORDS),
+                check_indices=check_indices, block_shape=(BSR_BLOCK, BSR_INT4_WORDS),
                 block_layout=f"{BSR_BLOCK}x{BSR_BLOCK} int4 blocks, 8 per int32 along K")
     check_tensor("scales", scales, (torch.float32, x.dtype), ndim=2)
     nnz = col_indices.shape[0]
