@@ -112,7 +112,10 @@ def kernel_environment(env: dict) -> str:
 def kernel_targets(targets: list[dict]) -> list[str]:
     rows = []
     for t in targets:
-        worst = f"{t['worst']}x ({t['worst_at']})" if t.get("cells") else "-"
+        worst = "-"
+        if t.get("cells"):
+            value = f"{t['worst']:.0%}" if t.get("unit") == "fraction" else f"{t['worst']}x"
+            worst = f"{value} ({t['worst_at']})"
         rows.append([t["target"], t["goal"], worst, f"{t.get('cells_met', 0)}/{t['cells']}", VERDICT[t["met"]]])
     return table(["target", "goal", "worst ratio (where)", "cells met", "status"], rows)
 

@@ -89,3 +89,30 @@ def test_no_graph_is_recorded_in_the_settings():
 def test_bad_options_are_refused(argv):
     with pytest.raises(SystemExit):
         bench.main([*argv, "--cpu-check"])
+
+
+def test_fraction_of_limit_target_per_kernel_on_large_shapes_at_small_m():
+    results = [
+        {"kernel": "ours_w8a8", "K": 4096, "N": 4096, "M": 1, "ms": 0.01, "fraction_of_limit": 0.85},
+        {"kernel": "ours_w8a8", "K": 4096, "N": 4096, "M": 16, "ms": 0.01, "fraction_of_limit": 0.6},
+        {"kernel": "ours_w8a8", "K": 1024, "N": 1024, "M": 1, "ms": 0.01, "fraction_of_limit": 0.1},  # small shape
+    ]
+    met = {t["target"]: t for t in bench.evaluate_targets(results)}
+    row = met["ours_w8a8: fraction of its limit, M<=16 (K, N >= 4096)"]
+    assert (row["cells"], row["cells_met"], row["worst"], row["met"], row["unit"]) == (2, 1, 0.6, False, "fraction")
+
+
+def test_retarget_judges_a_stored_run_on_its_own_timings(tmp_path):
+    stored = {"environment": {"gpu": "NVIDIA H200"}, "targets": [], "results": [
+        {"kernel": "cublas_fp16", "K": 4096, "N": 11008, "M": 1, "ms": 0.03, "gbps": 3000.0},
+        {"kernel": "ours_w4a16_g128", "K": 4096, "N": 11008, "M": 1, "ms": 0.01, "gbps": 2400.0},
+    ]}
+    path = tmp_path / "kernels-h200.json"
+    path.write_text(json.dumps(stored))
+    bench.main(["--retarget", str(path)])
+    report = json.loads(path.read_text())
+    assert [r["ms"] for r in report["results"]] == [0.03, 0.01]  # timings kept as measured
+    met = {t["target"]: t for t in report["targets"]}
+    assert met["W4A16 g128 vs cuBLAS fp16, M<=1 (4096x11008, 11008x4096, 8192x8192, 8192x28672)"]["met"] is True
+    assert report["results"][1]["fraction_of_limit"] == 0.8
+    assert not list(tmp_path.glob("*.partial"))
