@@ -439,8 +439,8 @@ PAGES = (
     Page("wikitext.md", "Small Llama on WikiText-2: perplexity and speed of the recipes", ("wikitext-h100.json",),
          "", quality_section),
     Page("smollm2.md", "SmolLM2-135M-Instruct: recipes, post-training GPTQ and generate speed",
-         ("smollm2-h100.json", "smollm2-h200.json", "smollm2-post-training-cpu.json", "generate-h100.json", "generate-h200.json"), "",
-         smollm2_section),
+         ("smollm2-h100.json", "smollm2-h200.json", "smollm2-post-training-cpu.json", "generate-h100.json",
+          "generate-h200.json"), "", smollm2_section),
     Page("moe.md", "MoE benchmark: Mixtral-shaped expert layers, float against ours", ("moe-h200.json",), MOE_INTRO,
          moe_section),
 )
