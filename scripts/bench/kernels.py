@@ -51,6 +51,7 @@ from pathlib import Path
 import torch
 
 from scripts.bench import kernel_sweep
+from scripts.bench.decode import write_report
 from scripts.bench.kernel_limits import SMALL_M_GOAL, add_limits
 from scripts.bench.kernel_sweep import SPARSITIES, SweepOptions
 
@@ -79,12 +80,12 @@ QUANT_TARGETS = [
     ("ours_w8a8_block", "W8A8 block-scaled", (2048, None), None, 1.5),
     ("ours_dds_tiles4_50", "DDS 50% in tiles of 4 block rows", (2048, None), None, 1.4),  # issue #43's targets
     ("ours_dds_tiles4_75", "DDS 75% in tiles of 4 block rows", (2048, None), None, 2.2),
-    ("ours_w4a16_g128", "W4A16 g128", (1, 1), BIG_LLM_SHAPES, 3.0),
-    ("ours_w8a16", "W8A16", (1, 16), LARGE_SHAPES, 1.7),
-    ("ours_w8a8", "W8A8", (1, 16), LARGE_SHAPES, 1.7),
-    ("ours_dds_50", "DDS 50%", (1, 16), LARGE_SHAPES, 1.7),
-    ("ours_dds_90", "DDS 90%", (1, 1), LARGE_SHAPES, 6.0),
-    ("ours_dds_50", "DDS 50%", (2048, None), LARGE_SHAPES, 1.1),
+    ("ours_w4a16_g128", "W4A16 g128 near the limit", (1, 1), BIG_LLM_SHAPES, 3.0),
+    ("ours_w8a16", "W8A16 near the limit", (1, 16), LARGE_SHAPES, 1.7),
+    ("ours_w8a8", "W8A8 near the limit", (1, 16), LARGE_SHAPES, 1.7),
+    ("ours_dds_50", "DDS 50% near the limit", (1, 16), LARGE_SHAPES, 1.7),
+    ("ours_dds_90", "DDS 90% near the limit", (1, 1), LARGE_SHAPES, 6.0),
+    ("ours_dds_50", "DDS 50% free blocks", (2048, None), LARGE_SHAPES, 1.1),
 ]
 # ours vs another of ours at the same shape and M: (kernel, peer, label, M range, minimal ratio peer ms / kernel ms)
 PEER_TARGETS = [("ours_w8a8_block", "ours_w8a8", "W8A8 block-scaled vs our per-channel W8A8", (2048, None), 0.9)]
@@ -245,18 +246,21 @@ def build_parser():
     return p
 
 
+def derive(report: dict) -> None:
+    """What a run's figures give from its timings: ratios, fractions of the limit, targets (in place)."""
+    results = report["results"]
+    add_ratios(results)
+    add_limits(results, report["environment"].get("gpu"))
+    report["targets"] = evaluate_targets(results)
+
+
 def retarget(path: Path) -> dict:
-    """Recompute what a stored report derives from its timings (ratios, fractions of the limit, targets),
-    so a target added after the run is judged on it; the timings stay as measured and the file is
-    replaced atomically."""
+    """A stored report (and each further run it keeps) derived again from its own timings, so a target
+    added after the run is judged on it; the timings stay as measured and the file is replaced atomically."""
     report = json.loads(path.read_text())
     for run in [report, *report.get("runs", [])]:
-        add_ratios(run["results"])
-        add_limits(run["results"], run["environment"].get("gpu"))
-        run["targets"] = evaluate_targets(run["results"])
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(json.dumps(report, indent=1))
-    partial.replace(path)
+        derive(run)
+    write_report(path, report)
     return report
 
 
@@ -272,9 +276,7 @@ def main(argv=None) -> dict:
     for t in report["targets"]:
         print(f"{'MET ' if t['met'] else 'MISS' if t['met'] is False else '  - '} {t['target']}: {t['goal']}, "
               f"worst {t.get('worst')} at {t.get('worst_at')}")
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(report, indent=1))
+    write_report(args.out, report)
     return report
 
 
@@ -292,13 +294,13 @@ def _measure(args, names) -> dict:
                         graphs=not args.no_graph, cpu=args.cpu_check)
     started = time.monotonic()
     results = kernel_sweep.run_sweep(opts, progress=not args.no_progress)
-    add_ratios(results)
     env = environment(args.cpu_check)
-    add_limits(results, env.get("gpu"))
     env["sweep_seconds"] = round(time.monotonic() - started, 1)
     env["settings"] = {"rotate_mb": opts.rotate_mb, "warmup_ms": opts.warmup_ms, "rep_ms": opts.rep_ms,
                        "graph_max_m": GRAPH_EVERY_M if opts.graphs else 0, "cpu_check": opts.cpu}
-    return {"environment": env, "results": results, "targets": evaluate_targets(results)}
+    report = {"environment": env, "results": results}
+    derive(report)
+    return report
 
 
 if __name__ == "__main__":
