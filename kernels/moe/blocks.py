@@ -28,7 +28,13 @@ import triton.language as tl
 def block_rows(pairs_ptr, block, num_pairs, GATED: tl.constexpr, TOP_K: tl.constexpr, BLOCK_M: tl.constexpr):
     """(slots, pairs, valid, rows) of block ``block``: its BLOCK_M slots of the sorted pairs, the pair in
     each (``num_pairs`` for padding), which hold a pair, and the input row each reads (module docstring)."""
-    slots = block * BLOCK_M + tl.arange(0, BLOCK_M)
+    return slot_rows(pairs_ptr, block * BLOCK_M, num_pairs, GATED, TOP_K, BLOCK_M)
+
+
+@triton.jit
+def slot_rows(pairs_ptr, first_slot, num_pairs, GATED: tl.constexpr, TOP_K: tl.constexpr, ROWS: tl.constexpr):
+    """:func:`block_rows` of the ROWS slots from ``first_slot`` on."""
+    slots = first_slot + tl.arange(0, ROWS)
     pairs = tl.load(pairs_ptr + slots)
     valid = pairs < num_pairs
     if GATED:

@@ -11,7 +11,9 @@ its block's expert from ``block_expert`` (-1: nothing to do), its rows (:mod:`co
 and walks its K slice in tiles inside one scale group, each tile through the dense W4A16 kernel's
 product (:mod:`compress_kernels.w4a16.tiled`): as 8 nibble planes straight into the dot (``PLANES``), the
 unpacked integers times x with the fp32 product scaled (``SCALE_AFTER_DOT``), or the tile dequantized to
-x's dtype before the dot. x past K (the weight's padding) is read as zeros.
+x's dtype before the dot. x past K (the weight's padding) is read as zeros. An expert's last block that
+holds at most ``SHORT_ROWS`` pairs (its pairs come first, the padding after them) runs SHORT_ROWS-row
+tiles instead of BLOCK_M-row ones (``ProjectionTiles.short_rows``): the same weight stream, fewer MMAs.
 
 * gate/up (``GATED``): the program holds two accumulators, gate columns ``n`` and up columns ``N + n``
   of the fused (2N-wide) weight, for the same x rows, and writes ``SwiGLU(gate, up)`` (N = I columns);
@@ -29,7 +31,7 @@ import triton.language as tl
 from compress_kernels.common.checks import interpreting
 from compress_kernels.common.launch import launch
 from compress_kernels.common.tiles import split_k_range, weight_columns
-from compress_kernels.moe.blocks import block_rows, store_activation, store_partial, swiglu
+from compress_kernels.moe.blocks import slot_rows, store_activation, store_partial, swiglu
 from compress_kernels.moe.dispatch import ProjectionTiles
 from compress_kernels.moe.routing import Routing
 from compress_kernels.w4a16.tiled import plane_tile_product, tile_product
@@ -55,21 +57,16 @@ def _product(acc, a, x_ptrs, packed, scale, offs_k, k0, x_last, EVEN_K: tl.const
 
 
 @triton.jit
-def _moe_w4a16_kernel(
-    a_ptr, qw_ptr, s_ptr, out_ptr,  # rows (x or act), qweight (E, Kp/8, Nw), scales (E, Kp/G, Nw), out
-    pairs_ptr, expert_ptr,  # routing: sorted pairs (blocks * BLOCK_M,), block experts (blocks,)
-    num_pairs, N, K, KP, group_size,  # N output columns (gate/up: I, the up columns at N + n); K of x, KP of the weight
+def _project_rows(
+    a_ptr, qw_ptr, s_ptr, out_ptr, pairs_ptr, first_slot, expert, pid_k,
+    num_pairs, N, K, KP, group_size,
     stride_am, stride_ak, stride_qe, stride_qk, stride_qn, stride_se, stride_sg, stride_sn, stride_os, stride_om,
     SPLIT_K, TOP_K: tl.constexpr, GATED: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
     SCALE_AFTER_DOT: tl.constexpr, FP32_OPERANDS: tl.constexpr, PLANES: tl.constexpr, ASM_UNPACK: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    block = tl.program_id(1)
-    expert = tl.load(expert_ptr + block)
-    if expert < 0:  # a block past the last expert's
-        return
-    pid_k = tl.program_id(2)
-    slots, pairs, valid, rows = block_rows(pairs_ptr, block, num_pairs, GATED, TOP_K, BLOCK_M)
+    """The program's column tile (and K split) for the ROWS slots of the sorted pairs from ``first_slot``."""
+    slots, pairs, valid, rows = slot_rows(pairs_ptr, first_slot, num_pairs, GATED, TOP_K, ROWS)
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     cols = weight_columns(offs_n, N, BLOCK_N, EVEN_N)  # contiguous (16-byte loads) or wrapped
     offs_k = tl.arange(0, BLOCK_K)
@@ -77,14 +74,14 @@ def _moe_w4a16_kernel(
 
     k_first, k_last = split_k_range(pid_k, KP, SPLIT_K, BLOCK_K)
     x_last = min(k_last, K)  # x has K channels; the weight's padding (KP - K zero rows) meets zeros
-    x_ptrs = a_ptr + rows[:, None] * stride_am + (k_first + offs_k)[None, :] * stride_ak  # (BM, BK)
+    x_ptrs = a_ptr + rows[:, None] * stride_am + (k_first + offs_k)[None, :] * stride_ak  # (ROWS, BK)
     expert = expert.to(tl.int64)
     q_ptrs = qw_ptr + expert * stride_qe + (k_first // 8 + offs_kp)[:, None] * stride_qk + cols[None, :] * stride_qn
     s_ptrs = s_ptr + expert * stride_se + cols * stride_sn  # (BN,)
 
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)  # gate/up only
-    a = tl.zeros((BLOCK_M, BLOCK_K), dtype=a_ptr.dtype.element_ty)  # the x tile (not with planes: they load their own)
+    acc = tl.zeros((ROWS, BLOCK_N), dtype=tl.float32)
+    acc_up = tl.zeros((ROWS, BLOCK_N), dtype=tl.float32)  # gate/up only
+    a = tl.zeros((ROWS, BLOCK_K), dtype=a_ptr.dtype.element_ty)  # the x tile (not with planes: they load their own)
     for k0 in range(k_first, k_last, BLOCK_K):
         if not PLANES:
             if EVEN_K:
@@ -94,12 +91,12 @@ def _moe_w4a16_kernel(
         packed = _load_packed(q_ptrs, k0, k_last, offs_kp, EVEN_K)
         scale = tl.load(s_ptrs + (k0 // group_size) * stride_sg).to(tl.float32)
         acc = _product(acc, a, x_ptrs, packed, scale, offs_k, k0, x_last, EVEN_K, SCALE_AFTER_DOT, FP32_OPERANDS,
-                       PLANES, ASM_UNPACK, BLOCK_M, BLOCK_N, BLOCK_K)
+                       PLANES, ASM_UNPACK, ROWS, BLOCK_N, BLOCK_K)
         if GATED:  # the up columns: same rows, the fused weight's second half
             packed = _load_packed(q_ptrs + N * stride_qn, k0, k_last, offs_kp, EVEN_K)
             scale = tl.load(s_ptrs + N * stride_sn + (k0 // group_size) * stride_sg).to(tl.float32)
             acc_up = _product(acc_up, a, x_ptrs, packed, scale, offs_k, k0, x_last, EVEN_K, SCALE_AFTER_DOT,
-                              FP32_OPERANDS, PLANES, ASM_UNPACK, BLOCK_M, BLOCK_N, BLOCK_K)
+                              FP32_OPERANDS, PLANES, ASM_UNPACK, ROWS, BLOCK_N, BLOCK_K)
         x_ptrs += BLOCK_K * stride_ak
         q_ptrs += (BLOCK_K // 8) * stride_qk
 
@@ -107,6 +104,40 @@ def _moe_w4a16_kernel(
         store_activation(swiglu(acc, acc_up, out_ptr.dtype.element_ty), out_ptr, slots, offs_n, N, stride_om)
     else:
         store_partial(acc, out_ptr, pairs, valid, offs_n, N, pid_k, stride_os, stride_om)
+
+
+@triton.jit
+def _moe_w4a16_kernel(
+    a_ptr, qw_ptr, s_ptr, out_ptr,  # rows (x or act), qweight (E, Kp/8, Nw), scales (E, Kp/G, Nw), out
+    pairs_ptr, expert_ptr,  # routing: sorted pairs (blocks * BLOCK_M,), block experts (blocks,)
+    num_pairs, N, K, KP, group_size,  # N output columns (gate/up: I, the up columns at N + n); K of x, KP of the weight
+    stride_am, stride_ak, stride_qe, stride_qk, stride_qn, stride_se, stride_sg, stride_sn, stride_os, stride_om,
+    SPLIT_K, TOP_K: tl.constexpr, GATED: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
+    SCALE_AFTER_DOT: tl.constexpr, FP32_OPERANDS: tl.constexpr, PLANES: tl.constexpr, ASM_UNPACK: tl.constexpr,
+    BLOCK_M: tl.constexpr, SHORT_ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    block = tl.program_id(1)
+    expert = tl.load(expert_ptr + block)
+    if expert < 0:  # a block past the last expert's
+        return
+    pid_k = tl.program_id(2)
+    first_slot = block * BLOCK_M
+    # an expert's pairs fill the first slots of its last block, the padding the rest: a block whose slot
+    # SHORT_ROWS is padding holds at most SHORT_ROWS pairs and runs SHORT_ROWS-row tiles (SHORT_ROWS =
+    # BLOCK_M: no short tiles, both calls the same)
+    short = False
+    if SHORT_ROWS < BLOCK_M:
+        short = tl.load(pairs_ptr + first_slot + SHORT_ROWS) >= num_pairs
+    if short:
+        _project_rows(a_ptr, qw_ptr, s_ptr, out_ptr, pairs_ptr, first_slot, expert, pid_k, num_pairs, N, K, KP,
+                      group_size, stride_am, stride_ak, stride_qe, stride_qk, stride_qn, stride_se, stride_sg,
+                      stride_sn, stride_os, stride_om, SPLIT_K, TOP_K, GATED, EVEN_K, EVEN_N, SCALE_AFTER_DOT,
+                      FP32_OPERANDS, PLANES, ASM_UNPACK, SHORT_ROWS, BLOCK_N, BLOCK_K)
+    else:
+        _project_rows(a_ptr, qw_ptr, s_ptr, out_ptr, pairs_ptr, first_slot, expert, pid_k, num_pairs, N, K, KP,
+                      group_size, stride_am, stride_ak, stride_qe, stride_qk, stride_qn, stride_se, stride_sg,
+                      stride_sn, stride_os, stride_om, SPLIT_K, TOP_K, GATED, EVEN_K, EVEN_N, SCALE_AFTER_DOT,
+                      FP32_OPERANDS, PLANES, ASM_UNPACK, BLOCK_M, BLOCK_N, BLOCK_K)
 
 
 def launch_w4a16(rows, qweight, scales, out, routing: Routing, tiles: ProjectionTiles, gated: bool) -> None:
@@ -120,6 +151,7 @@ def launch_w4a16(rows, qweight, scales, out, routing: Routing, tiles: Projection
     if tiles.planes and tiles.block_k < 128:
         raise ValueError(f"tiles: nibble planes need block_k 128, got {tiles.block_k}")
     grid = (triton.cdiv(n, tiles.block_n), routing.block_expert.shape[0], split)
+    short_rows = tiles.short_rows if 0 < tiles.short_rows < routing.block_m else routing.block_m  # = BLOCK_M: none
     interpret = interpreting()
     launch(_moe_w4a16_kernel, grid,
         rows, qweight, scales, out, routing.sorted_pairs, routing.block_expert,
@@ -130,6 +162,6 @@ def launch_w4a16(rows, qweight, scales, out, routing: Routing, tiles: Projection
         EVEN_N=n % tiles.block_n == 0, SCALE_AFTER_DOT=tiles.scale_after_dot,
         FP32_OPERANDS=interpret and rows.dtype == torch.bfloat16, PLANES=tiles.planes,
         ASM_UNPACK=tiles.planes and not interpret,
-        BLOCK_M=routing.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
-        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+        BLOCK_M=routing.block_m, SHORT_ROWS=short_rows,
+        BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )
