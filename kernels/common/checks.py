@@ -10,12 +10,19 @@ import os
 
 import torch
 
+from compress_kernels.common.launch import compiling
+
 ACTIVATION_DTYPES = (torch.float16, torch.bfloat16)
 
 
 def interpreting() -> bool:
     """True when Triton runs its CPU interpreter (``TRITON_INTERPRET=1``)."""
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def cpu_tensors_allowed() -> bool:
+    """CPU inputs are accepted under the interpreter, or inside ``launch.compiling_for`` (nothing runs)."""
+    return interpreting() or compiling()
 
 
 def check_tensor(name: str, t, dtypes: tuple[torch.dtype, ...], ndim: int | None = None) -> None:
@@ -34,7 +41,7 @@ def check_activation(x) -> None:
     check_tensor("x", x, ACTIVATION_DTYPES)
     if x.dim() < 1:
         raise ValueError("x: expected shape (..., K), got a 0-d tensor")
-    if x.device.type not in ("cuda", "meta") and not interpreting():  # meta: shape inference only
+    if x.device.type not in ("cuda", "meta") and not cpu_tensors_allowed():  # meta: shape inference only
         raise ValueError(
             f"x: expected a CUDA tensor (or TRITON_INTERPRET=1 for CPU tests), got device {x.device}; "
             "use compress_kernels.reference on the CPU"
@@ -78,7 +85,7 @@ def check_quantized(xq, s_x, out_dtype) -> None:
     """``xq`` (M, K) int8 (CUDA, or CPU when interpreting), ``s_x`` (M,) float32 on its device, and an
     fp16 / bf16 ``out_dtype``: the input of the GEMMs that start from per-token int8 activations."""
     check_tensor("xq", xq, (torch.int8,), ndim=2)
-    if xq.device.type != "cuda" and not interpreting():
+    if xq.device.type != "cuda" and not cpu_tensors_allowed():
         raise ValueError(f"xq: expected a CUDA tensor (or TRITON_INTERPRET=1 for CPU tests), got device {xq.device}")
     if xq.shape[1] == 0:
         raise ValueError("xq: expected K >= 1 input features, got K = 0")

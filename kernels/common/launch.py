@@ -5,6 +5,12 @@ launch is also appended to the recorder as a :class:`Launch`: the compiled kerne
 grid as three ints, and the kernel's arguments bound to its parameters in order, defaults filled and
 constexprs included (the values Triton's own launcher receives after its ``JITFunction.run``).
 :mod:`compress_kernels.common.plans` turns a recorded call into a plan that later calls replay.
+
+Inside :func:`compiling_for` a launch runs nothing: Triton compiles the kernel for a GPU target (e.g.
+``GPUTarget("cuda", 90, 128)``, an H100 / H200) from the argument types and constexprs the launch would
+have used, with Triton's own ``ptxas``, so the kernels a call would launch on that GPU compile on a machine
+without one (the tests' check that a change still compiles for the GPU; the call's host code runs as it
+would, on CPU tensors, and Triton's JIT must not run under its interpreter).
 """
 from __future__ import annotations
 
@@ -41,8 +47,31 @@ def _bound_args(kernel, args: tuple, meta: dict) -> tuple:
     return tuple(bound.arguments.values())
 
 
+def _compile_for(target, kernel, args: tuple, meta: dict):
+    """Triton's compile of ``kernel`` for ``target`` with the types of ``args`` and the constexprs in them."""
+    from triton.compiler import ASTSource
+    from triton.compiler import compile as triton_compile
+    from triton.runtime.jit import mangle_type
+
+    names = [param.name for param in kernel.params]
+    signature, constexprs = {}, {}
+    for param, value in zip(kernel.params, _bound_args(kernel, args, meta)):
+        kind = "constexpr" if param.is_constexpr else mangle_type(value)
+        signature[param.name] = kind
+        if kind == "constexpr":
+            constexprs[param.name] = value
+    options = {key: value for key, value in meta.items() if key not in names}  # num_warps, num_stages, ...
+    return triton_compile(ASTSource(kernel, signature, constexprs=constexprs), target=target, options=options)
+
+
 def launch(kernel, grid, *args, **meta):
-    """``kernel[grid](*args, **meta)`` (Triton's JIT launch), recorded while :func:`recording` is active."""
+    """``kernel[grid](*args, **meta)`` (Triton's JIT launch), recorded while :func:`recording` is active;
+    inside :func:`compiling_for`, only compiled for its target."""
+    target = getattr(_state, "compile_target", None)
+    if target is not None:
+        compiled = _compile_for(target, kernel, args, meta)
+        _state.compiled.append((kernel.fn.__name__, compiled))
+        return compiled
     compiled = kernel[grid](*args, **meta)
     launches = getattr(_state, "launches", None)
     if launches is not None:
@@ -61,3 +90,20 @@ def recording():
         _state.launches = outer
         if outer is not None:
             outer.extend(launches)
+
+
+def compiling() -> bool:
+    """True inside :func:`compiling_for` on this thread (launches compile, nothing runs: CPU tensors do)."""
+    return getattr(_state, "compile_target", None) is not None
+
+
+@contextmanager
+def compiling_for(target):
+    """Inside the block every :func:`launch` on this thread compiles its kernel for ``target`` (a Triton
+    ``GPUTarget``) instead of running it; yields the list of (kernel name, compiled kernel) it fills."""
+    outer = getattr(_state, "compile_target", None), getattr(_state, "compiled", None)
+    _state.compile_target, _state.compiled = target, []
+    try:
+        yield _state.compiled
+    finally:
+        _state.compile_target, _state.compiled = outer

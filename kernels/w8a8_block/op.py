@@ -35,7 +35,7 @@ import torch
 
 from compress_kernels.common.bound import BoundMatmul, BoundQuantizedMatmul
 from compress_kernels.common.checks import (ACTIVATION_DTYPES, check_activation, check_bias, check_same_device,
-                                            check_shape, check_tensor, interpreting)
+                                            check_shape, check_tensor, cpu_tensors_allowed)
 from compress_kernels.reference import SCALE_BLOCK, scale_blocks
 from compress_kernels.w8a8.tma import tma_ready
 from compress_kernels.w8a8_block.dispatch import TileConfig, cached_pick
@@ -71,7 +71,7 @@ def check_block_quantized(xq, s_x) -> None:
     """``xq`` (M, K) int8 (CUDA, or CPU when interpreting), K >= 1, and ``s_x`` (M, ceil(K / 128)) float32
     on its device: the 1 x 128 activation format."""
     check_tensor("xq", xq, (torch.int8,), ndim=2)
-    if xq.device.type not in ("cuda", "meta") and not interpreting():
+    if xq.device.type not in ("cuda", "meta") and not cpu_tensors_allowed():
         raise ValueError(f"xq: expected a CUDA tensor (or TRITON_INTERPRET=1 for CPU tests), got device {xq.device}")
     if xq.shape[1] == 0:
         raise ValueError("xq: expected K >= 1 input features, got K = 0")

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from compress_kernels.common.checks import check_activation, check_tensor, interpreting
+from compress_kernels.common.checks import check_activation, check_tensor, cpu_tensors_allowed
 from compress_kernels.reference import scale_blocks
 from compress_kernels.w8a8_block.gelu import launch_gelu_int8_blocks
 from compress_kernels.w8a8_block.op import check_block_quantized, check_float_dtype
@@ -32,7 +32,7 @@ def _validate_activation(x) -> None:
 
 def _validate_weight(w) -> None:
     check_tensor("w", w, WEIGHT_DTYPES, ndim=2)
-    if w.device.type not in ("cuda", "meta") and not interpreting():
+    if w.device.type not in ("cuda", "meta") and not cpu_tensors_allowed():
         raise ValueError(f"w: expected a CUDA tensor (or TRITON_INTERPRET=1 for CPU tests), got device {w.device}")
 
 
