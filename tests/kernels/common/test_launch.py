@@ -9,6 +9,9 @@ import sys
 from pathlib import Path
 
 
+import pytest
+import torch
+
 import compress_kernels.common.launch as launch_module
 from compress_kernels.common.checks import cpu_tensors_allowed, interpreting
 from compress_kernels.common.launch import Launch, compiling, compiling_for, launch, recording
@@ -81,6 +84,7 @@ def test_compiling_for_compiles_instead_of_running_and_restores_the_outer_state(
     assert launch(kernel, (1,), "w", 3) is kernel.compiled  # outside: runs again
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="with a GPU the GPU tests compile and run the kernels")
 def test_every_op_compiles_for_an_h100_without_a_gpu():
     """The probe compiles each op's picks (dense, block-sparse, MoE, norm + quantize; fp16 and bf16) for
     sm_90 with Triton's ptxas; every kernel family the tables reach at those shapes shows up."""
