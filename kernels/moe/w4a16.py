@@ -58,8 +58,9 @@ def _product(acc, a, x_ptrs, packed, scale, offs_k, k0, x_last, EVEN_K: tl.const
 
 @triton.jit
 def _project_rows(
-    a_ptr, qw_ptr, s_ptr, out_ptr, pairs_ptr, first_slot, expert, pid_k,
-    num_pairs, N, K, KP, group_size,
+    a_ptr, qw_ptr, s_ptr, out_ptr,  # rows (x or act), qweight (E, Kp/8, Nw), scales (E, Kp/G, Nw), out
+    pairs_ptr, first_slot, expert, pid_k,  # sorted pairs, this block's first slot, its expert, the K split
+    num_pairs, N, K, KP, group_size,  # N output columns (gate/up: I, the up columns at N + n); K of x, KP of the weight
     stride_am, stride_ak, stride_qe, stride_qk, stride_qn, stride_se, stride_sg, stride_sn, stride_os, stride_om,
     SPLIT_K, TOP_K: tl.constexpr, GATED: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
     SCALE_AFTER_DOT: tl.constexpr, FP32_OPERANDS: tl.constexpr, PLANES: tl.constexpr, ASM_UNPACK: tl.constexpr,
