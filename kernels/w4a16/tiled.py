@@ -14,7 +14,9 @@ of K in BLOCK_K tiles, each inside one scale group. Per K tile, one of three pro
   the words from shared memory straight into the tensor-core operand layout and unpacks them in
   registers (:func:`compress_kernels.common.int4.nibble_planes`, 13 PTX instructions per word): the
   unpacked tile never goes through shared memory, which bound the plain tiles. The x tile is loaded
-  whole and split into its planes in registers (a strided load per plane was 1.7-2x slower).
+  whole and split into its planes in registers (a strided load per plane was 1.7-2x slower), after the
+  packed tile's load, in the same K step (loaded one step ahead, as the grouped MoE kernel does, it ran
+  6-12% slower here: H200, M = 2-16).
 * ``SCALE_AFTER_DOT``: the unpacked tile (:func:`compress_kernels.common.int4.unpack_int4_tile`)
   times x, exact integer operands, the fp32 product scaled by the tile's scale row (BM x BN
   multiplies per tile: the small-M order).
@@ -67,14 +69,12 @@ def tile_product(acc, a, packed, scale, SCALE_AFTER_DOT: tl.constexpr, FP32_OPER
 
 
 @triton.jit
-def _x_planes(x_ptrs, kt, k_last, offs_k, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
-    """The contiguous (BM, BK) x tile split in registers into its 8 planes (BM, BK/8): plane j holds
-    columns kt + 8r + j (k = 8r + 4a + 2b + c, split off c, then b, then a)."""
+def load_x_tile(x_ptrs, kt, k_last, offs_k, EVEN_K: tl.constexpr):
+    """The (BM, BK) x tile at channel ``kt`` (``x_ptrs`` point there), zeros from ``k_last`` on (``EVEN_K``: no
+    mask)."""
     if EVEN_K:
-        a = tl.load(x_ptrs)
-    else:
-        a = tl.load(x_ptrs, mask=(kt + offs_k)[None, :] < k_last, other=0.0)
-    return split8(tl.reshape(a, (BLOCK_M, BLOCK_K // 8, 2, 2, 2)))
+        return tl.load(x_ptrs)
+    return tl.load(x_ptrs, mask=(kt + offs_k)[None, :] < k_last, other=0.0)
 
 
 @triton.jit
@@ -85,15 +85,15 @@ def _plane_dot(part, a, w, FP32_OPERANDS: tl.constexpr):
 
 
 @triton.jit
-def plane_tile_product(acc, x_ptrs, packed, scale, offs_k, kt, k_last, EVEN_K: tl.constexpr,
-                       ASM_UNPACK: tl.constexpr, FP32_OPERANDS: tl.constexpr,
+def plane_tile_product(acc, a, packed, scale, ASM_UNPACK: tl.constexpr, FP32_OPERANDS: tl.constexpr,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """acc + one K tile as 8 nibble planes: plane j (BK/8, BN) times the x columns kt + 8r + j, the sum
-    of the 8 products scaled once (see the module docstring)."""
+    """acc + one K tile as 8 nibble planes: plane j (BK/8, BN) times the x columns kt + 8r + j of the
+    (BM, BK) tile ``a`` (split in registers, k = 8r + 4a + 2b + c: c, then b, then a), the sum of the 8
+    products scaled once (see the module docstring)."""
     part = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    x_dtype: tl.constexpr = tl.float32 if FP32_OPERANDS else x_ptrs.dtype.element_ty
+    x_dtype: tl.constexpr = tl.float32 if FP32_OPERANDS else a.dtype
     w0, w1, w2, w3, w4, w5, w6, w7 = nibble_planes(packed, x_dtype, ASM_UNPACK)
-    a0, a1, a2, a3, a4, a5, a6, a7 = _x_planes(x_ptrs, kt, k_last, offs_k, EVEN_K, BLOCK_M, BLOCK_K)
+    a0, a1, a2, a3, a4, a5, a6, a7 = split8(tl.reshape(a, (BLOCK_M, BLOCK_K // 8, 2, 2, 2)))
     part = _plane_dot(part, a0, w0, FP32_OPERANDS)
     part = _plane_dot(part, a1, w1, FP32_OPERANDS)
     part = _plane_dot(part, a2, w2, FP32_OPERANDS)
@@ -137,11 +137,8 @@ def _w4a16_matmul_kernel(
     else:
         scale_next = tl.zeros((BLOCK_N,), dtype=tl.float32)
     for k0 in range(k_first, k_last, BLOCK_K):
-        if not PLANES:  # (the planes split their x tile in plane_tile_product)
-            if EVEN_K:
-                a = tl.load(x_ptrs)
-            else:
-                a = tl.load(x_ptrs, mask=(k0 + offs_k)[None, :] < k_last, other=0.0)
+        if not PLANES:  # (the planes load their x tile after the weight's)
+            a = load_x_tile(x_ptrs, k0, k_last, offs_k, EVEN_K)
         if EVEN_K:
             packed = tl.load(q_ptrs)
         else:
@@ -153,8 +150,8 @@ def _w4a16_matmul_kernel(
         else:  # the tile's loads, then its scale row
             scale = tl.load(s_ptrs + (k0 // group_size) * stride_sg).to(tl.float32)  # (BN,)
         if PLANES:
-            acc = plane_tile_product(acc, x_ptrs, packed, scale, offs_k, k0, k_last, EVEN_K, ASM_UNPACK,
-                                     FP32_OPERANDS, BLOCK_M, BLOCK_N, BLOCK_K)
+            a = load_x_tile(x_ptrs, k0, k_last, offs_k, EVEN_K)
+            acc = plane_tile_product(acc, a, packed, scale, ASM_UNPACK, FP32_OPERANDS, BLOCK_M, BLOCK_N, BLOCK_K)
         else:
             acc = tile_product(acc, a, packed, scale, SCALE_AFTER_DOT, FP32_OPERANDS, BLOCK_K, BLOCK_N)
         x_ptrs += BLOCK_K * stride_xk
