@@ -32,7 +32,9 @@ prefill of a top-2 8-expert layer: 128).
   5,216; the 2048x7168 layer at 512 534 -> 425; BLOCK_M 64 at 256 tokens 1,358 -> 1,267; 32-row short
   tiles were 3-4% better at 1,024-2,048 tokens and 2-3% worse at 512, where the target is).
 * W4A16 K tiles stay inside one scale group (``block_k`` divides G, or G = K); with 128-deep tiles at
-  16 rows the packed words go into the dot as 8 nibble planes (:mod:`compress_kernels.w4a16.tiled`).
+  16 rows the packed words go into the dot as 8 nibble planes (:mod:`compress_kernels.w4a16.tiled`), 4
+  pipeline stages on both projections (H200, bf16: the 2048x7168 layer 1.5-2.6% faster than 3 stages at
+  8-64 tokens, Mixtral's 4096x14336 within 1%).
 
 W4A16 rows are from ``scripts/tune/moe.py`` on an H200 (Mixtral 4096x14336 and 2048x7168 layers, 8 / 64 /
 512 tokens); the W8A8 and W8A16 rows are still the dense tables' picks for the rows per expert.
@@ -113,7 +115,7 @@ def _w4a16_tile_k(group_size: int, k: int) -> int:
 def _w4a16_tiles(block_m: int, group_size: int, k: int, block_n: int, warps_16: int = 4) -> ProjectionTiles:
     tile_k = _w4a16_tile_k(group_size, k)
     if block_m == 16 and tile_k == 128:  # decode: nibble planes straight into the dot (dense 2-16 rows: 1.3-1.6x)
-        return ProjectionTiles(block_n, 128, num_warps=warps_16, num_stages=3, planes=True)
+        return ProjectionTiles(block_n, 128, num_warps=warps_16, num_stages=4, planes=True)
     if block_m <= 32:  # exact integer operands, the fp32 product scaled once per tile (dense 17-64 rows)
         return ProjectionTiles(block_n, tile_k, num_warps=4, num_stages=4, scale_after_dot=True)
     # more rows: the tile dequantized to x's dtype before the dot, the accumulator stays in the tensor cores
