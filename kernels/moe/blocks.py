@@ -45,6 +45,13 @@ def slot_rows(pairs_ptr, first_slot, num_pairs, GATED: tl.constexpr, TOP_K: tl.c
 
 
 @triton.jit
+def holds_few_pairs(pairs_ptr, first_slot, num_pairs, SHORT_ROWS: tl.constexpr):
+    """Whether the block from ``first_slot`` holds at most SHORT_ROWS pairs: an expert's pairs fill the first
+    slots of its last block and the padding the rest, so it does when slot SHORT_ROWS is padding."""
+    return tl.load(pairs_ptr + first_slot + SHORT_ROWS) >= num_pairs
+
+
+@triton.jit
 def swiglu(acc_gate, acc_up, DTYPE: tl.constexpr):
     """``rd(rd(silu(rd(gate))) * rd(up))`` of the fp32 sums, in DTYPE (module docstring)."""
     g = acc_gate.to(DTYPE).to(tl.float32)

@@ -26,11 +26,13 @@ prefill of a top-2 8-expert layer: 128).
   splits = 512 programs); the fp32 partials are summed by the top-k combine kernel, which reads them anyway.
   W4A16 16-row plane tiles of the down projection run 2 warps (Mixtral layer, 64 tokens: 494 us against
   553 us with 4).
-* W4A16 at BLOCK_M 64 / 128: an expert's last block, when it holds at most ``SHORT_ROWS`` (16) pairs, runs
-  16-row tiles, so a few rows past a multiple of BLOCK_M do not cost a whole block of MMAs (H200, bf16,
-  Mixtral layer, random top-2 routing over 8 experts: 512 tokens 1,784 -> 1,534 us, 2,048 tokens 5,308 ->
+* BLOCK_M 64 / 128: an expert's last block, when it holds at most ``SHORT_ROWS`` (16) pairs, runs 16-row
+  tiles, so a few rows past a multiple of BLOCK_M do not cost a whole block of MMAs (H200, bf16, random
+  top-2 routing over 8 experts. W4A16, Mixtral layer: 512 tokens 1,784 -> 1,534 us, 2,048 tokens 5,308 ->
   5,216; the 2048x7168 layer at 512 534 -> 425; BLOCK_M 64 at 256 tokens 1,358 -> 1,267; 32-row short
-  tiles were 3-4% better at 1,024-2,048 tokens and 2-3% worse at 512, where the target is).
+  tiles were 3-4% better at 1,024-2,048 tokens and 2-3% worse at 512, where the target is. W8A8 at 512
+  tokens: Mixtral layer 869 -> 660-682 us, 2048x7168 288 -> 216; W8A16 (BLOCK_M 64): 1,648 -> 1,601-1,626,
+  422 -> 396-400).
 * W4A16 K tiles stay inside one scale group (``block_k`` divides G, or G = K); with 128-deep tiles at
   16 rows the packed words go into the dot as 8 nibble planes (:mod:`compress_kernels.w4a16.tiled`), 4
   pipeline stages on both projections (H200, bf16: the 2048x7168 layer 1.5-2.6% faster than 3 stages at
@@ -54,7 +56,7 @@ MIN_PROGRAMS_PER_SM = 2  # down projection: split K until the hit experts' tiles
 MIN_SPLIT_TILES = 4  # ... while each split keeps at least this many K tiles
 MAX_SPLIT = 16
 FMA_MAX_ROWS = 1  # W4A16: up to this many rows per expert (Mixtral, top-2 of 8: up to 4 tokens), one row per program
-SHORT_ROWS = 16  # W4A16 at BLOCK_M 64 and 128: the tile rows of an expert's last block when it holds that few pairs
+SHORT_ROWS = 16  # at BLOCK_M 64 and 128: the tile rows of an expert's last block when it holds that few pairs
 
 
 class ProjectionTiles(NamedTuple):
@@ -67,7 +69,7 @@ class ProjectionTiles(NamedTuple):
     num_stages: int = 3
     scale_after_dot: bool = False  # W4A16, grouped W8A16: scale the fp32 product (else dequantize before the dot)
     planes: bool = False  # W4A16: the K tile as 8 nibble planes (needs block_k 128)
-    short_rows: int = 0  # W4A16: a block with at most this many pairs (an expert's last) runs tiles of this many rows
+    short_rows: int = 0  # a block with at most this many pairs (an expert's last) runs tiles of this many rows
 
 
 class MoeConfig(NamedTuple):
@@ -105,6 +107,11 @@ def down_split(num_pairs: int, num_experts: int, block_m: int, hidden: int, k: i
            and k >= 2 * split * MIN_SPLIT_TILES * tiles.block_k):
         split *= 2
     return split
+
+
+def short_tile_rows(tiles: ProjectionTiles, block_m: int) -> int:
+    """The kernels' SHORT_ROWS: ``tiles.short_rows`` where it is below BLOCK_M, else BLOCK_M (no short tiles)."""
+    return tiles.short_rows if 0 < tiles.short_rows < block_m else block_m
 
 
 def _w4a16_tile_k(group_size: int, k: int) -> int:
@@ -151,14 +158,14 @@ def pick(scheme: str, num_pairs: int, num_experts: int, hidden: int, gate_up_k: 
         down = ProjectionTiles(64, _w4a16_tile_k(down_group, down_k), num_stages=3)
         return MoeConfig(1, gate_up, down._replace(split_k=fma_split_k(num_pairs, hidden, down_k, down)))
     if scheme == "w4a16":
-        short = SHORT_ROWS if block_m >= 64 else 0
-        gate_up = _w4a16_tiles(block_m, gate_up_group, gate_up_k, 64)._replace(short_rows=short)
-        down = _w4a16_tiles(block_m, down_group, down_k, wide, warps_16=2)._replace(short_rows=short)
+        gate_up = _w4a16_tiles(block_m, gate_up_group, gate_up_k, 64)
+        down = _w4a16_tiles(block_m, down_group, down_k, wide, warps_16=2)
     else:
         gate_up = _int8_tiles(scheme, block_m, gate_up_group != 0, 64)
         down = _int8_tiles(scheme, block_m, down_group != 0, wide)
+    short = SHORT_ROWS if block_m >= 64 else 0
     split = down_split(num_pairs, num_experts, block_m, hidden, down_k, down, sm_count(device))
-    return MoeConfig(block_m, gate_up, down._replace(split_k=split))
+    return MoeConfig(block_m, gate_up._replace(short_rows=short), down._replace(split_k=split, short_rows=short))
 
 
 @functools.lru_cache(maxsize=1024)

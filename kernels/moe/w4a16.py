@@ -35,8 +35,8 @@ import triton.language as tl
 from compress_kernels.common.checks import interpreting
 from compress_kernels.common.launch import launch
 from compress_kernels.common.tiles import split_k_range, weight_columns
-from compress_kernels.moe.blocks import slot_rows, store_activation, store_partial, swiglu
-from compress_kernels.moe.dispatch import ProjectionTiles
+from compress_kernels.moe.blocks import holds_few_pairs, slot_rows, store_activation, store_partial, swiglu
+from compress_kernels.moe.dispatch import ProjectionTiles, short_tile_rows
 from compress_kernels.moe.routing import Routing
 from compress_kernels.w4a16.tiled import load_x_tile, plane_tile_product, tile_product
 
@@ -143,12 +143,9 @@ def _moe_w4a16_kernel(
         return
     pid_k = tl.program_id(2)
     first_slot = block * BLOCK_M
-    # an expert's pairs fill the first slots of its last block, the padding the rest: a block whose slot
-    # SHORT_ROWS is padding holds at most SHORT_ROWS pairs and runs SHORT_ROWS-row tiles (SHORT_ROWS =
-    # BLOCK_M: no short tiles, both calls the same)
     short = False
-    if SHORT_ROWS < BLOCK_M:
-        short = tl.load(pairs_ptr + first_slot + SHORT_ROWS) >= num_pairs
+    if SHORT_ROWS < BLOCK_M:  # an expert's last block with at most SHORT_ROWS pairs runs SHORT_ROWS-row tiles
+        short = holds_few_pairs(pairs_ptr, first_slot, num_pairs, SHORT_ROWS)
     if short:
         _project_rows(a_ptr, qw_ptr, s_ptr, out_ptr, pairs_ptr, first_slot, expert, pid_k, num_pairs, N, K, KP,
                       group_size, stride_am, stride_ak, stride_qe, stride_qk, stride_qn, stride_se, stride_sg,
@@ -172,7 +169,6 @@ def launch_w4a16(rows, qweight, scales, out, routing: Routing, tiles: Projection
     if tiles.planes and tiles.block_k < 128:
         raise ValueError(f"tiles: nibble planes need block_k 128, got {tiles.block_k}")
     grid = (triton.cdiv(n, tiles.block_n), routing.block_expert.shape[0], split)
-    short_rows = tiles.short_rows if 0 < tiles.short_rows < routing.block_m else routing.block_m  # = BLOCK_M: none
     interpret = interpreting()
     launch(_moe_w4a16_kernel, grid,
         rows, qweight, scales, out, routing.sorted_pairs, routing.block_expert,
@@ -183,6 +179,6 @@ def launch_w4a16(rows, qweight, scales, out, routing: Routing, tiles: Projection
         EVEN_N=n % tiles.block_n == 0, SCALE_AFTER_DOT=tiles.scale_after_dot,
         FP32_OPERANDS=interpret and rows.dtype == torch.bfloat16, PLANES=tiles.planes,
         ASM_UNPACK=tiles.planes and not interpret,
-        BLOCK_M=routing.block_m, SHORT_ROWS=short_rows,
+        BLOCK_M=routing.block_m, SHORT_ROWS=short_tile_rows(tiles, routing.block_m),
         BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )

@@ -14,6 +14,9 @@ the fp32 product or on the weight before the dot). x past K (the weight's paddin
   pairs' token rows of x, then ``SwiGLU`` into the activation buffer;
 * down: the activation buffer's slots, the fp32 partial of the split at the pairs' rows.
 
+An expert's last block that holds at most ``SHORT_ROWS`` pairs runs SHORT_ROWS-row tiles, as in the grouped
+W4A16 kernel (:mod:`compress_kernels.moe.w4a16`).
+
 Under ``TRITON_INTERPRET=1`` with bf16 the products run on fp32 copies of the same values, and the
 int8 -> x dtype conversion is a plain cast (the inline PTX needs a GPU).
 """
@@ -26,8 +29,8 @@ import triton.language as tl
 from compress_kernels.common.checks import interpreting
 from compress_kernels.common.launch import launch
 from compress_kernels.common.tiles import split_k_range, weight_columns
-from compress_kernels.moe.blocks import block_rows, store_activation, store_partial, swiglu
-from compress_kernels.moe.dispatch import ProjectionTiles
+from compress_kernels.moe.blocks import holds_few_pairs, slot_rows, store_activation, store_partial, swiglu
+from compress_kernels.moe.dispatch import ProjectionTiles, short_tile_rows
 from compress_kernels.moe.routing import Routing
 from compress_kernels.reference import W8A16_GROUP_SIZE
 from compress_kernels.w8a16.tiled import tile_product
@@ -42,35 +45,31 @@ def _load_weight(w_ptrs, k0, k_last, offs_k, EVEN_K: tl.constexpr):
 
 
 @triton.jit
-def _moe_w8a16_kernel(
+def _project_rows(
     a_ptr, w_ptr, s_ptr, out_ptr,  # rows (x or act), w_q (E, Nw, Kp), w_scale (E, Nw (, Kp/128)), out
-    pairs_ptr, expert_ptr,  # routing: sorted pairs (blocks * BLOCK_M,), block experts (blocks,)
+    pairs_ptr, first_slot, expert, pid_k,  # sorted pairs, this block's first slot, its expert, the K split
     num_pairs, N, K, KP,  # N output columns (gate/up: I, the up columns at N + n); K of x, KP of the weight
     stride_am, stride_ak, stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_sg, stride_os, stride_om,
     SPLIT_K, TOP_K: tl.constexpr, GATED: tl.constexpr, GROUPED: tl.constexpr, GROUP_SIZE: tl.constexpr,
     SCALE_AFTER_DOT: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
     FP32_OPERANDS: tl.constexpr, ASM_CONVERT: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    block = tl.program_id(1)
-    expert = tl.load(expert_ptr + block)
-    if expert < 0:  # a block past the last expert's
-        return
-    pid_k = tl.program_id(2)
-    slots, pairs, valid, rows = block_rows(pairs_ptr, block, num_pairs, GATED, TOP_K, BLOCK_M)
+    """The program's column tile (and K split) for the ROWS slots of the sorted pairs from ``first_slot``."""
+    slots, pairs, valid, rows = slot_rows(pairs_ptr, first_slot, num_pairs, GATED, TOP_K, ROWS)
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     cols = weight_columns(offs_n, N, BLOCK_N, EVEN_N).to(tl.int64)
     offs_k = tl.arange(0, BLOCK_K)
 
     k_first, k_last = split_k_range(pid_k, KP, SPLIT_K, BLOCK_K)
     x_last = min(k_last, K)  # x has K channels; the weight's padding meets zeros
-    x_ptrs = a_ptr + rows[:, None] * stride_am + (k_first + offs_k)[None, :] * stride_ak  # (BM, BK)
+    x_ptrs = a_ptr + rows[:, None] * stride_am + (k_first + offs_k)[None, :] * stride_ak  # (ROWS, BK)
     expert = expert.to(tl.int64)
     w_ptrs = w_ptr + expert * stride_we + cols[:, None] * stride_wn + (k_first + offs_k)[None, :] * stride_wk  # (BN,BK)
     s_ptrs = s_ptr + expert * stride_se + cols * stride_sn  # (BN,)
 
-    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)  # y^T
-    acc_up = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)  # gate/up only
+    acc = tl.zeros((BLOCK_N, ROWS), dtype=tl.float32)  # y^T
+    acc_up = tl.zeros((BLOCK_N, ROWS), dtype=tl.float32)  # gate/up only
     for k0 in range(k_first, k_last, BLOCK_K):
         if EVEN_K:
             a = tl.load(x_ptrs)
@@ -97,6 +96,38 @@ def _moe_w8a16_kernel(
         store_partial(tl.trans(acc), out_ptr, pairs, valid, offs_n, N, pid_k, stride_os, stride_om)
 
 
+@triton.jit
+def _moe_w8a16_kernel(
+    a_ptr, w_ptr, s_ptr, out_ptr,  # rows (x or act), w_q (E, Nw, Kp), w_scale (E, Nw (, Kp/128)), out
+    pairs_ptr, expert_ptr,  # routing: sorted pairs (blocks * BLOCK_M,), block experts (blocks,)
+    num_pairs, N, K, KP,  # N output columns (gate/up: I, the up columns at N + n); K of x, KP of the weight
+    stride_am, stride_ak, stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_sg, stride_os, stride_om,
+    SPLIT_K, TOP_K: tl.constexpr, GATED: tl.constexpr, GROUPED: tl.constexpr, GROUP_SIZE: tl.constexpr,
+    SCALE_AFTER_DOT: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
+    FP32_OPERANDS: tl.constexpr, ASM_CONVERT: tl.constexpr,
+    BLOCK_M: tl.constexpr, SHORT_ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    block = tl.program_id(1)
+    expert = tl.load(expert_ptr + block)
+    if expert < 0:  # a block past the last expert's
+        return
+    pid_k = tl.program_id(2)
+    first_slot = block * BLOCK_M
+    short = False
+    if SHORT_ROWS < BLOCK_M:  # an expert's last block with at most SHORT_ROWS pairs runs SHORT_ROWS-row tiles
+        short = holds_few_pairs(pairs_ptr, first_slot, num_pairs, SHORT_ROWS)
+    if short:
+        _project_rows(a_ptr, w_ptr, s_ptr, out_ptr, pairs_ptr, first_slot, expert, pid_k, num_pairs, N, K, KP,
+                      stride_am, stride_ak, stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_sg,
+                      stride_os, stride_om, SPLIT_K, TOP_K, GATED, GROUPED, GROUP_SIZE, SCALE_AFTER_DOT, EVEN_K,
+                      EVEN_N, FP32_OPERANDS, ASM_CONVERT, SHORT_ROWS, BLOCK_N, BLOCK_K)
+    else:
+        _project_rows(a_ptr, w_ptr, s_ptr, out_ptr, pairs_ptr, first_slot, expert, pid_k, num_pairs, N, K, KP,
+                      stride_am, stride_ak, stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_sg,
+                      stride_os, stride_om, SPLIT_K, TOP_K, GATED, GROUPED, GROUP_SIZE, SCALE_AFTER_DOT, EVEN_K,
+                      EVEN_N, FP32_OPERANDS, ASM_CONVERT, BLOCK_M, BLOCK_N, BLOCK_K)
+
+
 def launch_w8a16(rows, w_q, w_scale, out, routing: Routing, tiles: ProjectionTiles, gated: bool) -> None:
     """One grouped projection. ``gated``: ``rows`` is x (T, K), ``w_q`` the fused gate/up weight (E, 2I, Kp)
     and ``out`` the activation buffer (blocks * BLOCK_M, I); else ``rows`` is that buffer, ``w_q`` the down
@@ -119,6 +150,7 @@ def launch_w8a16(rows, w_q, w_scale, out, routing: Routing, tiles: ProjectionTil
         split, TOP_K=routing.top_k, GATED=gated, GROUPED=grouped, GROUP_SIZE=W8A16_GROUP_SIZE,
         SCALE_AFTER_DOT=tiles.scale_after_dot, EVEN_K=k == kp and kp % (tiles.block_k * split) == 0,
         EVEN_N=n % tiles.block_n == 0, FP32_OPERANDS=interpret and rows.dtype == torch.bfloat16,
-        ASM_CONVERT=not interpret, BLOCK_M=routing.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
+        ASM_CONVERT=not interpret, BLOCK_M=routing.block_m, SHORT_ROWS=short_tile_rows(tiles, routing.block_m),
+        BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
         num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )

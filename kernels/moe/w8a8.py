@@ -17,6 +17,9 @@ split) multiplies its block's int8 rows by its expert's int8 weight tiles with `
   (gate columns n, up columns N + n), then ``SwiGLU`` into the activation buffer (x's dtype);
 * down: rows are the slots of the quantized activation buffer with their scales; the fp32 partial of
   the split goes to the pairs' rows of the partials.
+
+An expert's last block that holds at most ``SHORT_ROWS`` pairs runs SHORT_ROWS-row tiles, as in the grouped
+W4A16 kernel (:mod:`compress_kernels.moe.w4a16`).
 """
 from __future__ import annotations
 
@@ -27,8 +30,8 @@ import triton.language as tl
 from compress_kernels.common.launch import launch
 from compress_kernels.common.quantize import ONE_PASS_MAX_K, TWO_PASS_BLOCK, non_finite_poison, quantize_int8, row_warps
 from compress_kernels.common.tiles import split_k_range, weight_columns
-from compress_kernels.moe.blocks import block_rows, store_activation, store_partial, swiglu
-from compress_kernels.moe.dispatch import ProjectionTiles
+from compress_kernels.moe.blocks import holds_few_pairs, slot_rows, store_activation, store_partial, swiglu
+from compress_kernels.moe.dispatch import ProjectionTiles, short_tile_rows
 from compress_kernels.moe.routing import Routing
 
 
@@ -85,31 +88,27 @@ def quantize_routed_rows(act: torch.Tensor, routing: Routing):
 
 
 @triton.jit
-def _moe_w8a8_kernel(
+def _project_rows(
     aq_ptr, sa_ptr, w_ptr, sw_ptr, out_ptr,  # int8 rows, their scales, w_q (E, Nw, K), w_scale (E, Nw), out
-    pairs_ptr, expert_ptr,  # routing: sorted pairs (blocks * BLOCK_M,), block experts (blocks,)
+    pairs_ptr, first_slot, expert, pid_k,  # sorted pairs, this block's first slot, its expert, the K split
     num_pairs, N, K,  # N output columns (gate/up: I, the up columns at N + n)
     stride_am, stride_ak, stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_os, stride_om,
     SPLIT_K, TOP_K: tl.constexpr, GATED: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    block = tl.program_id(1)
-    expert = tl.load(expert_ptr + block)
-    if expert < 0:  # a block past the last expert's
-        return
-    pid_k = tl.program_id(2)
-    slots, pairs, valid, rows = block_rows(pairs_ptr, block, num_pairs, GATED, TOP_K, BLOCK_M)
+    """The program's column tile (and K split) for the ROWS slots of the sorted pairs from ``first_slot``."""
+    slots, pairs, valid, rows = slot_rows(pairs_ptr, first_slot, num_pairs, GATED, TOP_K, ROWS)
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     cols = weight_columns(offs_n, N, BLOCK_N, EVEN_N).to(tl.int64)
     offs_k = tl.arange(0, BLOCK_K)
 
     k_first, k_last = split_k_range(pid_k, K, SPLIT_K, BLOCK_K)
-    a_ptrs = aq_ptr + rows[:, None] * stride_am + (k_first + offs_k)[None, :] * stride_ak  # (BM, BK)
+    a_ptrs = aq_ptr + rows[:, None] * stride_am + (k_first + offs_k)[None, :] * stride_ak  # (ROWS, BK)
     expert = expert.to(tl.int64)
     w_ptrs = w_ptr + expert * stride_we + cols[None, :] * stride_wn + (k_first + offs_k)[:, None] * stride_wk  # (BK,BN)
 
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
-    acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)  # gate/up only
+    acc = tl.zeros((ROWS, BLOCK_N), dtype=tl.int32)
+    acc_up = tl.zeros((ROWS, BLOCK_N), dtype=tl.int32)  # gate/up only
     if GATED:  # every row reads x (a padding slot reads token 0)
         row_ok = slots >= 0
     else:  # the padding slots of the quantized activation were never written (quantize_routed_rows skips them)
@@ -131,7 +130,7 @@ def _moe_w8a8_kernel(
         a_ptrs += BLOCK_K * stride_ak
         w_ptrs += BLOCK_K * stride_wk
 
-    s_row = tl.load(sa_ptr + rows, mask=row_ok, other=1.0)  # (BM,): the token's scale (gate/up) or the slot's (down)
+    s_row = tl.load(sa_ptr + rows, mask=row_ok, other=1.0)  # (ROWS,): the token's scale (gate/up) or the slot's (down)
     s_w = tl.load(sw_ptr + expert * stride_se + cols * stride_sn)
     y = acc.to(tl.float32) * s_row[:, None] * s_w[None, :]
     if GATED:
@@ -140,6 +139,34 @@ def _moe_w8a8_kernel(
         store_activation(swiglu(y, y_up, out_ptr.dtype.element_ty), out_ptr, slots, offs_n, N, stride_om)
     else:
         store_partial(y, out_ptr, pairs, valid, offs_n, N, pid_k, stride_os, stride_om)
+
+
+@triton.jit
+def _moe_w8a8_kernel(
+    aq_ptr, sa_ptr, w_ptr, sw_ptr, out_ptr,  # int8 rows, their scales, w_q (E, Nw, K), w_scale (E, Nw), out
+    pairs_ptr, expert_ptr,  # routing: sorted pairs (blocks * BLOCK_M,), block experts (blocks,)
+    num_pairs, N, K,  # N output columns (gate/up: I, the up columns at N + n)
+    stride_am, stride_ak, stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_os, stride_om,
+    SPLIT_K, TOP_K: tl.constexpr, GATED: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
+    BLOCK_M: tl.constexpr, SHORT_ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    block = tl.program_id(1)
+    expert = tl.load(expert_ptr + block)
+    if expert < 0:  # a block past the last expert's
+        return
+    pid_k = tl.program_id(2)
+    first_slot = block * BLOCK_M
+    short = False
+    if SHORT_ROWS < BLOCK_M:  # an expert's last block with at most SHORT_ROWS pairs runs SHORT_ROWS-row tiles
+        short = holds_few_pairs(pairs_ptr, first_slot, num_pairs, SHORT_ROWS)
+    if short:
+        _project_rows(aq_ptr, sa_ptr, w_ptr, sw_ptr, out_ptr, pairs_ptr, first_slot, expert, pid_k, num_pairs, N, K,
+                      stride_am, stride_ak, stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_os,
+                      stride_om, SPLIT_K, TOP_K, GATED, EVEN_K, EVEN_N, SHORT_ROWS, BLOCK_N, BLOCK_K)
+    else:
+        _project_rows(aq_ptr, sa_ptr, w_ptr, sw_ptr, out_ptr, pairs_ptr, first_slot, expert, pid_k, num_pairs, N, K,
+                      stride_am, stride_ak, stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_os,
+                      stride_om, SPLIT_K, TOP_K, GATED, EVEN_K, EVEN_N, BLOCK_M, BLOCK_N, BLOCK_K)
 
 
 def launch_w8a8(aq, s_a, w_q, w_scale, out, routing: Routing, tiles: ProjectionTiles, gated: bool) -> None:
@@ -157,6 +184,7 @@ def launch_w8a8(aq, s_a, w_q, w_scale, out, routing: Routing, tiles: ProjectionT
         aq.stride(0), aq.stride(1), w_q.stride(0), w_q.stride(1), w_q.stride(2), w_scale.stride(0), w_scale.stride(1),
         0 if gated else out.stride(0), out.stride(-2),
         split, TOP_K=routing.top_k, GATED=gated, EVEN_K=k % (tiles.block_k * split) == 0,
-        EVEN_N=n % tiles.block_n == 0, BLOCK_M=routing.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
+        EVEN_N=n % tiles.block_n == 0, BLOCK_M=routing.block_m, SHORT_ROWS=short_tile_rows(tiles, routing.block_m),
+        BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
         num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )

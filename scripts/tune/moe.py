@@ -50,7 +50,7 @@ def projection_neighbours(cfg: MoeConfig, which: str, scheme: str, group: int) -
             steps.update(block_k=sweep.halve_double(32 if scheme != "w8a8" else 64, deepest))
     if which == "down":
         steps.update(split_k=sweep.halve_double(1, 32))
-    if scheme == "w4a16" and cfg.block_m >= 64:  # the tile rows of an expert's short last block (0: none)
+    if cfg.block_m >= 64:  # the tile rows of an expert's short last block (0: none)
         steps.update(short_rows=lambda rows: [r for r in (0, 16, 32) if r != rows])
     return [cfg._replace(**{which: t}) for t in sweep.neighbours(tiles, steps)]
 

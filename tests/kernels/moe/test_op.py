@@ -73,27 +73,34 @@ def test_k_not_a_tile_multiple_and_padded_k(scheme, group_size, hidden, inter):
     check(scheme, torch.bfloat16, 3, hidden, inter, 3, 3, group_size, seed=1)
 
 
-def test_w4a16_picks_short_last_blocks_from_64_rows_per_block():
+@pytest.mark.parametrize("scheme", OPS)
+def test_short_last_blocks_are_picked_from_64_rows_per_block(scheme):
     """The table's short tiles: both projections at BLOCK_M 64 and 128 (Mixtral, 256 and 512 tokens), none below."""
-    for tokens, block_m in ((512, 128), (256, 64), (64, 16)):
-        cfg = pick("w4a16", 2 * tokens, 8, 4096, 4096, 14336, 128, 128, DEVICE)
-        short = 16 if block_m >= 64 else 0
-        assert (cfg.block_m, cfg.gate_up.short_rows, cfg.down.short_rows) == (block_m, short, short)
-    assert pick("w8a16", 1024, 8, 4096, 4096, 14336, 128, 128, DEVICE).gate_up.short_rows == 0
+    for tokens in (512, 256, 64):
+        cfg = pick(scheme, 2 * tokens, 8, 4096, 4096, 14336, 128, 128, DEVICE)
+        short = 16 if cfg.block_m >= 64 else 0
+        assert cfg.gate_up.short_rows == cfg.down.short_rows == short
+        assert (cfg.block_m >= 64) == (tokens >= 256)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("planes", [False, True])
-def test_w4a16_short_last_blocks_run_short_tiles(dtype, planes):
-    """Blocks of 32 rows whose last block per expert holds at most 8 pairs run 8-row tiles there: expert 0 gets
-    36 pairs (32 + a short block of 4), expert 1 40 (32 + 8, the longest short block), expert 2 41 (32 + 9: a
-    full-size tile; a short tile would drop its ninth pair), expert 3 3 (one short block)."""
-    counts = (36, 40, 41, 3)
+@pytest.mark.parametrize("scheme,group_size,tiles", [
+    ("w4a16", 128, ProjectionTiles(32, 128, scale_after_dot=True)),
+    ("w4a16", 128, ProjectionTiles(32, 128, planes=True)),
+    ("w8a8", None, ProjectionTiles(32, 128)),
+    ("w8a16", 128, ProjectionTiles(32, 128)),
+    ("w8a16", None, ProjectionTiles(32, 64)),
+])
+def test_short_last_blocks_run_short_tiles(dtype, scheme, group_size, tiles):
+    """Blocks of 32 rows whose last block per expert holds at most 16 pairs run 16-row tiles there: expert 0
+    gets 36 pairs (32 + a short block of 4), expert 1 48 (32 + 16, the longest short block), expert 2 49
+    (32 + 17: a full-size tile; a short tile would drop its 17th pair), expert 3 3 (one short block)."""
+    counts = (36, 48, 49, 3)
     order = torch.randperm(sum(counts), generator=torch.Generator().manual_seed(0))
     ids = torch.cat([torch.full((c,), e) for e, c in enumerate(counts)])[order].view(-1, 1)
-    tiles = ProjectionTiles(32, 128, planes=planes, short_rows=8)
+    tiles = tiles._replace(short_rows=16)
     config = MoeConfig(32, tiles, tiles._replace(split_k=2))
-    check("w4a16", dtype, ids.shape[0], 256, 128, 4, 1, 128, ids=ids, config=config)
+    check(scheme, dtype, ids.shape[0], 256, 128, 4, 1, group_size, ids=ids, config=config)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
