@@ -48,20 +48,18 @@ def _bound_args(kernel, args: tuple, meta: dict) -> tuple:
 
 
 def _compile_for(target, kernel, args: tuple, meta: dict):
-    """Triton's compile of ``kernel`` for ``target`` with the types of ``args`` and the constexprs in them."""
-    from triton.compiler import ASTSource
+    """Triton's compile of ``kernel`` for ``target`` as its JIT launch would compile it there: the JIT's own
+    argument binding and specialization (integers equal to 1 or divisible by 16, pointers aligned to 16 bytes:
+    the hints that let loads vectorize) and constexprs, from ``args`` and ``meta``."""
+    from triton.compiler import ASTSource, make_backend
     from triton.compiler import compile as triton_compile
-    from triton.runtime.jit import mangle_type
+    from triton.runtime.jit import create_function_from_signature
 
-    names = [param.name for param in kernel.params]
-    signature, constexprs = {}, {}
-    for param, value in zip(kernel.params, _bound_args(kernel, args, meta)):
-        kind = "constexpr" if param.is_constexpr else mangle_type(value)
-        signature[param.name] = kind
-        if kind == "constexpr":
-            constexprs[param.name] = value
-    options = {key: value for key, value in meta.items() if key not in names}  # num_warps, num_stages, ...
-    return triton_compile(ASTSource(kernel, signature, constexprs=constexprs), target=target, options=options)
+    backend = make_backend(target)
+    bound, specialization, options = create_function_from_signature(kernel.signature, kernel.params, backend)(
+        *args, **meta)
+    options, signature, constexprs, attrs = kernel._pack_args(backend, meta, bound, specialization, options)
+    return triton_compile(ASTSource(kernel, signature, constexprs, attrs), target=target, options=options.__dict__)
 
 
 def launch(kernel, grid, *args, **meta):

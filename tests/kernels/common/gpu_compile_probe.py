@@ -1,6 +1,7 @@
 """Compile what every op would launch on an H100 / H200, on a machine without a GPU (no interpreter).
 
-    python -m tests.kernels.common.gpu_compile_probe          # prints one line per kernel compiled
+    python -m tests.kernels.common.gpu_compile_probe          # one line per kernel compiled:
+                                                              # name, warps, shared bytes, registers, stack bytes
 
 Run without ``TRITON_INTERPRET`` (Triton's JIT must be the compiler, not the interpreter). The device facts
 are the H100's (132 SMs, 50 MiB of L2, compute capability 9.0), so the dispatch tables pick what they
@@ -10,12 +11,18 @@ code runs on CPU tensors of layer-sized shapes and each kernel it would launch i
 ``ptxas``, nothing run (PyTorch ops between launches do run, on the CPU). Shapes: 4096 x 4096 layers
 at M = 1, 16, 64, 256 and 2,048 (W4A16 up to 256, and 8192 x 8192 at M = 1; DDS at 50% free blocks and 75%
 in tiles of 4 block rows), Mixtral-like experts (H 1024, I 2048, 8 experts, top-2) at 1, 8 and 512 tokens,
-the norm / GELU + quantize passes. A kernel that does not compile raises (exit status 1).
+the norm / GELU + quantize passes. A kernel that does not compile raises (exit status 1). Registers and
+stack (spill) bytes per thread are read from each cubin with Triton's bundled ``cuobjdump``; the compile
+specializes the arguments as the JIT launch does, so they match what the GPU machine reports (its Triton
+3.6: the grouped W4A16 decode tiles 139 / 166 registers there and here).
 """
 from __future__ import annotations
 
 import os
+import re
+import subprocess
 import sys
+import tempfile
 import time
 
 import torch
@@ -102,6 +109,22 @@ def norm_quant_ops(dtype) -> None:
     ck.gelu_quantize(x)
 
 
+def resource_usage(kernel) -> tuple[int, int]:
+    """(registers, stack bytes) per thread of a compiled kernel, from its cubin (Triton's bundled cuobjdump)."""
+    import triton
+
+    cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
+        cubin.write(kernel.asm["cubin"])
+        cubin.flush()
+        report = subprocess.run([cuobjdump, "--dump-resource-usage", cubin.name], capture_output=True, text=True,
+                                check=True).stdout
+    found = re.search(r"REG:(\d+) STACK:(\d+)", report)
+    if found is None:
+        raise RuntimeError(f"cuobjdump gave no REG / STACK line for {kernel.metadata.name}: {report[-500:]}")
+    return int(found.group(1)), int(found.group(2))
+
+
 def main() -> int:
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         print("gpu_compile_probe: unset TRITON_INTERPRET (the JIT must compile, not interpret)", file=sys.stderr)
@@ -119,7 +142,7 @@ def main() -> int:
                 print(f"{ops.__name__} {dtype}: {len(compiled) - first} launches compiled in "
                       f"{time.perf_counter() - began:.1f} s", file=sys.stderr, flush=True)
     for name, kernel in compiled:
-        print(name, kernel.metadata.num_warps, kernel.metadata.shared)
+        print(name, kernel.metadata.num_warps, kernel.metadata.shared, *resource_usage(kernel))
     return 0
 
 
