@@ -7,10 +7,11 @@ constexprs included (the values Triton's own launcher receives after its ``JITFu
 :mod:`compress_kernels.common.plans` turns a recorded call into a plan that later calls replay.
 
 Inside :func:`compiling_for` a launch runs nothing: Triton compiles the kernel for a GPU target (e.g.
-``GPUTarget("cuda", 90, 128)``, an H100 / H200) from the argument types and constexprs the launch would
-have used, with Triton's own ``ptxas``, so the kernels a call would launch on that GPU compile on a machine
-without one (the tests' check that a change still compiles for the GPU; the call's host code runs as it
-would, on CPU tensors, and Triton's JIT must not run under its interpreter).
+``GPUTarget("cuda", 90, 128)``, an H100 / H200) from the launch's arguments, bound and specialized as its
+JIT would bind them (the same code, registers and spills as on the GPU), with Triton's own ``ptxas``, so
+the kernels a call would launch on that GPU compile on a machine without one (the tests' check that a
+change still compiles for the GPU; the call's host code runs as it would, on CPU tensors, and Triton's
+JIT must not run under its interpreter).
 """
 from __future__ import annotations
 
