@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import triton
 
-from compress_kernels.common.device import sm_count
+from compress_kernels.common.device import hopper_or_newer, sm_count
 from compress_kernels.reference import BSR_BLOCK
 
 DENSIFY_MIN_M = 2048  # from this many rows of x, on layers keeping at least
@@ -40,6 +40,7 @@ GEMV_FOUR_ROWS_MAX_BYTES = 4 * 2**20  # M = 3-4: ... at most this
 GEMV_PREFETCH_BYTES = 8192  # one-row kernel: bytes of each block row's stored blocks prefetched into L2 ...
 PREFETCH_MAX_WEIGHTS = 128 * 2**20  # ... on layers of at most this many weights (N * K)
 TILES_MIN_M = 64  # tiled weights: the tile kernel from this many rows on (exclusive)
+TILES_LONG_K = 4096  # ... with 8 warps from this K, at 2-4 programs per SM
 PICK_CACHE_SIZE = 4096  # argument tuples remembered by the cached picks (a model has a few shapes per M)
 
 
@@ -70,6 +71,12 @@ def densifies(m: int, n: int, k: int, nnz: int) -> bool:
     return m >= DENSIFY_MIN_M and nnz >= DENSIFY_MIN_DENSITY * (n // BSR_BLOCK) * (k // BSR_BLOCK)
 
 
+def tma_capable(device) -> bool:
+    """Whether the tile kernel's tensor descriptors run on ``device``: a GPU of compute capability >= 9.0, or
+    the CPU (Triton's interpreter; the tables read an H100's facts there)."""
+    return getattr(device, "type", "cuda") != "cuda" or hopper_or_newer(device)
+
+
 def gemv_serves(m: int, stored_bytes: int) -> bool:
     """Whether the one-row kernel serves ``m`` rows of a layer whose stored blocks take ``stored_bytes``.
 
@@ -90,16 +97,19 @@ def pick(m: int, n: int, k: int, nnz: int, device, can_prefetch: bool, tile_rows
     few_programs = 2 * sm_count(device)  # about two programs per SM
     block_rows = n // BSR_BLOCK
     blocks_per_row = nnz / block_rows
-    # Tiled weights past 64 rows, on layers above SMALL_LAYER, once the tiles give every SM a program:
-    # outputs 32 R wide, so each x tile is read once per R block rows (H200, R = 4, 128x128 tiles: 4096x4096
-    # at M = 1024 0.98x / 1.58x cuBLAS at 50% / 75% against the free blocks' 0.45x / 0.84x; 4096x11008 at
-    # M = 256 (172 programs) 0.74x against 0.48x; with fewer programs, 4096x4096 at M = 256 (64), and on
-    # SmolLM2's 576-wide layers at every M, the free-block rows were the faster)
-    if tile_rows > 1 and m > TILES_MIN_M and n * k > SMALL_LAYER:
-        block_m = 128 if m >= 128 else 64
-        if triton.cdiv(block_rows, tile_rows) * triton.cdiv(m, block_m) >= sm_count(device):
-            return BsrConfig("tiles", block_m, tile_rows * BSR_BLOCK, 2 if tile_rows >= 4 else 4,
-                             8 if tile_rows * block_m >= 512 else 4, 3)
+    # Tiled weights past 64 rows on a GPU with TMA: outputs 32 R wide, each x tile read once per R block rows.
+    # H200, R = 4, 50%: faster than the free-block rows on every layer from 576x576 and every M > 64 (4096x11008
+    # at M = 256 1.12x against 0.44x cuBLAS; SmolLM2's 576x1536 at M = 1,024 0.83x against 0.60x), within 4% on
+    # 576x192. 128-row tiles once they give every SM a program, else 64; 4 warps, 8 stages, but 8 warps on long
+    # K loops with 2-4 programs per SM (4096x4096 at M = 2,048 1.34x against 1.24x; 8192x28672 at M = 256 1.50x
+    # against 1.24x; with K = 576 8 warps lost: 0.79x against 1.01x)
+    if tile_rows > 1 and m > TILES_MIN_M and tma_capable(device):
+        tiles = triton.cdiv(block_rows, tile_rows)
+        programs = tiles * triton.cdiv(m, 128)
+        if programs < sm_count(device):
+            return BsrConfig("tiles", 64, tile_rows * BSR_BLOCK, 1, 4, 8)
+        warps = 8 if k >= TILES_LONG_K and few_programs <= programs <= 2 * few_programs else 4
+        return BsrConfig("tiles", 128, tile_rows * BSR_BLOCK, 1, warps, 8)
     # From 2048 rows on layers keeping >= 40% of their blocks: dense weight, cuBLAS
     if densifies(m, n, k, nnz):
         return DENSE

@@ -46,7 +46,7 @@ TOL = {torch.float16: 5e-3, torch.bfloat16: 2e-2}  # fp32 sums in another order,
 def candidates(cfg, int4: bool = False) -> list:
     """The pick and its neighbours on the same kernel; for the int4 one-row kernel, also every outputs per
     program x blocks per step x split of a block row (4 warps)."""
-    if cfg.kernel in ("dense", "dequant"):
+    if cfg.kernel in ("dense", "dequant", "tiles"):  # the tile kernel's grid: tile_candidates
         return [cfg]
     if cfg.kernel == "gemv" and int4:
         grid = [dataclasses.replace(cfg, block_n=bn, group=g, split=sp, num_warps=4)
@@ -64,10 +64,10 @@ def candidates(cfg, int4: bool = False) -> list:
 
 
 def tile_candidates(tile_rows: int) -> list[BsrConfig]:
-    """The tile kernel's grid for tiles of ``tile_rows`` block rows (accumulators up to 128 x 256)."""
-    return [BsrConfig("tiles", bm, tile_rows * BSR_BLOCK, group, warps, stages)
-            for bm in (64, 128, 256) if bm * tile_rows * BSR_BLOCK <= 128 * 256
-            for group in (1, 2, 4) for warps in (4, 8) for stages in (2, 3, 4)]
+    """The tile kernel's grid for tiles of ``tile_rows`` block rows: 64 / 128 rows, 4 / 8 warps, 6 / 8 stages
+    (256 rows and 4 stages lost everywhere on an H200)."""
+    return [BsrConfig("tiles", bm, tile_rows * BSR_BLOCK, 1, warps, stages)
+            for bm in (64, 128) for warps in (4, 8) for stages in (6, 8)]
 
 
 def block_parts(k: int, n: int, sparsity: int, dtype, gen, device, tile_rows: int = 1):

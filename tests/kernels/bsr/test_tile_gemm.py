@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import compress_kernels
+from compress_kernels.bsr import dispatch
 from compress_kernels.bsr import op as bsr_op
 from compress_kernels.bsr.dispatch import BsrConfig, pick
 from compress_kernels.bsr.indices import tile_rows_of
@@ -39,22 +40,32 @@ def test_tiles_match_the_reference(tile_rows, n, dtype):
     x = torch.randn(m, k, device=DEVICE).to(dtype)
     bias = torch.randn(n, device=DEVICE).to(dtype)
     y = torch.full((m, n), float("nan"), device=DEVICE, dtype=dtype)  # poison: every entry must be written
-    config = BsrConfig("tiles", 32, 32 * tile_rows, 2, 4, 2)
+    config = BsrConfig("tiles", 32, 32 * tile_rows, 1, 4, 2)
     launch_tile_gemm(x, crow, col, values, bias, y, config, tile_rows)
     torch.testing.assert_close(y, bsr_matmul_ref(x, crow, col, values, n, bias), **TOL[dtype])
 
 
-@pytest.mark.parametrize("m, n, k, tile_rows, expected", [
-    (1024, 4096, 4096, 4, "tiles"),  # 32 tiles x 8 row blocks = 256 programs
-    (256, 11008, 4096, 4, "tiles"),  # 86 tiles x 2 = 172
-    (256, 4096, 4096, 4, "gemm"),  # 32 x 2 = 64 programs: fewer than the SMs
-    (2048, 4096, 4096, 1, "dense"),  # free blocks at 50%: the dense row
-    (8192, 1536, 576, 4, "dense"),  # a SmolLM2 layer (at most SMALL_LAYER weights): the free-block table
-    (64, 4096, 4096, 4, "gemm"),  # up to TILES_MIN_M rows
+@pytest.mark.parametrize("shape, expected", [
+    ((1024, 4096, 4096, 4), ("tiles", 128, 4)),  # 32 tiles x 8 row blocks = 256 programs
+    ((2048, 4096, 4096, 4), ("tiles", 128, 8)),  # 512 programs (2-4 per SM) over a long K loop: 8 warps
+    ((8192, 576, 1536, 4), ("tiles", 128, 4)),  # 320 programs, but K = 1536: 4 warps
+    ((256, 11008, 4096, 4), ("tiles", 128, 4)),  # 86 tiles x 2 = 172
+    ((256, 4096, 4096, 4), ("tiles", 64, 4)),  # 32 x 2 = 64 programs: fewer than the SMs, so 64-row tiles
+    ((1024, 1536, 576, 4), ("tiles", 64, 4)),  # a SmolLM2 layer
+    ((2048, 4096, 4096, 1), ("dense", 0, 0)),  # free blocks at 50%: the dense row
+    ((64, 4096, 4096, 4), ("gemm", 64, 4)),  # up to TILES_MIN_M rows: free-block tiles
 ])
-def test_the_table_takes_tiles_once_they_fill_the_sms_of_a_large_layer(m, n, k, tile_rows, expected):
+def test_the_table_takes_tiles_past_64_rows(shape, expected):
+    m, n, k, tile_rows = shape
     nnz = (n // 32) * (k // 32) // 2
-    assert pick(m, n, k, nnz, torch.device("cpu"), False, tile_rows).kernel == expected  # CPU: an H100's 132 SMs
+    cfg = pick(m, n, k, nnz, torch.device("cpu"), False, tile_rows)  # CPU: an H100's 132 SMs, TMA
+    assert (cfg.kernel, cfg.block_m, cfg.num_warps) == expected
+
+
+def test_the_table_keeps_free_block_kernels_without_tma(monkeypatch):
+    monkeypatch.setattr(dispatch, "hopper_or_newer", lambda device: False)  # an A100: no tensor descriptors
+    monkeypatch.setattr(dispatch, "sm_count", lambda device: 108)
+    assert pick(1024, 4096, 4096, 2**13, torch.device("cuda", 0), False, 4).kernel == "gemm"
 
 
 def test_the_op_runs_the_tile_kernel_when_the_table_says_tiles_and_checks_the_pattern(monkeypatch):
@@ -64,7 +75,7 @@ def test_the_op_runs_the_tile_kernel_when_the_table_says_tiles_and_checks_the_pa
 
     def tiles_pick(*args):
         seen.append(args[-1])
-        return BsrConfig("tiles", 64, 128, 2, 4, 3)
+        return BsrConfig("tiles", 64, 128, 1, 4, 3)
 
     monkeypatch.setattr(bsr_op, "cached_pick", tiles_pick)  # a small shape the table sends to the free blocks
     x = torch.randn(m, k, device=DEVICE).half()
@@ -78,11 +89,22 @@ def test_the_op_runs_the_tile_kernel_when_the_table_says_tiles_and_checks_the_pa
         compress_kernels.bsr_matmul_parts(x, crow, col, values, n, None, 3)
 
 
-def test_a_config_that_is_not_the_tile_width_is_refused():
+@pytest.mark.parametrize("block_n, group", [(32, 1), (64, 2)])
+def test_a_config_off_the_tile_width_or_with_more_blocks_a_step_is_refused(block_n, group):
     crow, col, values = bsr_parts(tiled_dense(64, 64, 0.0, 2, torch.float16))
-    with pytest.raises(ValueError, match=r"block_n = 32 \* tile_rows \(64\)"):
+    with pytest.raises(ValueError, match=r"block_n = 32 \* tile_rows \(64\), one block a step \(group 1\)"):
         launch_tile_gemm(torch.zeros(16, 64, device=DEVICE).half(), crow, col, values, None,
-                         torch.empty(16, 64, device=DEVICE).half(), BsrConfig("tiles", 16, 32, 1, 4, 3), 2)
+                         torch.empty(16, 64, device=DEVICE).half(), BsrConfig("tiles", 16, block_n, group, 4, 3), 2)
+
+
+def test_an_x_whose_rows_a_descriptor_cannot_hold_is_copied_first():
+    n, k, m = 128, 96, 40
+    crow, col, values = bsr_parts(tiled_dense(n, k, 0.5, 4, torch.float16))
+    wide = torch.randn(m, k + 1, device=DEVICE).half()  # rows of 97 halves: 194 bytes, not a multiple of 16
+    x = wide[:, 1:]  # unit column stride, an odd row stride and a base 2 bytes past the allocation's
+    y = torch.empty(m, n, device=DEVICE).half()
+    launch_tile_gemm(x, crow, col, values, None, y, BsrConfig("tiles", 32, 128, 1, 4, 2), 4)
+    torch.testing.assert_close(y, bsr_matmul_ref(x, crow, col, values, n, None), **TOL[torch.float16])
 
 
 @pytest.mark.gpu
