@@ -23,7 +23,7 @@ docs/architecture.md. The public calls, by package::
     bsr_w8a8/    bsr_w8a8_matmul_parts(x, crow, col, values_int8, w_scale, out_features, bias=None, x_scale=None),
                  bsr_w8a8_matmul_quantized(xq, s_x, crow, col, values_int8, w_scale, out_features, bias, out_dtype)
     bsr_w4a16/   bsr_w4a16_matmul(x, crow, col, values_int4 (nnz, 32, 4) int32, scales (nnz, 32), out_features,
-                 bias=None): int4 blocks, one scale per row of each stored block
+                 bias=None, tile_rows=1): int4 blocks, one scale per row of each stored block
     norm_quant/  layer_norm_quantize(x, weight, bias, eps, x_scale=None), rms_norm_quantize(x, weight, eps,
                  x_scale=None), gelu_quantize(x, x_scale=None): ``(y, xq, s_x)``, the op's output and its
                  per-token int8 copy (rows of at most ``NORM_QUANT_MAX_ROW`` features)

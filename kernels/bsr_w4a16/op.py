@@ -47,10 +47,11 @@ LAUNCHERS = {"gemv": launch_gemv, "gemm": launch_gemm}  # kernel -> launcher(x2,
 KERNELS = (*LAUNCHERS, "dequant")
 
 
-def launch(x2, crow_indices, col_indices, values, scales, out_features: int, bias=None,
+def launch(x2, crow_indices, col_indices, values, scales, out_features: int, bias=None, tile_rows: int = 1,
            config: BsrConfig | None = None) -> torch.Tensor:
     """Run validated ``x2`` (M, K) (unit column stride) through the picked kernel (or ``config``);
-    returns (M, out_features) in x2's dtype."""
+    returns (M, out_features) in x2's dtype. ``tile_rows``: the indices' tile pattern, which the DDS op
+    on de-quantized blocks takes (:mod:`compress_kernels.bsr.tile_gemm`)."""
     m, k = x2.shape
     if m == 0:
         return torch.empty((m, out_features), dtype=x2.dtype, device=x2.device)
@@ -59,43 +60,45 @@ def launch(x2, crow_indices, col_indices, values, scales, out_features: int, bia
         raise ValueError(f"config.kernel: expected one of {KERNELS}, got {config.kernel!r}")
     if config.kernel == "dequant":  # many rows: the DDS op on the blocks in x's dtype
         return launch_dds(x2, crow_indices, col_indices, dequantize_blocks(values, scales, x2.dtype), out_features,
-                          bias)
+                          bias, tile_rows)
     y = torch.empty((m, out_features), dtype=x2.dtype, device=x2.device)
     LAUNCHERS[config.kernel](x2, crow_indices, col_indices, values, scales, bias, y, config)
     return y
 
 
-def launch_nd(x, crow_indices, col_indices, values, scales, out_features: int, bias=None) -> torch.Tensor:
+def launch_nd(x, crow_indices, col_indices, values, scales, out_features: int, bias=None,
+              tile_rows: int = 1) -> torch.Tensor:
     """:func:`launch` on validated ``x`` (..., K): (..., out_features) in x's dtype (the custom op's work)."""
     k = x.shape[-1]
     x2 = x.reshape(-1, k)
     if x2.shape[0] > 0 and x2.stride(-1) != 1:
         x2 = x2.contiguous()
-    y = launch(x2, crow_indices, col_indices, values, scales, out_features, bias)
+    y = launch(x2, crow_indices, col_indices, values, scales, out_features, bias, tile_rows)
     return y.reshape(*x.shape[:-1], out_features)
 
 
 @torch.library.custom_op("compress_kernels::bsr_w4a16_matmul", mutates_args=())
 def _bsr_w4a16_op(
     x: torch.Tensor, crow_indices: torch.Tensor, col_indices: torch.Tensor, values: torch.Tensor,
-    scales: torch.Tensor, out_features: int, bias: torch.Tensor | None,
+    scales: torch.Tensor, out_features: int, bias: torch.Tensor | None, tile_rows: int = 1,
 ) -> torch.Tensor:
-    return launch_nd(x, crow_indices, col_indices, values, scales, out_features, bias)
+    return launch_nd(x, crow_indices, col_indices, values, scales, out_features, bias, tile_rows)
 
 
 @_bsr_w4a16_op.register_fake
-def _bsr_w4a16_fake(x, crow_indices, col_indices, values, scales, out_features, bias):
+def _bsr_w4a16_fake(x, crow_indices, col_indices, values, scales, out_features, bias, tile_rows=1):
     return x.new_empty((*x.shape[:-1], out_features))
 
 
-def _validate(x, crow_indices, col_indices, values, scales, out_features, bias, check_indices: bool) -> None:
+def _validate(x, crow_indices, col_indices, values, scales, out_features, bias, check_indices: bool,
+              tile_rows: int) -> None:
     if isinstance(values, torch.Tensor) and values.dtype == torch.int8 and values.dim() == 3:
         raise TypeError(f"values: expected int4 blocks packed 8 to an int32, shape "
                         f"(nnz, {BSR_BLOCK}, {BSR_INT4_WORDS}) int32, got int8 {tuple(values.shape)} (nibble j of "
                         "word r of a block row: channel 8r + j)")
     check_parts(x, crow_indices, col_indices, values, out_features, bias, value_dtype=torch.int32,
                 check_indices=check_indices, block_shape=(BSR_BLOCK, BSR_INT4_WORDS),
-                block_layout=f"{BSR_BLOCK}x{BSR_BLOCK} int4 blocks, 8 per int32 along K")
+                block_layout=f"{BSR_BLOCK}x{BSR_BLOCK} int4 blocks, 8 per int32 along K", tile_rows=tile_rows)
     check_tensor("scales", scales, (torch.float32, x.dtype), ndim=2)
     nnz = col_indices.shape[0]
     if tuple(scales.shape) != (nnz, BSR_BLOCK):
@@ -109,24 +112,28 @@ def _validate(x, crow_indices, col_indices, values, scales, out_features, bias, 
     check_same_device(x, scales=scales)
 
 
-def bsr_w4a16_matmul(x, crow_indices, col_indices, values, scales, out_features, bias=None, *, check_indices=True):
+def bsr_w4a16_matmul(x, crow_indices, col_indices, values, scales, out_features, bias=None, tile_rows=1, *,
+                     check_indices=True):
     """``y = x @ W.T (+ bias)`` for ``W`` (out_features, K): 32x32 blocks of int4 weights with group scales,
     given by their BSR parts (module docstring).
 
     ``x`` (..., K) fp16/bf16, K a multiple of 32; ``crow_indices`` (N/32 + 1,) and ``col_indices`` (nnz,)
     int32/int64; ``values`` (nnz, 32, 4) int32; ``scales`` (nnz, 32) float32 or x's dtype; ``bias`` (N,) in
-    x's dtype or float32. Returns (..., N) in x's dtype. ``check_indices=False`` skips the index-value
-    check (for indices already checked once).
+    x's dtype or float32. Returns (..., N) in x's dtype. ``tile_rows`` (1, 2, 4 or 8): the block rows store the
+    same block columns in tiles of that many, which many rows run on the tile kernel after de-quantizing.
+    ``check_indices=False`` skips the index-value check (for indices already checked once, the tile pattern
+    included).
     """
-    _validate(x, crow_indices, col_indices, values, scales, out_features, bias, check_indices)
+    _validate(x, crow_indices, col_indices, values, scales, out_features, bias, check_indices, tile_rows)
     return torch.ops.compress_kernels.bsr_w4a16_matmul(x, crow_indices, col_indices, values, scales, out_features,
-                                                       bias)
+                                                       bias, tile_rows)
 
 
-def bind_bsr_w4a16_matmul(x, crow_indices, col_indices, values, scales, out_features, bias=None) -> BoundMatmul:
+def bind_bsr_w4a16_matmul(x, crow_indices, col_indices, values, scales, out_features, bias=None,
+                          tile_rows=1) -> BoundMatmul:
     """:func:`bsr_w4a16_matmul` with every argument validated now, against ``x`` (the index *values* not:
     check them once where they come in), and the parts bound for later inputs of x's dtype, device and K
     (:class:`compress_kernels.common.bound.BoundMatmul`)."""
-    _validate(x, crow_indices, col_indices, values, scales, out_features, bias, check_indices=False)
-    weights = (crow_indices, col_indices, values, scales, out_features, bias)
+    _validate(x, crow_indices, col_indices, values, scales, out_features, bias, False, tile_rows)
+    weights = (crow_indices, col_indices, values, scales, out_features, bias, tile_rows)
     return BoundMatmul("bsr_w4a16_matmul", launch_nd, weights, x)

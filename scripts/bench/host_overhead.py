@@ -69,11 +69,11 @@ def public_call(module: nn.Module, x: torch.Tensor) -> Callable[[], torch.Tensor
     parts = (module.crow_indices, module.col_indices, module.values)
     if isinstance(module, BSRW4A16Linear):
         return lambda: kernels.bsr_w4a16_matmul(x, *parts, module.scales, module.out_features, bias,
-                                                check_indices=False)
+                                                module.tile_rows, check_indices=False)
     if isinstance(module, BSRW8A8Linear):
         return lambda: kernels.bsr_w8a8_matmul_parts(x, *parts, module.w_scale, module.out_features, bias,
                                                      module.act_scale, check_indices=False)
-    return lambda: kernels.bsr_matmul_parts(x, *parts, module.out_features, bias, check_indices=False)
+    return lambda: kernels.bsr_matmul_parts(x, *parts, module.out_features, bias, module.tile_rows, check_indices=False)
 
 
 def us_per_call(work: Callable[[], object], device: torch.device, calls: int, warmup: int = 10) -> float:

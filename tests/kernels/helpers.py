@@ -148,18 +148,20 @@ def int8_block_sparse(n, k, sparsity, device=DEVICE, empty_rows=(), seed=0):
 
 
 def int4_block_sparse(n, k, sparsity, group_size=32, device=DEVICE, empty_rows=(), full_rows=(), seed=0,
-                      scale_dtype=torch.float32):
+                      scale_dtype=torch.float32, tile_rows=1):
     """Random 32x32-block-sparse int4 weight with group scales, as ``bsr_w4a16_matmul`` takes it, and its
     dense W4A16 form: ``(parts (crow, col, values (nnz, 32, 4) int32), block scales (nnz, 32), qweight (K/8, N)
     int32 with the absent blocks zero, scales (K/G, N))``. ``group_size`` None: one group per row (G = K).
-    Block rows ``empty_rows`` keep no block, ``full_rows`` every block. Packed here independently of the
-    package: word r of row i of a block holds its channels 8r + j in nibble j."""
+    Block rows ``empty_rows`` keep no block, ``full_rows`` every block; ``tile_rows``: blocks absent in tiles
+    of that many block rows. Packed here independently of the package: word r of row i of a block holds its
+    channels 8r + j in nibble j."""
     gen = torch.Generator().manual_seed(seed)
     g = k if group_size is None else group_size
     rows, cols = n // BSR_BLOCK, k // BSR_BLOCK
-    keep = torch.ones(rows * cols, dtype=torch.bool)
-    keep[torch.randperm(rows * cols, generator=gen)[: round(sparsity * rows * cols)]] = False
-    keep = keep.reshape(rows, cols)
+    tiles = -(-rows // tile_rows)
+    keep = torch.ones(tiles * cols, dtype=torch.bool)
+    keep[torch.randperm(tiles * cols, generator=gen)[: round(sparsity * tiles * cols)]] = False
+    keep = keep.reshape(tiles, cols).repeat_interleave(tile_rows, dim=0)[:rows]
     keep[list(empty_rows)] = False
     keep[list(full_rows)] = True
     q = torch.randint(-8, 8, (n, k), generator=gen, dtype=torch.int8)

@@ -19,8 +19,11 @@ from compress.nn.inference.base import _InferenceLinear
 
 class _BlockSparseIndices:
     """What the block-sparse modules share: the BSR index check (their forwards pass ``check_indices=False``
-    to the launchers, so indices are checked once, where they come in), the count of stored blocks and the
-    description of the layer's blocks."""
+    to the launchers, so indices are checked once, where they come in) and the tile pattern found with it
+    (``tile_rows``: the tiles of block rows that store the same block columns, 8, 4, 2 or 1; 1 until the
+    indices come in), the count of stored blocks and the description of the layer's blocks."""
+
+    tile_rows = 1
 
     @property
     def nnz(self) -> int:
@@ -41,13 +44,11 @@ class _BlockSparseIndices:
             raise ValueError(f"values: expected {self.col_indices.shape[0]} blocks (one per col_indices entry), "
                              f"got {self.values.shape[0]}")
         check_bsr_indices(self.crow_indices, self.col_indices, self.in_features // self.block)
+        self.tile_rows = tile_rows_of(self.crow_indices, self.col_indices)
 
 
 class BSRLinear(_BlockSparseIndices, _InferenceLinear):
-    """Block-sparse weight (32x32 BSR) in the model dtype; dense activations. ``tile_rows``: the tiles of block
-    rows that store the same block columns (8, 4, 2 or 1), found where the indices come in (1 until then)."""
-
-    tile_rows = 1
+    """Block-sparse weight (32x32 BSR) in the model dtype; dense activations."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, nnz: int = 0, block: int = 32):
         super().__init__(in_features, out_features, bias)
@@ -69,11 +70,6 @@ class BSRLinear(_BlockSparseIndices, _InferenceLinear):
         module.tile_rows = tile_rows_of(crow, col)
         cls._copy_float_state(module, linear)
         return module.to(source.device)
-
-    def check_indices(self) -> None:
-        """The index check (:class:`_BlockSparseIndices`), then ``tile_rows`` from the indices."""
-        super().check_indices()
-        self.tile_rows = tile_rows_of(self.crow_indices, self.col_indices)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self._use_kernel(x):

@@ -24,14 +24,15 @@ or LSQ's learned ones, or GPTQ's), the integers ``clamp(round(w / s), -8, 7)`` o
 ``q * s`` is bit for bit the fake-quantized weight of the training module and the output equals the QAT
 model's up to fp32 summation order. K is never padded: a layer whose K is not a multiple of the group
 size has a last group of fewer channels (its scale from those, as W4A16Linear's zero padding gives).
-Indices are checked as ``BSRLinear``'s are (:mod:`compress.nn.inference.bsr`).
+Indices are checked, and their tile pattern found (``tile_rows``: many rows then run the tile kernel on the
+de-quantized blocks), as ``BSRLinear``'s are (:mod:`compress.nn.inference.bsr`).
 """
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from compress._kernels import bind_bsr_w4a16_matmul, bsr_w4a16_matmul, reference
+from compress._kernels import bind_bsr_w4a16_matmul, bsr_w4a16_matmul, reference, tile_rows_of
 from compress.configs import BlockSparseConfig, W4A16Config
 from compress.core.quant import pack_int4_blocks, unpack_int4, unpack_int4_blocks
 from compress.core.sparsity import bsr_to_dense, check_bsr_shape, dense_to_bsr
@@ -84,6 +85,7 @@ class BSRW4A16Linear(_BlockSparseIndices, _InferenceLinear):
         _, _, scale_blocks = dense_to_bsr(row_scales, block, mask)  # (nnz, b, b), constant along each block row
         module = cls(k, n, dense.bias is not None, dense.config, col.numel(), block).to(dense.qweight.device)
         module.crow_indices, module.col_indices = crow, col
+        module.tile_rows = tile_rows_of(crow, col)
         module.values = pack_int4_blocks(q_blocks)
         module.scales = scale_blocks[:, :, 0].contiguous()
         if dense.bias is not None:
@@ -96,7 +98,7 @@ class BSRW4A16Linear(_BlockSparseIndices, _InferenceLinear):
         parts = (b["crow_indices"], b["col_indices"], b["values"], b["scales"], self.out_features)
         if self._use_kernel(x):
             return self._kernel(bsr_w4a16_matmul, bind_bsr_w4a16_matmul, x, *parts, self._bias_for(x),
-                                check_indices=False)
+                                self.tile_rows, check_indices=False)
         return reference.bsr_w4a16_matmul_ref(x, *parts, self.bias)
 
     def dequantized_weight(self) -> torch.Tensor:

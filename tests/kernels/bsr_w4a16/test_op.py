@@ -11,6 +11,7 @@ import torch
 
 import compress_kernels as kernels
 from compress_kernels import reference
+from compress_kernels.bsr_w4a16 import op as bsr_w4a16_op
 from compress_kernels.bsr_w4a16.dispatch import cached_pick
 from compress_kernels.w4a16 import w4a16_matmul
 from tests.kernels.helpers import DEVICE, W4A16_TOL, int4_block_sparse, rel_error
@@ -48,6 +49,26 @@ def test_matches_reference_and_the_dense_kernel(dtype, m, group_size, sparsity):
 def test_the_dispatch_covers_both_kernels_on_these_shapes():
     nnz = 16
     assert {cached_pick(m, N, K, nnz, torch.device(DEVICE)).kernel for m in (1, 3, 17, 64)} == {"gemv", "gemm"}
+
+
+def test_blocks_in_tiles_of_block_rows_reach_the_tile_kernel_past_64_rows(monkeypatch):
+    """Past 64 rows the blocks are de-quantized for the DDS op, which gets the tile pattern (and runs the tile
+    kernel); a pattern the indices do not hold is refused."""
+    parts, scales, _, _ = int4_block_sparse(160, K, 0.5, 32, tile_rows=4)  # 5 block rows: a last tile of 1
+    seen, real = [], bsr_w4a16_op.launch_dds
+
+    def dds(*args):
+        seen.append(args[-1])
+        return real(*args)
+
+    monkeypatch.setattr(bsr_w4a16_op, "launch_dds", dds)
+    x = torch.randn(80, K, device=DEVICE).half()
+    y = kernels.bsr_w4a16_matmul(x, *parts, scales, 160, None, 4)
+    assert seen == [4]
+    assert rel_error(y, reference.bsr_w4a16_matmul_ref(x, *parts, scales, 160)) <= GPU_TOL[torch.float16]  # fp16 blocks
+    free, free_scales, _, _ = int4_block_sparse(160, K, 0.5, 32, seed=3)
+    with pytest.raises(ValueError, match=r"tile_rows=4: expected every 4 block rows .*\(their pattern: tile_rows=1\)"):
+        kernels.bsr_w4a16_matmul(x, *free, free_scales, 160, None, 4)
 
 
 @pytest.mark.parametrize("group_size", [64, None])
@@ -139,6 +160,19 @@ def test_gpu_full_size(dtype, m, sparsity, n, k, group_size):
     # de-quantized weight to x's dtype before a tensor-core product)
     assert rel_error(y, reference.bsr_w4a16_matmul_ref(x, *parts, scales, n, bias)) <= GPU_TOL[dtype]
     assert rel_error(y, w4a16_matmul(x, qweight, dense_scales, group_size, bias)) <= W4A16_TOL[dtype]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m", [65, 300, 2048])
+def test_gpu_tiles_of_block_rows(dtype, m):
+    """Blocks pruned in tiles of 4 block rows, past 64 rows: the tile kernel on the de-quantized blocks."""
+    n, k = 4096, 4096
+    parts, scales, _, _ = int4_block_sparse(n, k, 0.5, 128, device="cuda", seed=m, tile_rows=4)
+    x = torch.randn(m, k, device="cuda").to(dtype)
+    bias = torch.randn(n, device="cuda").to(dtype)
+    y = kernels.bsr_w4a16_matmul(x, *parts, scales, n, bias, 4)
+    assert rel_error(y, reference.bsr_w4a16_matmul_ref(x, *parts, scales, n, bias)) <= GPU_TOL[dtype]
 
 
 @pytest.mark.gpu

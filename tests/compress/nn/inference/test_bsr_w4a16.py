@@ -32,6 +32,31 @@ def test_holds_and_computes_what_w4a16_does_on_the_pruned_weight(group_size, k):
     torch.testing.assert_close(sparse(x), dense(x), atol=1e-5, rtol=1e-5)  # fp32 sums in another order
 
 
+def test_the_tile_pattern_is_found_at_export_and_again_at_load(tmp_path, kernel_modules, monkeypatch):
+    """Pruned in tiles of 4 block rows and quantized: the module finds tile_rows 4 and hands it to the op, which
+    past 64 rows runs the tile kernel on the de-quantized blocks; a loaded copy finds it again, free blocks
+    give 1."""
+    import compress
+    from compress_kernels.bsr_w4a16 import op as bsr_w4a16_op
+
+    torch.manual_seed(0)
+    plan = {"0": [BlockSparseConfig(0.5, tile_rows=4), W4A16Config(32)], "1": [BlockSparseConfig(0.5), W4A16Config(32)]}
+    model = compress.convert(nn.Sequential(nn.Linear(128, 256), nn.Linear(256, 64)), plan)
+    assert isinstance(model[0], BSRW4A16Linear) and (model[0].tile_rows, model[1].tile_rows) == (4, 1)
+    compress.save_compressed(model, tmp_path / "model")
+    loaded = compress.load_compressed(tmp_path / "model", model=nn.Sequential(nn.Linear(128, 256), nn.Linear(256, 64)))
+    assert (loaded[0].tile_rows, loaded[1].tile_rows) == (4, 1)
+    seen, real = [], bsr_w4a16_op.launch_dds
+    monkeypatch.setattr(bsr_w4a16_op, "launch_dds", lambda *args: seen.append(args[-1]) or real(*args))
+    layer = loaded[0].half()
+    x = torch.randn(80, 128).half()
+    y = layer(x)
+    assert seen == [4]
+    ref = reference.bsr_w4a16_matmul_ref(x, layer.crow_indices, layer.col_indices, layer.values, layer.scales, 256,
+                                         layer.bias).float()
+    assert (y.float() - ref).norm() / ref.norm() < 1e-3  # the blocks de-quantized to fp16 first
+
+
 def test_learned_scales_and_kept_zero_blocks():
     """LSQ's (or GPTQ's) scales are the ones stored; a block the mask keeps is stored even when all zero, and
     without a mask only the non-zero blocks are."""
