@@ -39,7 +39,8 @@ GEMV_TWO_ROWS_MAX_BYTES = 16 * 2**20  # M = 2: the one-row kernel while the stor
 GEMV_FOUR_ROWS_MAX_BYTES = 4 * 2**20  # M = 3-4: ... at most this
 GEMV_PREFETCH_BYTES = 8192  # one-row kernel: bytes of each block row's stored blocks prefetched into L2 ...
 PREFETCH_MAX_WEIGHTS = 128 * 2**20  # ... on layers of at most this many weights (N * K)
-TILES_MIN_M = 64  # tiled weights: the tile kernel from this many rows on (exclusive)
+TILES_MIN_M = 64  # tiled weights: the tile kernel from this many rows on (exclusive) ...
+TILES_WIDE_MIN_M = 32  # ... or from this many on layers with a tile per SM
 TILES_LONG_K = 4096  # ... with 8 warps from this K, at 2-4 programs per SM
 PICK_CACHE_SIZE = 4096  # argument tuples remembered by the cached picks (a model has a few shapes per M)
 
@@ -97,16 +98,18 @@ def pick(m: int, n: int, k: int, nnz: int, device, can_prefetch: bool, tile_rows
     few_programs = 2 * sm_count(device)  # about two programs per SM
     block_rows = n // BSR_BLOCK
     blocks_per_row = nnz / block_rows
-    # Tiled weights past 64 rows on a GPU with TMA: outputs 32 R wide, each x tile read once per R block rows.
-    # H200, R = 4, 50%: faster than the free-block rows on every layer from 576x576 and every M > 64 (4096x11008
-    # at M = 256 1.12x against 0.44x cuBLAS; SmolLM2's 576x1536 at M = 1,024 0.83x against 0.60x), within 4% on
-    # 576x192. 128-row tiles once they give every SM a program, else 64; 4 warps, 8 stages, but 8 warps on long
-    # K loops with 2-4 programs per SM (4096x4096 at M = 2,048 1.34x against 1.24x; 8192x28672 at M = 256 1.50x
-    # against 1.24x; with K = 576 8 warps lost: 0.79x against 1.01x)
-    if tile_rows > 1 and m > TILES_MIN_M and tma_capable(device):
-        tiles = triton.cdiv(block_rows, tile_rows)
+    # Tiled weights past 64 rows on a GPU with TMA (from 33 rows on layers of a tile per SM): outputs 32 R wide,
+    # each x tile read once per R block rows. H200, R = 4, 50%: faster than the free-block rows on every layer
+    # from 576x576 and every M > 64 (4096x11008 at M = 256 1.12x against 0.44x cuBLAS; SmolLM2's 576x1536 at
+    # M = 1,024 0.83x against 0.60x), within 4% on 576x192; at M = 64 only with a tile per SM (8192x28672 1.77x
+    # against 1.04x; 8192x8192, 64 tiles: 0.91x against 0.97x). 128-row tiles once they give every SM a program,
+    # else 64; 4 warps, 8 stages, but 8 warps on long K loops with 2-4 programs per SM (4096x4096 at M = 2,048
+    # 1.34x against 1.24x; 8192x28672 at M = 256 1.50x against 1.24x; with K = 576 8 warps lost: 0.79x / 1.01x)
+    tiles = triton.cdiv(block_rows, tile_rows)
+    if tile_rows > 1 and tma_capable(device) and (
+            m > TILES_MIN_M or (m > TILES_WIDE_MIN_M and tiles >= sm_count(device))):
         programs = tiles * triton.cdiv(m, 128)
-        if programs < sm_count(device):
+        if m <= TILES_MIN_M or programs < sm_count(device):
             return BsrConfig("tiles", 64, tile_rows * BSR_BLOCK, 1, 4, 8)
         warps = 8 if k >= TILES_LONG_K and few_programs <= programs <= 2 * few_programs else 4
         return BsrConfig("tiles", 128, tile_rows * BSR_BLOCK, 1, warps, 8)

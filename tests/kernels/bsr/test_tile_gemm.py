@@ -53,9 +53,11 @@ def test_tiles_match_the_reference(tile_rows, n, dtype):
     ((256, 4096, 4096, 4), ("tiles", 64, 4)),  # 32 x 2 = 64 programs: fewer than the SMs, so 64-row tiles
     ((1024, 1536, 576, 4), ("tiles", 64, 4)),  # a SmolLM2 layer
     ((2048, 4096, 4096, 1), ("dense", 0, 0)),  # free blocks at 50%: the dense row
-    ((64, 4096, 4096, 4), ("gemm", 64, 4)),  # up to TILES_MIN_M rows: free-block tiles
+    ((64, 4096, 4096, 4), ("gemm", 64, 4)),  # up to TILES_MIN_M rows: free-block tiles ...
+    ((64, 28672, 8192, 4), ("tiles", 64, 4)),  # ... unless the layer has a tile per SM (224 here)
+    ((32, 28672, 8192, 4), ("gemm", 32, 4)),  # up to TILES_WIDE_MIN_M rows: free-block tiles
 ])
-def test_the_table_takes_tiles_past_64_rows(shape, expected):
+def test_the_table_takes_tiles_past_64_rows_or_past_32_on_layers_of_a_tile_per_sm(shape, expected):
     m, n, k, tile_rows = shape
     nnz = (n // 32) * (k // 32) // 2
     cfg = pick(m, n, k, nnz, torch.device("cpu"), False, tile_rows)  # CPU: an H100's 132 SMs, TMA
