@@ -62,7 +62,9 @@ def test_block_scaled_targets_against_cublas_and_our_per_channel_w8a8():
     assert results[2]["ratio_vs_cublas"] == 1.6 and results[2]["ratio_vs_w8a8"] == 0.8
     met = {t["target"]: t for t in bench.evaluate_targets(results)}
     assert met["W8A8 block-scaled vs cuBLAS fp16, M>=2048 (every shape)"]["met"] is True  # 1.6x >= 1.5x
-    assert met["W8A8 block-scaled vs our per-channel W8A8, M>=2048 (every shape)"]["met"] is False  # 0.8 < 0.9
+    peer = ("W8A8 block-scaled vs our per-channel W8A8, M>=2048 "
+            "(4096x4096, 4096x11008, 11008x4096, 8192x8192, 8192x28672)")
+    assert met[peer]["met"] is False  # 0.8 < 0.9
 
 
 def test_the_int8pack_anchor_is_timed_up_to_its_row_limit_only():
