@@ -112,10 +112,11 @@ def test_an_x_whose_rows_a_descriptor_cannot_hold_is_copied_first():
 @pytest.mark.gpu
 @pytest.mark.parametrize("m, n, tile_rows", [(256, 4096, 4), (1024, 4096, 4), (2048, 4096, 2), (4096, 4096, 8),
                                              (48, 28672, 4), (2048, 4096, 4)])  # 48 rows, 224 tiles: the tile kernel
-def test_full_size_tiles(m, n, tile_rows):
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_full_size_tiles(m, n, tile_rows, dtype):
     k = 4096
-    crow, col, values = bsr_parts(tiled_dense(n, k, 0.5, tile_rows, torch.float16, device="cuda", seed=m))
-    x = torch.randn(m, k, device="cuda").half()
+    crow, col, values = bsr_parts(tiled_dense(n, k, 0.5, tile_rows, dtype, device="cuda", seed=m))
+    x = torch.randn(m, k, device="cuda").to(dtype)
     assert pick(m, n, k, col.shape[0], x.device, False, tile_rows).kernel == "tiles"
     y = compress_kernels.bsr_matmul_parts(x, crow, col, values, n, None, tile_rows)
     torch.testing.assert_close(y, bsr_matmul_ref(x, crow, col, values, n, None), atol=5e-1, rtol=2e-2)
