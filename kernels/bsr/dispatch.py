@@ -42,6 +42,7 @@ PREFETCH_MAX_WEIGHTS = 128 * 2**20  # ... on layers of at most this many weights
 TILES_MIN_M = 64  # tiled weights: the tile kernel from this many rows on (exclusive) ...
 TILES_WIDE_MIN_M = 32  # ... or from this many on layers with a tile per SM
 TILES_LONG_K = 4096  # ... with 8 warps from this K, at 2-4 programs per SM
+TILES_MAX_WIDE_N = 128  # ... and 128-row tiles up to this many outputs wide
 PICK_CACHE_SIZE = 4096  # argument tuples remembered by the cached picks (a model has a few shapes per M)
 
 
@@ -104,12 +105,14 @@ def pick(m: int, n: int, k: int, nnz: int, device, can_prefetch: bool, tile_rows
     # M = 1,024 0.83x against 0.60x), within 4% on 576x192; at M = 64 only with a tile per SM (8192x28672 1.77x
     # against 1.04x; 8192x8192, 64 tiles: 0.91x against 0.97x). 128-row tiles once they give every SM a program,
     # else 64; 4 warps, 8 stages, but 8 warps on long K loops with 2-4 programs per SM (4096x4096 at M = 2,048
-    # 1.34x against 1.24x; 8192x28672 at M = 256 1.50x against 1.24x; with K = 576 8 warps lost: 0.79x / 1.01x)
+    # 1.34x against 1.24x; 8192x28672 at M = 256 1.50x against 1.24x; with K = 576 8 warps lost: 0.79x / 1.01x).
+    # Tiles wider than 128 outputs (R = 8) always take 64 rows: 128 x 256 fp32 accumulators spill on 4 warps
+    # (4096x4096 at M = 2,048: 0.21x cuBLAS) and ran 1.08-1.20x on 8 warps against 64 rows' 1.27-1.38x
     tiles = triton.cdiv(block_rows, tile_rows)
     if tile_rows > 1 and tma_capable(device) and (
             m > TILES_MIN_M or (m > TILES_WIDE_MIN_M and tiles >= sm_count(device))):
         programs = tiles * triton.cdiv(m, 128)
-        if m <= TILES_MIN_M or programs < sm_count(device):
+        if m <= TILES_MIN_M or programs < sm_count(device) or tile_rows * BSR_BLOCK > TILES_MAX_WIDE_N:
             return BsrConfig("tiles", 64, tile_rows * BSR_BLOCK, 1, 4, 8)
         warps = 8 if k >= TILES_LONG_K and few_programs <= programs <= 2 * few_programs else 4
         return BsrConfig("tiles", 128, tile_rows * BSR_BLOCK, 1, warps, 8)

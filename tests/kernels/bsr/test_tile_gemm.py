@@ -49,6 +49,8 @@ def test_tiles_match_the_reference(tile_rows, n, dtype):
     ((1024, 4096, 4096, 4), ("tiles", 128, 4)),  # 32 tiles x 8 row blocks = 256 programs
     ((2048, 4096, 4096, 4), ("tiles", 128, 8)),  # 512 programs (2-4 per SM) over a long K loop: 8 warps
     ((8192, 576, 1536, 4), ("tiles", 128, 4)),  # 320 programs, but K = 1536: 4 warps
+    ((2048, 4096, 4096, 8), ("tiles", 64, 4)),  # 256 outputs wide: 64-row tiles (128 x 256 accumulators spill)
+    ((2048, 4096, 4096, 2), ("tiles", 128, 4)),  # 64 outputs wide, 1024 programs
     ((256, 11008, 4096, 4), ("tiles", 128, 4)),  # 86 tiles x 2 = 172
     ((256, 4096, 4096, 4), ("tiles", 64, 4)),  # 32 x 2 = 64 programs: fewer than the SMs, so 64-row tiles
     ((1024, 1536, 576, 4), ("tiles", 64, 4)),  # a SmolLM2 layer
