@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import triton
 
-from compress_kernels.common.device import hopper_or_newer, sm_count
+from compress_kernels.common.device import sm_count, tma_capable
 from compress_kernels.reference import BSR_BLOCK
 
 DENSIFY_MIN_M = 2048  # from this many rows of x, on layers keeping at least
@@ -71,12 +71,6 @@ def densifies(m: int, n: int, k: int, nnz: int) -> bool:
     if k // BSR_BLOCK > MAX_GRID_Y:
         return False
     return m >= DENSIFY_MIN_M and nnz >= DENSIFY_MIN_DENSITY * (n // BSR_BLOCK) * (k // BSR_BLOCK)
-
-
-def tma_capable(device) -> bool:
-    """Whether the tile kernel's tensor descriptors run on ``device``: a GPU of compute capability >= 9.0, or
-    the CPU (Triton's interpreter; the tables read an H100's facts there)."""
-    return getattr(device, "type", "cuda") != "cuda" or hopper_or_newer(device)
 
 
 def gemv_serves(m: int, stored_bytes: int) -> bool:

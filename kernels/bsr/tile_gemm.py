@@ -32,6 +32,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from compress_kernels.bsr.gemm import runs_of_block
 from compress_kernels.common.checks import interpreting
+from compress_kernels.common.device import tma_describable
 from compress_kernels.common.launch import launch
 from compress_kernels.common.tiles import grouped_tile
 from compress_kernels.reference import BSR_BLOCK
@@ -83,7 +84,7 @@ def launch_tile_gemm(x2, crow_indices, col_indices, values, bias, y, cfg, tile_r
     if cfg.block_n != tile_rows * BSR_BLOCK or cfg.group != 1 or cfg.split != 1 or cfg.prefetch:
         raise ValueError(f"config: the tile kernel takes block_n = 32 * tile_rows ({tile_rows * BSR_BLOCK}), one "
                          f"block a step (group 1), no split and no prefetch, got {cfg}")
-    if x2.stride(0) * x2.element_size() % 16 or x2.data_ptr() % 16:  # a descriptor's rows start 16-byte aligned
+    if not tma_describable(x2):
         x2 = x2.clone(memory_format=torch.contiguous_format)
     x_desc = TensorDescriptor.from_tensor(x2, [cfg.block_m, BSR_BLOCK])
     grid = (triton.cdiv(n // BSR_BLOCK, tile_rows) * triton.cdiv(m, cfg.block_m),)

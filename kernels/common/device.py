@@ -8,7 +8,8 @@ H100 SXM's: 132 SMs and 50 MiB of L2, the GPU every table was tuned on, so a CPU
 same picks as the H100 (the H200 has the same SM count and L2).
 
 :func:`hopper_or_newer`: compute capability 9.0 or later, which programmatic dependent launch,
-TMA descriptors and the bulk L2 prefetch need.
+TMA descriptors and the bulk L2 prefetch need; :func:`tma_capable` and :func:`tma_describable`: whether a
+tensor descriptor can run on a device and describe a tensor.
 """
 from __future__ import annotations
 
@@ -51,3 +52,15 @@ def hopper_or_newer(device) -> bool:
     """True for a CUDA device of compute capability 9.0 or later (False off CUDA)."""
     index = _cuda_index(device)
     return index is not None and _properties(index)[2] >= 9
+
+
+def tma_capable(device) -> bool:
+    """Whether tensor descriptors (TMA) run on ``device``: a CUDA GPU of compute capability >= 9.0, or no CUDA
+    device (Triton's interpreter runs them; the tables read an H100's facts there)."""
+    return torch.device(device).type != "cuda" or hopper_or_newer(device)
+
+
+def tma_describable(t: torch.Tensor) -> bool:
+    """Whether a 2-d tensor descriptor can hold ``t``: unit stride along the last dim, 16-byte aligned base
+    pointer and row stride."""
+    return t.stride(-1) == 1 and t.stride(0) * t.element_size() % 16 == 0 and t.data_ptr() % 16 == 0

@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from compress_kernels.common.device import hopper_or_newer
+from compress_kernels.common.device import tma_capable, tma_describable
 from compress_kernels.common.launch import launch
 from compress_kernels.common.pdl import launch_options, let_dependents_launch, pdl_enabled, wait_for_inputs
 from compress_kernels.common.tiles import grouped_tile
@@ -63,16 +63,11 @@ def tma_ready(w_q: torch.Tensor, xq: torch.Tensor | None = None) -> bool:
     """Whether both int8 operands can be described for TMA: a GPU of compute capability >= 9.0 (or
     the interpreter), unit stride along K, 16-byte aligned base pointers and row strides. ``xq``
     None: the quantize pass will allocate it, contiguous (aligned when K is a multiple of 16)."""
-    if w_q.device.type == "cuda" and not hopper_or_newer(w_q.device):
+    if not tma_capable(w_q.device):
         return False
     if xq is None:
-        return w_q.shape[1] % 16 == 0 and _describable(w_q)
-    return _describable(xq) and _describable(w_q)
-
-
-def _describable(t: torch.Tensor) -> bool:
-    """Unit stride along the last dim, 16-byte aligned base pointer and row stride (int8 elements)."""
-    return t.stride(1) == 1 and t.stride(0) % 16 == 0 and t.data_ptr() % 16 == 0
+        return w_q.shape[1] % 16 == 0 and tma_describable(w_q)
+    return tma_describable(xq) and tma_describable(w_q)
 
 
 def launch_tma(xq, s_x, w_q, w_scale, bias, cfg, y) -> None:

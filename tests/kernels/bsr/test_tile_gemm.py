@@ -12,6 +12,7 @@ from compress_kernels.bsr import op as bsr_op
 from compress_kernels.bsr.dispatch import BsrConfig, pick
 from compress_kernels.bsr.indices import tile_rows_of
 from compress_kernels.bsr.tile_gemm import launch_tile_gemm
+from compress_kernels.common import device as device_facts
 from compress_kernels.reference import bsr_matmul_ref
 from tests.kernels.helpers import DEVICE, bsr_parts
 
@@ -67,7 +68,7 @@ def test_the_table_takes_tiles_past_64_rows_or_past_32_on_layers_of_a_tile_per_s
 
 
 def test_the_table_keeps_free_block_kernels_without_tma(monkeypatch):
-    monkeypatch.setattr(dispatch, "hopper_or_newer", lambda device: False)  # an A100: no tensor descriptors
+    monkeypatch.setattr(device_facts, "hopper_or_newer", lambda device: False)  # an A100: no tensor descriptors
     monkeypatch.setattr(dispatch, "sm_count", lambda device: 108)
     assert pick(1024, 4096, 4096, 2**13, torch.device("cuda", 0), False, 4).kernel == "gemm"
 

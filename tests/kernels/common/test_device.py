@@ -27,10 +27,26 @@ def test_cuda_facts_come_from_the_device_properties_once(monkeypatch):
     try:
         assert device.sm_count("cuda:3") == 78 and device.l2_bytes("cuda:3") == 40 * 2**20
         assert not device.hopper_or_newer("cuda:3")
+        assert not device.tma_capable("cuda:3")  # compute capability 8: no tensor descriptors
         assert device.sm_count("cuda") == 78  # no index: the current device
         assert calls == [3, 1]  # cached per device
     finally:
         device._properties.cache_clear()
+
+
+def test_off_cuda_descriptors_run_in_the_interpreter():
+    assert device.tma_capable("cpu") and device.tma_capable(torch.device("cpu"))
+
+
+def test_a_descriptor_holds_unit_stride_rows_of_16_aligned_bytes():
+    base = torch.zeros(8, 72, dtype=torch.float16)  # rows of 144 bytes
+    assert device.tma_describable(base)
+    assert device.tma_describable(base[:, :40])  # a view keeps the 144-byte row stride
+    assert not device.tma_describable(base[:, 1:])  # a base 2 bytes past an aligned one
+    assert not device.tma_describable(torch.zeros(8, 20, dtype=torch.float16))  # rows of 40 bytes
+    assert not device.tma_describable(base.T)  # not unit stride along the last dim
+    assert device.tma_describable(torch.zeros(4, 32, dtype=torch.int8)) and not device.tma_describable(
+        torch.zeros(4, 24, dtype=torch.int8))  # int8 rows: 32 bytes, 24 bytes
 
 
 @pytest.mark.gpu
