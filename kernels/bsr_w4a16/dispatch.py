@@ -2,18 +2,21 @@
 kernel and tiles that run, in :class:`compress_kernels.bsr.dispatch.BsrConfig` form:
 
 * ``gemv``: :mod:`compress_kernels.bsr_w4a16.gemv`, one token row per program on CUDA cores;
+* ``planes``: :mod:`compress_kernels.bsr_w4a16.planes`, 4 or 8 token rows per program on tensor cores, four
+  blocks a dot as nibble planes, a block row optionally shared by ``split`` programs;
 * ``gemm``: :mod:`compress_kernels.bsr_w4a16.gemm`, tensor-core tiles, one 32-deep dot per stored block,
   a block row optionally shared by ``split`` programs;
 * ``dequant``: :mod:`compress_kernels.bsr_w4a16.dequant`, the blocks de-quantized once to x's dtype, then
   the DDS op with its own table (its tiles, or from 2048 rows on dense enough layers cuBLAS).
 
 Read the table top to bottom: the first row that matches decides. The one-row rows come from
-``python -m scripts.tune.bsr --int4`` on an H200 (M = 1; 4096x4096, 4096x14336, 14336x4096 at 50% and 90%);
-the tile rows are still the DDS table's (:func:`compress_kernels.bsr.dispatch.pick`) with the int4 block's
-bytes, and say which DDS figure they were taken from; past ``DEQUANT_MIN_M`` rows the DDS op takes
-over on de-quantized blocks (:func:`tile_pick` is the table without that row). The table
-depends on shapes and the number of stored blocks only, so a call is the same every time and can be
-captured in a CUDA graph; :func:`cached_pick` remembers it per argument tuple (what the launchers call).
+``python -m scripts.tune.bsr --int4`` on an H200 (M = 1; 4096x4096, 4096x14336, 14336x4096 at 50% and
+90%), the planes rows from its grid (M = 2-16; 4096x4096, 4096x11008, 11008x4096, 8192x28672 at 50%); the
+tile rows are still the DDS table's (:func:`compress_kernels.bsr.dispatch.pick`) with the int4 block's
+bytes, and say which DDS figure they were taken from; past ``DEQUANT_MIN_M`` rows the DDS op takes over
+on de-quantized blocks (:func:`tile_pick` is the table without that row). The table depends on shapes
+and the number of stored blocks only, so a call is the same every time and can be captured in a CUDA
+graph; :func:`cached_pick` remembers it per argument tuple (what the launchers call).
 """
 from __future__ import annotations
 
@@ -24,6 +27,7 @@ import triton
 
 from compress_kernels.bsr.dispatch import (PICK_CACHE_SIZE, SMALL_LAYER, SMALL_SPLIT_MIN_BLOCKS_PER_ROW,
                                            SPLIT_MAX_BLOCK_ROWS_M64, SPLIT_MIN_BLOCKS_PER_ROW, BsrConfig, gemv_serves)
+from compress_kernels.bsr_w4a16.planes import ROW_TILES
 from compress_kernels.common.device import sm_count
 from compress_kernels.reference import BSR_BLOCK
 
@@ -31,8 +35,10 @@ BLOCK_BYTES = BSR_BLOCK * BSR_BLOCK // 2 + BSR_BLOCK * 4  # one stored block: 51
 
 
 GEMV_BLOCK_N, GEMV_GROUP = 32, 16
-GEMV_PROGRAMS_PER_SM = 3  # split the block rows until the one-row kernel has this many programs per SM
-GEMV_MAX_SPLIT = 8
+SHARE_PROGRAMS_PER_SM = 3  # one-row and planes kernels: split the block rows until this many programs per SM
+SHARE_MAX_SPLIT = 8
+PLANES_MAX_M = 8  # the planes kernel's rows; 4 rows per program up to 4, then 8
+PLANES_GROUP = 4
 # Past this many rows the blocks are de-quantized for the DDS op: there its tiles (or cuBLAS) beat the int4
 # tiles, which unpack every block once per M tile and scale each block's dot on CUDA cores. H200, 50%,
 # ``scripts.tune.bsr --int4``, us de-quantized / best int4 tiles: M = 128 576x3072 8.4 / 9.7, 1536x576 10.1 /
@@ -42,13 +48,14 @@ DEQUANT_MIN_M = 64
 DEQUANT = BsrConfig("dequant", 0, 0, 0, 0, 0)
 
 
-def gemv_split(programs: int, blocks_per_row: float, sms: int) -> int:
-    """Programs sharing a block row in the one-row kernel: the smallest power of two giving
-    ``GEMV_PROGRAMS_PER_SM`` programs per SM, at most ``GEMV_MAX_SPLIT`` and no more shares than the mean
-    block row has GROUP steps, rounded up to a power of two (a 90% 4096-wide row: one step, no split)."""
-    steps = max(1, math.ceil(blocks_per_row / GEMV_GROUP))
+def row_split(programs: int, blocks_per_row: float, group: int, sms: int) -> int:
+    """Programs sharing a block row in the one-row and planes kernels: the smallest power of two giving
+    ``SHARE_PROGRAMS_PER_SM`` programs per SM, at most ``SHARE_MAX_SPLIT`` and no more shares than the mean
+    block row has ``group`` steps, rounded up to a power of two (a 90% 4096-wide row in steps of 16 blocks:
+    one step, no split)."""
+    steps = max(1, math.ceil(blocks_per_row / group))
     split = 1
-    while programs * split < GEMV_PROGRAMS_PER_SM * sms and split < min(GEMV_MAX_SPLIT, steps):
+    while programs * split < SHARE_PROGRAMS_PER_SM * sms and split < min(SHARE_MAX_SPLIT, steps):
         split *= 2
     return split
 
@@ -66,13 +73,25 @@ def tile_pick(m: int, n: int, k: int, nnz: int, device) -> BsrConfig:
     few_programs = 2 * sm_count(device)  # about two programs per SM
     block_rows = n // BSR_BLOCK
     blocks_per_row = nnz / block_rows
-    # One row, and 2-4 while the stored blocks stay in L2 (DDS's rule on their bytes): memory bound, one
-    # row per program on CUDA cores, 32 outputs and 16 blocks (512 channels) a step, a block row shared
-    # by ``gemv_split`` programs when there are few (H200, M = 1, 50%: 4096x4096 14.1 -> 8.9 us,
-    # 14336x4096 38.6 -> 15.5 us, 4096x14336 29.8 -> 15.9 us against 8 outputs and 8 blocks, unsplit)
-    if gemv_serves(m, nnz * BLOCK_BYTES):
+    sms = sm_count(device)
+    # One row, and 2-4 rows of small layers while their stored blocks stay in L2 (DDS's rule on their
+    # bytes): memory bound, one row per program on CUDA cores, 32 outputs and 16 blocks (512 channels) a
+    # step, a block row shared by ``row_split`` programs when there are few (H200, M = 1, 50%: 4096x4096
+    # 14.1 -> 8.9 us, 14336x4096 38.6 -> 15.5 us, 4096x14336 29.8 -> 15.9 us against 8 outputs and 8
+    # blocks, unsplit)
+    if m <= 1 or (n * k <= SMALL_LAYER and gemv_serves(m, nnz * BLOCK_BYTES)):
         return BsrConfig("gemv", 1, GEMV_BLOCK_N, GEMV_GROUP, 4, 3,
-                         split=gemv_split(m * n // GEMV_BLOCK_N, blocks_per_row, sm_count(device)))
+                         split=row_split(m * n // GEMV_BLOCK_N, blocks_per_row, GEMV_GROUP, sms))
+    # 2-8 rows: the planes kernel, 4 (up to 4 rows) or 8 rows a program, 32 outputs, 4 blocks a step, 2 warps,
+    # a block row shared by ``row_split`` programs (H200, 50%, us against the one-row kernel at M = 2 and the
+    # int4 tiles at 4 / 8: 8192x28672 86.3 -> 71.6, 116.6 -> 71.6, 117.7 -> 95.7; 4096x11008 23.3 -> 19.4,
+    # 32.7 -> 19.6, 32.8 -> 24.1; 11008x4096 20.2 -> 19.7, 30.1 -> 20.0, 30.3 -> 24.6; 4096x4096 11.2 ->
+    # 11.0, 15.5 -> 11.1, 15.6 -> 13.3. At 16 rows it ties the int4 tiles or loses: 192.6 against 119.9 us
+    # on 8192x28672)
+    if m <= PLANES_MAX_M:
+        block_m = next(rows for rows in ROW_TILES if rows >= m)
+        split = row_split(triton.cdiv(m, block_m) * block_rows, blocks_per_row, PLANES_GROUP, sms)
+        return BsrConfig("planes", block_m, BSR_BLOCK, PLANES_GROUP, 2, 3, split=split)
     # Up to 16 rows: one 16-row tile reads each block once; long block rows (>= 24 blocks) shared by 4
     # programs while there are at most ~2 programs per SM of block rows (DDS: 90%, M = 16, 11008x4096
     # 12.1 -> 9.6 us)

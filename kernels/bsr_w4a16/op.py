@@ -20,8 +20,9 @@ Math (the contract of ``compress_kernels.reference.bsr_w4a16_matmul_ref``)::
     y = x @ W.T (+ bias)                                          fp32 accumulation, x's dtype
 
 Which kernel runs is decided by :func:`compress_kernels.bsr_w4a16.dispatch.pick`: one row per program
-on CUDA cores (:mod:`~compress_kernels.bsr_w4a16.gemv`), tensor-core tiles with the scale applied
-after each block's dot (:mod:`~compress_kernels.bsr_w4a16.gemm`) or, at many rows, the blocks
+on CUDA cores (:mod:`~compress_kernels.bsr_w4a16.gemv`), four blocks a tensor-core dot as nibble planes
+(:mod:`~compress_kernels.bsr_w4a16.planes`), tensor-core tiles with the scale applied after each block's
+dot (:mod:`~compress_kernels.bsr_w4a16.gemm`) or, at many rows, the blocks
 de-quantized once to x's dtype for the DDS op (:mod:`~compress_kernels.bsr_w4a16.dequant`).
 ``bsr_w4a16_matmul`` validates and calls the custom op ``torch.ops.compress_kernels.bsr_w4a16_matmul``
 (with a fake implementation, so callers compile and capture in CUDA graphs: the launch depends on shapes
@@ -39,11 +40,13 @@ from compress_kernels.bsr_w4a16.dequant import dequantize_blocks
 from compress_kernels.bsr_w4a16.dispatch import cached_pick
 from compress_kernels.bsr_w4a16.gemm import launch_gemm
 from compress_kernels.bsr_w4a16.gemv import launch_gemv
+from compress_kernels.bsr_w4a16.planes import launch_planes
 from compress_kernels.common.bound import BoundMatmul
 from compress_kernels.common.checks import check_same_device, check_shape, check_tensor
 from compress_kernels.reference import BSR_BLOCK, BSR_INT4_WORDS
 
-LAUNCHERS = {"gemv": launch_gemv, "gemm": launch_gemm}  # kernel -> launcher(x2, crow, col, values, scales, bias, y, c)
+# kernel -> launcher(x2, crow, col, values, scales, bias, y, cfg)
+LAUNCHERS = {"gemv": launch_gemv, "planes": launch_planes, "gemm": launch_gemm}
 KERNELS = (*LAUNCHERS, "dequant")
 
 

@@ -11,8 +11,9 @@ it times the op with the config :func:`compress_kernels.bsr.dispatch.pick` gives
 :func:`compress_kernels.bsr_w8a8.dispatch.pick`; ``--int4``: :func:`compress_kernels.bsr_w4a16.dispatch.pick`),
 and the same kernel with one launch parameter changed (rows per tile, outputs per program, blocks per step,
 programs sharing a block row, warps, stages; the int4 one-row kernel also on a grid of outputs, blocks per
-step and sharing; past 16 rows int4 blocks both ways, de-quantized for the DDS op and the int4 tiles with
-their neighbours; the dense path, taken at large M on dense layers, has no tiles of ours), each checked
+step and sharing, and up to 64 rows the int4 planes kernel on a grid of tiles, blocks per step, warps and
+sharing; past 16 rows int4 blocks both ways, de-quantized for the DDS op and the int4 tiles with their
+neighbours; the dense path, taken at large M on dense layers, has no tiles of ours), each checked
 against the reference (``bsr_matmul_ref`` / ``bsr_w8a8_matmul_ref`` / ``bsr_w4a16_matmul_ref``), next to
 cuBLAS fp16 on the dense shape. With ``--tile-rows R`` the blocks are absent in tiles of R block rows x one
 block column (``BlockSparseConfig(tile_rows=R)``), the pick is the table's for that pattern, and the tile
@@ -34,6 +35,7 @@ from compress_kernels.bsr.op import launch
 from compress_kernels.bsr_w4a16.dispatch import DEQUANT, tile_pick
 from compress_kernels.bsr_w4a16.dispatch import pick as pick_w4a16
 from compress_kernels.bsr_w4a16.op import launch as launch_w4a16
+from compress_kernels.bsr_w4a16.planes import ROW_TILES
 from compress_kernels.bsr_w8a8.dispatch import pick as pick_w8a8
 from compress_kernels.bsr_w8a8.op import launch as launch_w8a8
 from compress_kernels.common.prefetch import prefetch_allowed
@@ -55,12 +57,22 @@ def candidates(cfg, int4: bool = False) -> list:
                                                                                   "num_stages": sweep.stages}))
                        if c != cfg]]
     steps = {"group": sweep.halve_double(1, 16), "num_warps": sweep.halve_double(2, 8), "num_stages": sweep.stages}
-    if cfg.kernel == "gemv":
+    if cfg.kernel == "planes":  # four blocks a 16-deep dot: 4 or 8 blocks a step
+        steps.update(group=sweep.halve_double(4, 8), block_n=sweep.halve_double(16, 32), split=sweep.halve_double(1, 8))
+    elif cfg.kernel == "gemv":
         steps["block_n"] = sweep.halve_double(8, 32)
     else:
         steps.update(block_m=sweep.halve_double(16, 256), block_n=sweep.halve_double(16, 32),
                      split=sweep.halve_double(1, 8))
     return [cfg, *sweep.neighbours(cfg, steps)]
+
+
+def planes_candidates(m: int) -> list[BsrConfig]:
+    """The int4 planes kernel's grid up to 64 rows: rows per program (each tile under M and the fewest holding
+    it) x 16 / 32 outputs x 4 / 8 blocks a step x 2 / 4 warps x 1 / 2 / 4 programs sharing a block row, 3 stages."""
+    rows = [r for r in ROW_TILES if r < m] + [next((r for r in ROW_TILES if r >= m), ROW_TILES[-1])]
+    return [BsrConfig("planes", bm, bn, group, warps, 3, split=split)
+            for bm in rows for bn in (16, 32) for group in (4, 8) for warps in (2, 4) for split in (1, 2, 4)]
 
 
 def tile_candidates(tile_rows: int) -> list[BsrConfig]:
@@ -141,6 +153,8 @@ def sweep_sparsity(k: int, n: int, m: int, sparsity: int, args, device) -> list[
     configs = candidates(picked, args.int4)
     if args.int4 and m > 16:  # both sides of the de-quantized path's row
         configs += [c for c in (DEQUANT, *candidates(tile_pick(m, n, k, nnz, device), True)) if c not in configs]
+    if args.int4 and m <= 64:  # the planes kernel's grid, whichever kernel the table picks
+        configs += [c for c in planes_candidates(m) if c not in configs]
     if args.tile_rows > 1:
         configs += [c for c in tile_candidates(args.tile_rows) if c not in configs]
     return sweep.time_case(case, configs, picked, sets, run, reference, TOL[dtype], fp16, args)

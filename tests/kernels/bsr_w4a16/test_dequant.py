@@ -43,6 +43,6 @@ def test_the_dds_op_on_dequantized_blocks_matches_the_reference(dtype, bias_dtyp
     ref = reference.bsr_w4a16_matmul_ref(x, *parts, scales, n, bias)
     assert y.dtype == dtype and y.shape == (m, n)
     assert rel_error(y, ref) <= {torch.float16: 2e-3, torch.bfloat16: 1e-2}[dtype]
-    empty = torch.zeros(m, 32) if bias is None else bias[32:64].to(dtype).float().expand(m, 32)
+    empty = torch.zeros(m, 32, device=DEVICE) if bias is None else bias[32:64].to(dtype).float().expand(m, 32)
     step = 2**-7 if dtype == torch.bfloat16 else 0  # the interpreter truncates to bf16 (module docstring)
     torch.testing.assert_close(y[:, 32:64].float(), empty, rtol=step, atol=0)  # block row 1 empty: 0 or the bias

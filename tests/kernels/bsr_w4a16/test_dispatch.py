@@ -3,7 +3,7 @@
 Off CUDA the device facts are an H100's (132 SMs), so these picks are the H100's."""
 import torch
 
-from compress_kernels.bsr_w4a16.dispatch import BLOCK_BYTES, DEQUANT, DEQUANT_MIN_M, cached_pick, pick, tile_pick
+from compress_kernels.bsr_w4a16.dispatch import DEQUANT, DEQUANT_MIN_M, cached_pick, pick, tile_pick
 
 CPU = torch.device("cpu")
 
@@ -16,9 +16,8 @@ def test_one_row_kernel_at_one_row_and_a_few_rows_of_small_layers():
     nnz = 128 * 64  # 4096x4096 at 50%
     assert pickw(1, 4096, 4096, nnz).kernel == "gemv"
     assert pickw(1, 28672, 8192, 896 * 128).kernel == "gemv"  # any size at one row
-    assert nnz * BLOCK_BYTES <= 16 * 2**20 and pickw(2, 4096, 4096, nnz).kernel == "gemv"
-    assert pickw(4, 4096, 4096, nnz).kernel == "gemm"  # 5 MiB of blocks: over the 4 MiB of 3-4 rows
-    assert pickw(4, 1024, 1024, 32 * 16).kernel == "gemv" and pickw(5, 1024, 1024, 32 * 16).kernel == "gemm"
+    assert pickw(2, 4096, 4096, nnz).kernel == "planes"  # more rows of larger layers: the planes kernel
+    assert pickw(4, 1024, 1024, 32 * 16).kernel == "gemv" and pickw(5, 1024, 1024, 32 * 16).kernel == "planes"
 
 
 def test_one_row_tiles_and_split_follow_the_sweep():
@@ -29,13 +28,27 @@ def test_one_row_tiles_and_split_follow_the_sweep():
     assert pickw(1, 4096, 4096, 128 * 13).split == 1  # one step of 16 blocks per row: nothing to share
     assert pickw(1, 14336, 4096, 448 * 64).split == 1 and pickw(1, 14336, 4096, 448 * 13).split == 1
     assert pickw(1, 4096, 14336, 128 * 224).split == 4 and pickw(1, 4096, 14336, 128 * 45).split == 4
-    assert pickw(2, 4096, 4096, 128 * 64).split == 2  # two rows: twice the programs already
+    assert pickw(2, 1024, 1024, 32 * 32).split == 2  # a small dense layer's two rows: 64 programs, 2 steps a row
+
+
+def test_planes_rows_and_split_follow_the_sweep():
+    """The H200 grid's best at M = 2-8 (K x N, 50%): 4 rows a program up to 4 rows, then 8; 32 outputs, 4 blocks
+    a step, 2 warps; 8192x28672 unsplit (896 block rows), 4096x11008 split 2 (344), 11008x4096 and 4096x4096
+    split 4 (128); from 9 rows the int4 tiles."""
+    for m, block_m in ((2, 4), (4, 4), (5, 8), (8, 8)):
+        cfg = pickw(m, 28672, 8192, 896 * 128)
+        assert (cfg.kernel, cfg.block_m, cfg.block_n, cfg.group, cfg.num_warps, cfg.split) == \
+            ("planes", block_m, 32, 4, 2, 1)
+    assert pickw(4, 11008, 4096, 344 * 64).split == 2 and pickw(8, 11008, 4096, 344 * 64).split == 2
+    assert pickw(4, 4096, 11008, 128 * 172).split == 4 and pickw(4, 4096, 4096, 128 * 64).split == 4
+    assert pickw(4, 4096, 4096, 128 * 2).split == 1  # rows of two blocks: one step, nothing to share
+    assert pickw(9, 4096, 4096, 128 * 64).kernel == "gemm"
 
 
 def test_tile_rows():
     nnz = 128 * 64
-    assert [tile_pick(m, 4096, 4096, nnz, CPU).block_m for m in (8, 16, 17, 32, 33, 64, 65, 2048)] == \
-        [16, 16, 32, 32, 64, 64, 64, 128]
+    assert [tile_pick(m, 4096, 4096, nnz, CPU).block_m for m in (8, 9, 16, 17, 32, 33, 64, 65, 2048)] == \
+        [8, 16, 16, 32, 32, 64, 64, 64, 128]
     assert pickw(16, 4096, 4096, nnz).split == 4  # 128 long block rows: shared by 4
     assert pickw(16, 28672, 8192, 896 * 128).split == 1  # many block rows fill the GPU already
     assert pickw(16, 4096, 4096, 128 * 12).split == 1  # short rows (90%)

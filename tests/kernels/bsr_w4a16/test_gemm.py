@@ -53,5 +53,6 @@ def test_configs_it_cannot_take_are_refused(config):
 
 def test_a_kernel_the_op_does_not_have_is_refused():
     parts, scales, _, _ = int4_block_sparse(32, 32, 0.0)
-    with pytest.raises(ValueError, match=r"config.kernel: expected one of \('gemv', 'gemm', 'dequant'\), got 'dense'"):
+    expected = r"config.kernel: expected one of \('gemv', 'planes', 'gemm', 'dequant'\), got 'dense'"
+    with pytest.raises(ValueError, match=expected):
         launch(torch.zeros(1, 32, device=DEVICE).half(), *parts, scales, 32, config=BsrConfig("dense", 0, 0, 0, 0, 0))

@@ -148,7 +148,7 @@ def test_bound_call_is_the_launcher_and_checks_only_x():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("m", [1, 4, 16, 64, 65, 128, 300, 2048])
+@pytest.mark.parametrize("m", [1, 4, 8, 16, 64, 65, 128, 300, 2048])
 @pytest.mark.parametrize("sparsity", [0.5, 0.9])
 @pytest.mark.parametrize(("n", "k", "group_size"), [(4096, 4096, 32), (11008, 4096, 128)])
 def test_gpu_full_size(dtype, m, sparsity, n, k, group_size):
