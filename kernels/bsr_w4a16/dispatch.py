@@ -39,6 +39,8 @@ SHARE_PROGRAMS_PER_SM = 3  # one-row and planes kernels: split the block rows un
 SHARE_MAX_SPLIT = 8
 PLANES_MAX_M = 8  # the planes kernel's rows; 4 rows per program up to 4, then 8
 PLANES_GROUP = 4
+PLANES_STEPS_PER_SHARE = 8  # planes: block rows also split until each share walks at most this many steps ...
+PLANES_MAX_SPLIT = 4  # ... into at most this many shares
 # Past this many rows the blocks are de-quantized for the DDS op: there its tiles (or cuBLAS) beat the int4
 # tiles, which unpack every block once per M tile and scale each block's dot on CUDA cores. H200, 50%,
 # ``scripts.tune.bsr --int4``, us de-quantized / best int4 tiles: M = 128 576x3072 8.4 / 9.7, 1536x576 10.1 /
@@ -58,6 +60,16 @@ def row_split(programs: int, blocks_per_row: float, group: int, sms: int) -> int
     while programs * split < SHARE_PROGRAMS_PER_SM * sms and split < min(SHARE_MAX_SPLIT, steps):
         split *= 2
     return split
+
+
+def planes_split(programs: int, blocks_per_row: float, sms: int) -> int:
+    """Programs sharing a block row in the planes kernel: :func:`row_split`'s count, doubled while a share
+    would walk more than ``PLANES_STEPS_PER_SHARE`` steps, at most ``PLANES_MAX_SPLIT``."""
+    steps = math.ceil(blocks_per_row / PLANES_GROUP)
+    split = row_split(programs, blocks_per_row, PLANES_GROUP, sms)
+    while split < PLANES_MAX_SPLIT and steps > PLANES_STEPS_PER_SHARE * split:
+        split *= 2
+    return min(split, PLANES_MAX_SPLIT)
 
 
 def pick(m: int, n: int, k: int, nnz: int, device) -> BsrConfig:
@@ -83,14 +95,14 @@ def tile_pick(m: int, n: int, k: int, nnz: int, device) -> BsrConfig:
         return BsrConfig("gemv", 1, GEMV_BLOCK_N, GEMV_GROUP, 4, 3,
                          split=row_split(m * n // GEMV_BLOCK_N, blocks_per_row, GEMV_GROUP, sms))
     # 2-8 rows: the planes kernel, 4 (up to 4 rows) or 8 rows a program, 32 outputs, 4 blocks a step, 2 warps,
-    # a block row shared by ``row_split`` programs (H200, 50%, us against the one-row kernel at M = 2 and the
-    # int4 tiles at 4 / 8: 8192x28672 86.3 -> 71.6, 116.6 -> 71.6, 117.7 -> 95.7; 4096x11008 23.3 -> 19.4,
-    # 32.7 -> 19.6, 32.8 -> 24.1; 11008x4096 20.2 -> 19.7, 30.1 -> 20.0, 30.3 -> 24.6; 4096x4096 11.2 ->
-    # 11.0, 15.5 -> 11.1, 15.6 -> 13.3. At 16 rows it ties the int4 tiles or loses: 192.6 against 119.9 us
-    # on 8192x28672)
+    # a block row shared by ``planes_split`` programs (H200, 50%, us against the one-row kernel at M = 2 and
+    # the int4 tiles at 4 / 8: 8192x28672 86.3 -> 69.5, 116.6 -> 70.3, 117.7 -> 100.3; 4096x11008 23.3 ->
+    # 18.7, 32.7 -> 18.8, 32.8 -> 25.3; 11008x4096 20.2 -> 18.2, 30.1 -> 18.4, 30.3 -> 24.6; 4096x4096 11.2
+    # -> 10.0, 15.5 -> 10.2, 15.6 -> 13.3; the pick within 6% of its stage and split neighbours). At 16 rows
+    # it ties the int4 tiles or loses: 192.6 against 119.9 us on 8192x28672
     if m <= PLANES_MAX_M:
         block_m = next(rows for rows in ROW_TILES if rows >= m)
-        split = row_split(triton.cdiv(m, block_m) * block_rows, blocks_per_row, PLANES_GROUP, sms)
+        split = planes_split(triton.cdiv(m, block_m) * block_rows, blocks_per_row, sms)
         return BsrConfig("planes", block_m, BSR_BLOCK, PLANES_GROUP, 2, 3, split=split)
     # Up to 16 rows: one 16-row tile reads each block once; long block rows (>= 24 blocks) shared by 4
     # programs while there are at most ~2 programs per SM of block rows (DDS: 90%, M = 16, 11008x4096

@@ -20,7 +20,9 @@ at the other blocks' (the load's mask does it: no layout change in registers)::
     y[m, i]               = sum_g acc[(g, m), i]                                            once, at the end
 
 so each block's dot is scaled in fp32 after it, as in the one-row kernel (no rounding of ``q * s``), for
-the price of 4 BLOCK_M tensor-core rows (at M <= 4 the 16 rows a tensor-core tile has anyway).
+the price of 4 BLOCK_M tensor-core rows (at M <= 4 the 16 rows a tensor-core tile has anyway). Triton's
+pipeline carries the words, the column indices and x but not the scale tile (a plain load feeding no dot
+operand), so the loop loads the next four blocks' scales one step ahead into registers.
 ``SPLIT`` > 1 shares a block row's stored blocks among that many programs (whole steps each); the last
 to finish sums the fp32 partials in share order and adds the bias (:mod:`compress_kernels.common.splitk`).
 Past a block row's last block a step reads zeros (masked words are q = 0, masked x and scales 0).
@@ -54,11 +56,18 @@ def _plane_dot(acc, a, w, FP32_OPERANDS: tl.constexpr):
 
 
 @triton.jit
-def _four_blocks(acc, x_rows, x_mask, col_ptr, val_ptr, s_ptr, first, end, sub, FP32_OPERANDS: tl.constexpr,
+def _block_scales(s_ptr, first, end, sub, BLOCK_M: tl.constexpr, BLOCK: tl.constexpr):
+    """(4 BLOCK_M, BLOCK_N) scales of stored blocks ``first .. first + 3`` for the stacked rows (g, m): block g's."""
+    blk = first + tl.arange(0, 4 * BLOCK_M) // BLOCK_M
+    return tl.load(s_ptr + (blk * BLOCK)[:, None] + sub[None, :], mask=(blk < end)[:, None], other=0.0)
+
+
+@triton.jit
+def _four_blocks(acc, scale, x_rows, x_mask, col_ptr, val_ptr, first, end, sub, FP32_OPERANDS: tl.constexpr,
                  ASM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK: tl.constexpr,
                  WORDS: tl.constexpr):
     """acc (4 BLOCK_M, BLOCK_N) + stored blocks ``first .. first + 3`` (those before ``end``), each block's
-    rows of the stacked x tile times its planes, scaled by its scales."""
+    rows of the stacked x tile times its planes, scaled by ``scale`` (:func:`_block_scales`)."""
     offs_r = tl.arange(0, 4 * WORDS)  # packed rows: word offs_r % WORDS of block offs_r // WORDS
     blk_r = first + offs_r // WORDS
     packed = tl.load(val_ptr + (blk_r * (BLOCK * WORDS) + offs_r % WORDS)[:, None] + sub[None, :] * WORDS,
@@ -83,8 +92,6 @@ def _four_blocks(acc, x_rows, x_mask, col_ptr, val_ptr, s_ptr, first, end, sub, 
     part = _plane_dot(part, a5, w5, FP32_OPERANDS)
     part = _plane_dot(part, a6, w6, FP32_OPERANDS)
     part = _plane_dot(part, a7, w7, FP32_OPERANDS)
-    blk_s = first + stacked
-    scale = tl.load(s_ptr + (blk_s * BLOCK)[:, None] + sub[None, :], mask=(blk_s < end)[:, None], other=0.0)
     return acc + part * scale.to(tl.float32)
 
 
@@ -107,9 +114,12 @@ def _bsr_w4a16_planes_kernel(
     x_rows = x_ptr + first_row.to(tl.int64) * stride_xm + stacked_m[:, None] * stride_xm  # (4 BLOCK_M, 1)
 
     acc = tl.zeros((4 * BLOCK_M, BLOCK_N), dtype=tl.float32)
+    scale_next = _block_scales(s_ptr, start, end, sub, BLOCK_M, BLOCK)
     for p in range(start, end, GROUP):
         for g in tl.static_range(0, GROUP, 4):  # BLOCKS_PER_DOT blocks a dot
-            acc = _four_blocks(acc, x_rows, x_mask, col_ptr, val_ptr, s_ptr, p + g, end, sub,
+            scale = scale_next  # the next four blocks' scales are in flight while these four multiply
+            scale_next = _block_scales(s_ptr, p + g + 4, end, sub, BLOCK_M, BLOCK)
+            acc = _four_blocks(acc, scale, x_rows, x_mask, col_ptr, val_ptr, p + g, end, sub,
                                FP32_OPERANDS, ASM, BLOCK_M, BLOCK_N, BLOCK, WORDS)
     y = tl.sum(tl.reshape(acc, (4, BLOCK_M, BLOCK_N)), axis=0)  # the four blocks' rows of each x row
 

@@ -1,6 +1,6 @@
 """scripts/tune/bsr.py on the CPU (Triton's interpreter), a tiny shape: rows come out for DDS and DDS +
-W8A8 and DDS + W4A16 (past 16 rows also de-quantized for the DDS op), checked, and bad arguments are refused.
-The neighbours are cut to one per case."""
+W8A8 and DDS + W4A16 (past 16 rows also de-quantized for the DDS op, up to 64 the planes kernel), checked, and
+bad arguments are refused. The neighbours are cut to one per case, the planes grid to one config."""
 import pytest
 
 from compress_kernels.bsr.dispatch import DENSE, BsrConfig
@@ -11,6 +11,7 @@ from scripts.tune import bsr
 def few_neighbours(monkeypatch):
     full = bsr.candidates
     monkeypatch.setattr(bsr, "candidates", lambda cfg, int4=False: full(cfg, int4)[:2])
+    monkeypatch.setattr(bsr, "planes_candidates", lambda m: [BsrConfig("planes", 4, 32, 4, 2, 3)])
 
 
 @pytest.mark.parametrize("mode,op", [([], "bsr"), (["--int8"], "bsr_w8a8"), (["--int4"], "bsr_w4a16")])
@@ -19,8 +20,10 @@ def test_rows_for_the_pick_and_a_neighbour(mode, op, m, few_neighbours):
     rows = bsr.main(["--shapes", "64x64", "--m", str(m), "--sparsity", "50", "--max-sets", "1", "--warmup-ms", "0",
                      "--rep-ms", "1", *mode])
     dequant = op == "bsr_w4a16" and m > 16  # int4 blocks past 16 rows: also de-quantized for the DDS op
-    assert [r["picked"] for r in rows] == [True, False, False][: 3 if dequant else 2]
-    assert [r["config"]["kernel"] for r in rows][2:] == (["dequant"] if dequant else [])
+    planes = op == "bsr_w4a16"  # int4 blocks up to 64 rows: the planes kernel's grid too
+    extra = (["dequant"] if dequant else []) + (["planes"] if planes else [])
+    assert [r["picked"] for r in rows] == [True] + [False] * (1 + len(extra))
+    assert [r["config"]["kernel"] for r in rows][2:] == extra
     assert all(r["ok"] and r["sparsity"] == 50 and r["op"] == op for r in rows)
 
 
