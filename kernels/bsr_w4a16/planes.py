@@ -38,21 +38,14 @@ import triton.language as tl
 
 from compress_kernels.bsr.gemm import runs_of_block
 from compress_kernels.common.checks import interpreting
-from compress_kernels.common.int4 import nibble_planes
+from compress_kernels.common.int4 import plane_products
 from compress_kernels.common.launch import launch
 from compress_kernels.common.splitk import last_split_buffers, last_split_reduces
-from compress_kernels.common.tiles import block_row_share, split8
+from compress_kernels.common.tiles import block_row_share
 from compress_kernels.reference import BSR_BLOCK, BSR_INT4_WORDS
 
 BLOCKS_PER_DOT = 4  # stored blocks whose 4 words a row make one plane 16 deep
 ROW_TILES = (4, 8, 16)  # rows of x per program: 4 BLOCK_M tensor-core rows, at least the 16 of one tile
-
-
-@triton.jit
-def _plane_dot(acc, a, w, FP32_OPERANDS: tl.constexpr):
-    if FP32_OPERANDS:
-        return tl.dot(a, w, acc, input_precision="ieee", out_dtype=tl.float32)
-    return tl.dot(a, w, acc, out_dtype=tl.float32)
 
 
 @triton.jit
@@ -79,19 +72,7 @@ def _four_blocks(acc, scale, x_rows, x_mask, col_ptr, val_ptr, first, end, sub, 
     stacked = tl.arange(0, 4 * BLOCK_M) // BLOCK_M  # the block g of each stacked row
     keep = (stacked[:, None] == (offs_k // BLOCK)[None, :]) & x_mask[:, None] & valid_k[None, :]
     a = tl.load(x_rows + runs_of_block(col * BLOCK + offs_k % BLOCK, BLOCK)[None, :], mask=keep, other=0.0)
-    if FP32_OPERANDS:
-        a = a.to(tl.float32)
-    w0, w1, w2, w3, w4, w5, w6, w7 = nibble_planes(packed, a.dtype, ASM)
-    a0, a1, a2, a3, a4, a5, a6, a7 = split8(tl.reshape(a, (4 * BLOCK_M, 4 * WORDS, 2, 2, 2)))
-    part = tl.zeros((4 * BLOCK_M, BLOCK_N), dtype=tl.float32)
-    part = _plane_dot(part, a0, w0, FP32_OPERANDS)
-    part = _plane_dot(part, a1, w1, FP32_OPERANDS)
-    part = _plane_dot(part, a2, w2, FP32_OPERANDS)
-    part = _plane_dot(part, a3, w3, FP32_OPERANDS)
-    part = _plane_dot(part, a4, w4, FP32_OPERANDS)
-    part = _plane_dot(part, a5, w5, FP32_OPERANDS)
-    part = _plane_dot(part, a6, w6, FP32_OPERANDS)
-    part = _plane_dot(part, a7, w7, FP32_OPERANDS)
+    part = plane_products(a, packed, ASM, FP32_OPERANDS, 4 * BLOCK_M, BLOCK_N, 4 * BLOCK)
     return acc + part * scale.to(tl.float32)
 
 

@@ -20,6 +20,8 @@ value -8..7 is exact in fp16, bf16 and fp32, so each helper here gives the exact
   with MAGIC = 1024 (fp16 0x6400) or 128 (bf16 0x4300): those floats are 1024 + u (128 + u)
   exactly, so the subtraction is exact. Triton's CPU interpreter cannot run inline PTX, so there
   (and for fp32 operands) the planes come from plain shifts (:func:`nibble_values`).
+* :func:`plane_products`: a packed tile's 8 planes times the matching x columns, 8 tensor-core dots (the
+  dense W4A16 planes and the int4-block planes kernel).
 * :func:`tile_partial`: ``sum_j x[8r + j] * q[8r + j, n]`` for one packed tile on CUDA cores in fp32,
   three instructions per nibble (the one-row W4A16 kernels). Each nibble is turned into an fp32 value
   from its bits in place, with no shift per nibble::
@@ -112,6 +114,36 @@ def nibble_planes(packed, DTYPE: tl.constexpr, ASM: tl.constexpr):
             nibble_values(packed, 8, DTYPE), nibble_values(packed, 12, DTYPE),
             nibble_values(packed, 16, DTYPE), nibble_values(packed, 20, DTYPE),
             nibble_values(packed, 24, DTYPE), nibble_values(packed, 28, DTYPE))
+
+
+@triton.jit
+def _plane_dot(part, a, w, FP32_OPERANDS: tl.constexpr):
+    if FP32_OPERANDS:
+        return tl.dot(a, w, part, input_precision="ieee", out_dtype=tl.float32)
+    return tl.dot(a, w, part, out_dtype=tl.float32)
+
+
+@triton.jit
+def plane_products(a, packed, ASM: tl.constexpr, FP32_OPERANDS: tl.constexpr, ROWS: tl.constexpr,
+                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """sum_j a[:, 8r + j] @ plane j of ``packed``: the (ROWS, BLOCK_K) x tile ``a`` (split in registers, k =
+    8r + 4a + 2b + c: c, then b, then a) times the (BLOCK_K/8, BLOCK_N) packed tile's 8 nibble planes
+    (:func:`nibble_planes`), 8 tensor-core dots 16 or more deep, fp32, unscaled. ``FP32_OPERANDS`` (the
+    interpreter with bf16, whose bf16 arithmetic is broken) multiplies fp32 copies, exact for these values."""
+    if FP32_OPERANDS:
+        a = a.to(tl.float32)
+    w0, w1, w2, w3, w4, w5, w6, w7 = nibble_planes(packed, a.dtype, ASM)
+    a0, a1, a2, a3, a4, a5, a6, a7 = split8(tl.reshape(a, (ROWS, BLOCK_K // 8, 2, 2, 2)))
+    part = tl.zeros((ROWS, BLOCK_N), dtype=tl.float32)
+    part = _plane_dot(part, a0, w0, FP32_OPERANDS)
+    part = _plane_dot(part, a1, w1, FP32_OPERANDS)
+    part = _plane_dot(part, a2, w2, FP32_OPERANDS)
+    part = _plane_dot(part, a3, w3, FP32_OPERANDS)
+    part = _plane_dot(part, a4, w4, FP32_OPERANDS)
+    part = _plane_dot(part, a5, w5, FP32_OPERANDS)
+    part = _plane_dot(part, a6, w6, FP32_OPERANDS)
+    part = _plane_dot(part, a7, w7, FP32_OPERANDS)
+    return part
 
 
 @triton.jit

@@ -39,10 +39,10 @@ import triton
 import triton.language as tl
 
 from compress_kernels.common.checks import interpreting
-from compress_kernels.common.int4 import nibble_planes, unpack_int4_tile
+from compress_kernels.common.int4 import plane_products, unpack_int4_tile
 from compress_kernels.common.launch import launch
 from compress_kernels.common.splitk import splitk_reduce, tiled_split_launch, write_tile
-from compress_kernels.common.tiles import grouped_tile, split8, split_k_range, weight_columns
+from compress_kernels.common.tiles import grouped_tile, split_k_range, weight_columns
 
 PLANE_MIN_K = 128  # nibble planes: one 16-deep dot per plane needs 128-deep K tiles
 
@@ -78,30 +78,12 @@ def load_x_tile(x_ptrs, kt, k_last, offs_k, EVEN_K: tl.constexpr):
 
 
 @triton.jit
-def _plane_dot(part, a, w, FP32_OPERANDS: tl.constexpr):
-    if FP32_OPERANDS:
-        return tl.dot(a.to(tl.float32), w, part, input_precision="ieee", out_dtype=tl.float32)
-    return tl.dot(a, w, part, out_dtype=tl.float32)
-
-
-@triton.jit
 def plane_tile_product(acc, a, packed, scale, ASM_UNPACK: tl.constexpr, FP32_OPERANDS: tl.constexpr,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """acc + one K tile as 8 nibble planes: plane j (BK/8, BN) times the x columns kt + 8r + j of the
     (BM, BK) tile ``a`` (split in registers, k = 8r + 4a + 2b + c: c, then b, then a), the sum of the 8
     products scaled once (see the module docstring)."""
-    part = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    x_dtype: tl.constexpr = tl.float32 if FP32_OPERANDS else a.dtype
-    w0, w1, w2, w3, w4, w5, w6, w7 = nibble_planes(packed, x_dtype, ASM_UNPACK)
-    a0, a1, a2, a3, a4, a5, a6, a7 = split8(tl.reshape(a, (BLOCK_M, BLOCK_K // 8, 2, 2, 2)))
-    part = _plane_dot(part, a0, w0, FP32_OPERANDS)
-    part = _plane_dot(part, a1, w1, FP32_OPERANDS)
-    part = _plane_dot(part, a2, w2, FP32_OPERANDS)
-    part = _plane_dot(part, a3, w3, FP32_OPERANDS)
-    part = _plane_dot(part, a4, w4, FP32_OPERANDS)
-    part = _plane_dot(part, a5, w5, FP32_OPERANDS)
-    part = _plane_dot(part, a6, w6, FP32_OPERANDS)
-    part = _plane_dot(part, a7, w7, FP32_OPERANDS)
+    part = plane_products(a, packed, ASM_UNPACK, FP32_OPERANDS, BLOCK_M, BLOCK_N, BLOCK_K)
     return acc + part * scale[None, :]
 
 
