@@ -82,10 +82,10 @@ def pick(m: int, n: int, k: int, nnz: int, device) -> BsrConfig:
 
 def tile_pick(m: int, n: int, k: int, nnz: int, device) -> BsrConfig:
     """The int4 kernels' own row of the table for these shapes (one-row kernel or tiles), whatever M."""
-    few_programs = 2 * sm_count(device)  # about two programs per SM
+    sms = sm_count(device)
+    few_programs = 2 * sms  # about two programs per SM
     block_rows = n // BSR_BLOCK
     blocks_per_row = nnz / block_rows
-    sms = sm_count(device)
     # One row, and 2-4 rows of small layers while their stored blocks stay in L2 (DDS's rule on their
     # bytes): memory bound, one row per program on CUDA cores, 32 outputs and 16 blocks (512 channels) a
     # step, a block row shared by ``row_split`` programs when there are few (H200, M = 1, 50%: 4096x4096
@@ -104,7 +104,7 @@ def tile_pick(m: int, n: int, k: int, nnz: int, device) -> BsrConfig:
         block_m = next(rows for rows in ROW_TILES if rows >= m)
         split = planes_split(triton.cdiv(m, block_m) * block_rows, blocks_per_row, sms)
         return BsrConfig("planes", block_m, BSR_BLOCK, PLANES_GROUP, 2, 3, split=split)
-    # Up to 16 rows: one 16-row tile reads each block once; long block rows (>= 24 blocks) shared by 4
+    # 9-16 rows: one 16-row tile reads each block once; long block rows (>= 24 blocks) shared by 4
     # programs while there are at most ~2 programs per SM of block rows (DDS: 90%, M = 16, 11008x4096
     # 12.1 -> 9.6 us)
     if m <= 16:
