@@ -39,7 +39,7 @@ SHARE_PROGRAMS_PER_SM = 3  # one-row and planes kernels: split the block rows un
 SHARE_MAX_SPLIT = 8
 PLANES_MAX_M = 8  # the planes kernel's rows; 4 rows per program up to 4, then 8
 PLANES_GROUP = 4
-PLANES_STEPS_PER_SHARE = 8  # planes: block rows also split until each share walks at most this many steps ...
+PLANES_STEPS_PER_SHARE = 16  # planes: block rows also split until each share walks at most this many steps ...
 PLANES_MAX_SPLIT = 4  # ... into at most this many shares
 # Past this many rows the blocks are de-quantized for the DDS op: there its tiles (or cuBLAS) beat the int4
 # tiles, which unpack every block once per M tile and scale each block's dot on CUDA cores. H200, 50%,
@@ -95,15 +95,18 @@ def tile_pick(m: int, n: int, k: int, nnz: int, device) -> BsrConfig:
         return BsrConfig("gemv", 1, GEMV_BLOCK_N, GEMV_GROUP, 4, 3,
                          split=row_split(m * n // GEMV_BLOCK_N, blocks_per_row, GEMV_GROUP, sms))
     # 2-8 rows: the planes kernel, 4 (up to 4 rows) or 8 rows a program, 32 outputs, 4 blocks a step, 2 warps,
-    # a block row shared by ``planes_split`` programs (H200, 50%, us against the one-row kernel at M = 2 and
-    # the int4 tiles at 4 / 8: 8192x28672 86.3 -> 69.5, 116.6 -> 70.3, 117.7 -> 100.3; 4096x11008 23.3 ->
-    # 18.7, 32.7 -> 18.8, 32.8 -> 25.3; 11008x4096 20.2 -> 18.2, 30.1 -> 18.4, 30.3 -> 24.6; 4096x4096 11.2
-    # -> 10.0, 15.5 -> 10.2, 15.6 -> 13.3; the pick within 6% of its stage and split neighbours). At 16 rows
-    # it ties the int4 tiles or loses: 192.6 against 119.9 us on 8192x28672
+    # 2 stages, a block row shared by ``planes_split`` programs (H200, 50%, us at M = 2 / 4 / 8 against the
+    # one-row kernel at M = 2 and the int4 tiles at 4 / 8: 8192x28672 86.3 / 116.6 / 117.7 -> 60.1 / 61.4 / 98.1;
+    # 4096x11008 23.3 / 32.7 / 32.8 -> 16.7 / 17.1 / 23.6; 11008x4096 20.2 / 30.1 / 30.3 -> 17.5 / 18.1 / 25.1;
+    # 4096x4096 11.2 / 15.5 / 15.6 -> 10.0 / 10.2 / 13.5). 2 stages against 3: 2-18% faster in 15 of 18 cells
+    # of these and the decode layers, at most 2% slower in the others (4096x22016 34.0 / 34.2 / 45.2 -> 27.8 /
+    # 28.3 / 40.6 with shares of up to 16 steps: 8 gave it 2 shares, 30.6 / 31.7 / 42.7; 8192x28672 at M = 8
+    # is the one cell where 8 steps would win, 94.6). At 16 rows it ties the int4 tiles or loses: 192.6
+    # against 119.9 us on 8192x28672
     if m <= PLANES_MAX_M:
         block_m = next(rows for rows in ROW_TILES if rows >= m)
         split = planes_split(triton.cdiv(m, block_m) * block_rows, blocks_per_row, sms)
-        return BsrConfig("planes", block_m, BSR_BLOCK, PLANES_GROUP, 2, 3, split=split)
+        return BsrConfig("planes", block_m, BSR_BLOCK, PLANES_GROUP, 2, 2, split=split)
     # 9-16 rows: one 16-row tile reads each block once; long block rows (>= 24 blocks) shared by 4
     # programs while there are at most ~2 programs per SM of block rows (DDS: 90%, M = 16, 11008x4096
     # 12.1 -> 9.6 us)

@@ -27,12 +27,13 @@ from typing import NamedTuple
 
 import triton
 
-from compress_kernels.common.device import sm_count
+from compress_kernels.common.device import fast_dram, sm_count
 from compress_kernels.common.splitk import split_k_for
 from compress_kernels.reference import W8A16_GROUP_SIZE as GROUP_SIZE  # input channels per grouped scale
 SMALL_LAYER = 4 * 2**20  # N * K at most this (MiniLM's 384 / 1536): the layer sits in L2
 GEMV_MAX_SMALL_M = 4  # small layers take the one-row kernel up to this many rows (W8A8's rule)
 GEMV_WIDE_N = 264 * 64  # wider layers walk K in 512-deep steps in the one-row kernel (W8A8's rule)
+GEMV_FAST_DRAM_MIN_N = 8192  # on HBM3e GPUs, layers with this many outputs take 8 per program, 512-deep steps
 GEMV_MIN_PROGRAMS_PER_SM = 2  # the one-row kernel splits K until the grid has this many programs per SM ...
 GEMV_GROUPED_PROGRAMS_PER_SM = 4  # ... (this many with grouped scales) ...
 GEMV_MAX_SPLIT = 16  # ... at most this many splits, each of at least one K tile
@@ -70,7 +71,7 @@ def pick(m: int, n: int, k: int, grouped: bool, device) -> TileConfig:
     # One row, and up to 4 on small layers: the one-row kernel (W8A8 measured its one-row kernel
     # ahead of 16-row tiles there: 4096x4096 M = 1 11.7 -> 10.0 us; 1024x1024 M = 4 5.5 -> 4.5)
     if m == 1 or (m <= GEMV_MAX_SMALL_M and n * k <= SMALL_LAYER):
-        return gemv_tile(m, n, k, grouped, sms)
+        return gemv_tile(m, n, k, grouped, sms, fast_dram(device))
     # From 1024 rows: the weight dequantized once (3 bytes moved per weight), then cuBLAS's fp16 GEMM
     # (H100, M = 2048: 0.77-0.84x cuBLAS against 0.53-0.57x for the tiles; at M = 512 the tiles were
     # ahead on 3 of 4 shapes, 4096x4096 42.2 vs 44.4 us)
@@ -107,10 +108,11 @@ def cached_pick(m: int, n: int, k: int, grouped: bool, device) -> TileConfig:
     return pick(m, n, k, grouped, device)
 
 
-def gemv_tile(m: int, n: int, k: int, grouped: bool, sms: int) -> TileConfig:
+def gemv_tile(m: int, n: int, k: int, grouped: bool, sms: int, fast: bool = False) -> TileConfig:
     """The one-row kernel's tile: 4 outputs per program and 2 warps, K in 1024-deep steps (512 on layers
-    wider than ``GEMV_WIDE_N``); with grouped scales 32 outputs, one group per step; K rounded up to a power
-    of two when shorter; then :func:`gemv_split_k`."""
+    wider than ``GEMV_WIDE_N``; on ``fast`` DRAM from ``GEMV_FAST_DRAM_MIN_N`` outputs, 8 outputs and
+    512-deep steps); with grouped scales 32 outputs, one group per step; K rounded up to a power of two
+    when shorter; then :func:`gemv_split_k`."""
     if grouped:  # 32 channels x one group per step (H100, against 8 channels: 4096x4096 18.8 -> 12.3 us,
         # 11008x4096 48.0 -> 26.9), split to 4 programs per SM (H100, against 2: 4096x11008 27.5 -> 24.6 us,
         # 11008x4096 26.1 -> 23.7, 8192x8192 35.7 -> 32.6; as fast on the other 2 shapes from 4096x4096)
@@ -119,6 +121,12 @@ def gemv_tile(m: int, n: int, k: int, grouped: bool, sms: int) -> TileConfig:
     # 2 warps per program (H100, against 4: 4096x4096 11.4 -> 9.9 us, 11008x4096 25.1 -> 21.5; as fast
     # or faster on all 4 shapes measured); 4 outputs per program (H100, against 8: 4096x4096 9.9 -> 9.7 us,
     # 8192x28672 97.2 -> 94.8; 1-2.5% faster on all 5 shapes from 4096x4096)
+    # On an H200 (fast DRAM) layers from 8192 outputs want 8 outputs per program and 512-deep steps (M = 1,
+    # us: 8192x28672 79.3 -> 70.7, 4096x28672 42.6 -> 39.1, 4096x22016 34.0 -> 31.4, 4096x14336 23.5 -> 21.7,
+    # 8192x8192 24.6 -> 22.7, 4096x11008 19.0 -> 18.9; best or within 1% of the best of 18 tiles on each)
+    if fast and n >= GEMV_FAST_DRAM_MIN_N:
+        cfg = TileConfig(1, 8, gemv_block_k(k, 512), num_warps=2, num_stages=1, path="gemv")
+        return gemv_split_k(m, n, k, cfg, sms)
     deepest = 512 if n > GEMV_WIDE_N else 1024
     cfg = TileConfig(1, 4, gemv_block_k(k, deepest), num_warps=2, num_stages=1, path="gemv")
     return gemv_split_k(m, n, k, cfg, sms)

@@ -21,13 +21,14 @@ from typing import NamedTuple
 
 import triton
 
-from compress_kernels.common.device import sm_count
+from compress_kernels.common.device import fast_dram, sm_count
 from compress_kernels.common.splitk import split_k_for
 
 SMALL_LAYER = 4 * 2**20  # N * K at most this (MiniLM's 384 / 1536): the layer sits in L2
 NARROW_MAX_WEIGHTS = 64 * 2**20  # 2 <= M <= 16 up to this many weights: 32 outputs per program
 GEMV_MAX_SMALL_M = 4  # small layers take the one-row kernel up to this many rows
-GEMV_WIDE_N = 264 * 64  # wider layers walk K in 512-deep steps in the one-row kernel
+GEMV_WIDE_N = 264 * 64  # wider layers walk K in 512-deep steps in the one-row kernel ...
+GEMV_FAST_DRAM_WIDE_N = 8192  # ... wider than this on HBM3e GPUs
 PICK_CACHE_SIZE = 4096  # argument tuples remembered by cached_pick (a model has a few shapes per M)
 
 
@@ -74,7 +75,7 @@ def pick(m: int, n: int, k: int, device, quantized: bool = False, tma_ok: bool =
     # the split one-row tiles; M = 4, 1024x1024: 5.5 -> 4.5; from M = 2 on larger layers it lost,
     # 4096x4096 M = 2: 14.0 vs 12.0). An already quantized input takes the 16-row tile instead.
     if m == 1 or (m <= GEMV_MAX_SMALL_M and small_layer):
-        return small_m_tile(n, k) if quantized else gemv_tile(n, k)
+        return small_m_tile(n, k) if quantized else gemv_tile(n, k, fast_dram(device))
     # 2-16 rows: the 16-row tile, no K split (slower at every shape measured, even summed in the kernel)
     if m <= 16:
         return small_m_tile(n, k)
@@ -116,9 +117,13 @@ def small_m_tile(n: int, k: int) -> TileConfig:
     return SMALL_M_TILE
 
 
-def gemv_tile(n: int, k: int) -> TileConfig:
+def gemv_tile(n: int, k: int, fast: bool = False) -> TileConfig:
     """The one-row kernel without a K split: 8 outputs per program (N / 8 programs), K walked in
-    1024-deep steps (512 on layers wider than ``GEMV_WIDE_N``; one step of K rounded up to a power
-    of two when K is shorter). Unsplit, the output has the bits of the quantize pass + GEMM path."""
-    deep = 512 if n > GEMV_WIDE_N else 1024
+    1024-deep steps (512 on layers wider than ``GEMV_WIDE_N``, or ``GEMV_FAST_DRAM_WIDE_N`` on ``fast``
+    DRAM; one step of K rounded up to a power of two when K is shorter). Unsplit, the output has the
+    bits of the quantize pass + GEMM path.
+
+    On an H200 the 512-deep steps win from 8192 outputs up (M = 1, us: 4096x14336 25.8 -> 23.0, 4096x11008
+    20.7 -> 20.0) but not at 8192 (8192x8192 27.1 -> 32.2); the wider layers were 512-deep already."""
+    deep = 512 if n > (GEMV_FAST_DRAM_WIDE_N if fast else GEMV_WIDE_N) else 1024
     return TileConfig(1, 8, min(deep, max(32, triton.next_power_of_2(k))), num_warps=4, num_stages=3, path="gemv")

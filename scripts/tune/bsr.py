@@ -69,10 +69,12 @@ def candidates(cfg, int4: bool = False) -> list:
 
 def planes_candidates(m: int) -> list[BsrConfig]:
     """The int4 planes kernel's grid up to 64 rows: rows per program (each tile under M and the fewest holding
-    it) x 16 / 32 outputs x 4 / 8 blocks a step x 2 / 4 warps x 1 / 2 / 4 programs sharing a block row, 3 stages."""
+    it) x 16 / 32 outputs x 4 / 8 blocks a step x 2 / 4 warps x 1 / 2 / 4 programs sharing a block row x 2 / 3
+    stages."""
     rows = dict.fromkeys([r for r in ROW_TILES if r < m] + [next((r for r in ROW_TILES if r >= m), ROW_TILES[-1])])
-    return [BsrConfig("planes", bm, bn, group, warps, 3, split=split)
-            for bm in rows for bn in (16, 32) for group in (4, 8) for warps in (2, 4) for split in (1, 2, 4)]
+    return [BsrConfig("planes", bm, bn, group, warps, stages, split=split)
+            for bm in rows for bn in (16, 32) for group in (4, 8) for warps in (2, 4) for split in (1, 2, 4)
+            for stages in (2, 3)]
 
 
 def tile_candidates(tile_rows: int) -> list[BsrConfig]:

@@ -33,13 +33,15 @@ def test_one_row_tiles_and_split_follow_the_sweep():
 
 def test_planes_rows_and_split_follow_the_sweep():
     """The H200 grid's best at M = 2-8 (K x N, 50%): 4 rows a program up to 4 rows, then 8; 32 outputs, 4 blocks
-    a step, 2 warps; 8192x28672 split 4 (32 steps a row: 8 a share), 4096x11008 split 2 (344 block rows,
-    16 steps), 11008x4096 and 4096x4096 split 4 (128 block rows); from 9 rows the int4 tiles."""
+    a step, 2 warps, 2 stages; 8192x28672 split 2 (32 steps a row: 16 a share), 4096x22016 unsplit (688 block
+    rows of 16 steps), 4096x11008 and 4096x12288 split 2 (344 / 384 block rows, 16 steps), 11008x4096 and
+    4096x4096 split 4 (128 block rows); from 9 rows the int4 tiles."""
     for m, block_m in ((2, 4), (4, 4), (5, 8), (8, 8)):
         cfg = pickw(m, 28672, 8192, 896 * 128)
-        assert (cfg.kernel, cfg.block_m, cfg.block_n, cfg.group, cfg.num_warps, cfg.split) == \
-            ("planes", block_m, 32, 4, 2, 4)
-    assert pickw(4, 11008, 4096, 344 * 64).split == 2 and pickw(8, 11008, 4096, 344 * 64).split == 2
+        assert (cfg.kernel, cfg.block_m, cfg.block_n, cfg.group, cfg.num_warps, cfg.num_stages, cfg.split) == \
+            ("planes", block_m, 32, 4, 2, 2, 2)
+    assert pickw(8, 22016, 4096, 688 * 64).split == 1 and pickw(2, 22016, 4096, 688 * 64).split == 1
+    assert pickw(4, 11008, 4096, 344 * 64).split == 2 and pickw(8, 12288, 4096, 384 * 64).split == 2
     assert pickw(4, 4096, 11008, 128 * 172).split == 4 and pickw(4, 4096, 4096, 128 * 64).split == 4
     assert pickw(4, 4096, 4096, 128 * 2).split == 1  # rows of two blocks: one step, nothing to share
     assert pickw(4, 28672, 8192, 896 * 24).split == 1  # 896 block rows of 6 steps: enough programs, short shares

@@ -37,7 +37,7 @@ def fake_hopper() -> None:
     import compress_kernels.common.device as device
 
     device._cuda_index = lambda _device: 0
-    device._properties = lambda _index: (device.H100_SM_COUNT, device.H100_L2_BYTES, 9)
+    device._properties = lambda _index: (device.H100_SM_COUNT, device.H100_L2_BYTES, 9, device.H100_DRAM_BYTES_PER_S)
 
 
 def tiled_block_sparse(n: int, k: int, sparsity: float, tile_rows: int, dtype) -> torch.Tensor:

@@ -21,6 +21,19 @@ def test_one_row_takes_the_one_row_kernel():
     assert pick(5, 1024, 1024, False, CPU).path == "tiled" and pick(2, 4096, 4096, False, CPU).path == "tiled"
 
 
+@pytest.mark.parametrize("n,k", [(4096, 4096), (11008, 4096), (8192, 8192), (4096, 11008), (28672, 8192),
+                                 (22016, 4096), (384, 1152)])
+def test_fast_dram_gives_layers_from_8192_outputs_8_per_program_and_512_deep_steps(n, k):
+    h100 = gemv_tile(1, n, k, False, 132)
+    h200 = gemv_tile(1, n, k, False, 132, fast=True)
+    if n >= 8192:
+        assert (h200.block_n, h200.block_k, h200.num_warps, h200.split_k) == (8, 512, 2, 1)
+        assert h100.block_n == 4
+    else:
+        assert h200 == h100
+    assert gemv_tile(1, n, k, True, 132, fast=True) == gemv_tile(1, n, k, True, 132)  # grouped scales: one row
+
+
 def test_small_layers_split_k_with_shorter_tiles():
     cfg = pick(1, 1024, 1024, False, CPU)  # 256 programs unsplit: 512-deep tiles in 2 splits
     assert (cfg.block_k, cfg.split_k) == (512, 2) and 256 * cfg.split_k >= 2 * 132

@@ -64,6 +64,13 @@ def test_the_sm_count_sizes_the_tiles():
     assert small_layer_tile(256, 1536, 24) == SMALL_LAYER_TILES[0]  # a small GPU fills with the largest
 
 
+def test_fast_dram_walks_layers_wider_than_8192_in_512_deep_steps():
+    for n, k in ((11008, 4096), (14336, 4096), (12288, 4096)):
+        assert gemv_tile(n, k, fast=True).block_k == 512 and gemv_tile(n, k).block_k == 1024
+    for n, k in ((8192, 8192), (4096, 11008), (28672, 8192)):
+        assert gemv_tile(n, k, fast=True) == gemv_tile(n, k)
+
+
 def test_gemv_tile_rounds_short_k_up_to_a_power_of_two():
     assert gemv_tile(4096, 100) == TileConfig(1, 8, 128, path="gemv")
     assert gemv_tile(4096, 10).block_k == 32

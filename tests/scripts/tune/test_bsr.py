@@ -38,7 +38,7 @@ def test_int4_one_row_candidates_cover_the_split_grid():
 @pytest.mark.parametrize(("m", "rows"), [(1, {4}), (4, {4}), (5, {4, 8}), (16, {4, 8, 16}), (64, {4, 8, 16})])
 def test_planes_grid_rows_and_no_config_twice(m, rows):
     grid = bsr.planes_candidates(m)
-    assert len(grid) == len(set(grid)) == 24 * len(rows)
+    assert len(grid) == len(set(grid)) == 48 * len(rows)
     assert {c.block_m for c in grid} == rows and all(c.kernel == "planes" and c.group % 4 == 0 for c in grid)
 
 
