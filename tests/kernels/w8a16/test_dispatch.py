@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+import compress_kernels.w8a16.dispatch as dispatch
 from compress_kernels.w8a16.dispatch import DEQUANT_MIN_M, GROUP_SIZE, cached_pick, gemv_tile, pick
 
 CPU = torch.device("cpu")
@@ -32,6 +33,14 @@ def test_fast_dram_gives_layers_from_8192_outputs_8_per_program_and_512_deep_ste
     else:
         assert h200 == h100
     assert gemv_tile(1, n, k, True, 132, fast=True) == gemv_tile(1, n, k, True, 132)  # grouped scales: one row
+
+
+def test_pick_reads_the_device_dram(monkeypatch):
+    monkeypatch.setattr(dispatch, "fast_dram", lambda device: True)  # an H200's HBM3e
+    assert pick(1, 28672, 8192, False, CPU) == gemv_tile(1, 28672, 8192, False, 132, fast=True)
+    assert pick(1, 28672, 8192, False, CPU).block_n == 8
+    monkeypatch.setattr(dispatch, "fast_dram", lambda device: False)
+    assert pick(1, 28672, 8192, False, CPU).block_n == 4
 
 
 def test_small_layers_split_k_with_shorter_tiles():

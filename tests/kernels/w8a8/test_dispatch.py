@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+import compress_kernels.w8a8.dispatch as dispatch
 from compress_kernels.w8a8.dispatch import (POINTER_TILE, SMALL_LAYER_TILES, TMA_TILE, TileConfig, cached_pick,
                                             gemv_tile, pick, small_layer_tile)
 
@@ -69,6 +70,13 @@ def test_fast_dram_walks_layers_wider_than_8192_in_512_deep_steps():
         assert gemv_tile(n, k, fast=True).block_k == 512 and gemv_tile(n, k).block_k == 1024
     for n, k in ((8192, 8192), (4096, 11008), (28672, 8192)):
         assert gemv_tile(n, k, fast=True) == gemv_tile(n, k)
+
+
+def test_pick_reads_the_device_dram(monkeypatch):
+    monkeypatch.setattr(dispatch, "fast_dram", lambda device: True)  # an H200's HBM3e
+    assert pick(1, 11008, 4096, CPU).block_k == 512
+    monkeypatch.setattr(dispatch, "fast_dram", lambda device: False)
+    assert pick(1, 11008, 4096, CPU).block_k == 1024
 
 
 def test_gemv_tile_rounds_short_k_up_to_a_power_of_two():
