@@ -29,7 +29,7 @@ import triton.language as tl
 from compress_kernels.common.checks import interpreting
 from compress_kernels.common.int4 import unpack_int4_tile
 from compress_kernels.common.launch import launch
-from compress_kernels.common.splitk import last_split_buffers, last_split_reduces
+from compress_kernels.common.splitk import last_split_buffers, write_tile
 from compress_kernels.common.tiles import block_row_share
 from compress_kernels.reference import BSR_BLOCK, BSR_INT4_WORDS
 
@@ -74,14 +74,9 @@ def _bsr_w4a16_gemm_kernel(
             acc += part * s[None, :]
 
     offs_n = block_row * BLOCK + sub
-    if SPLIT > 1:  # the last share of this tile to finish sums the partials (common.splitk)
-        last_split_reduces(acc, ws_ptr, cnt_ptr, y_ptr, bias_ptr, first_row + offs_m, offs_n, M, N, stride_ym,
-                           pid_m * tl.num_programs(0) + pid_n, pid_s, SPLIT, HAS_BIAS)
-    else:
-        if HAS_BIAS:
-            acc += tl.load(bias_ptr + offs_n).to(tl.float32)[None, :]
-        y_ptrs = y_ptr + (first_row + offs_m)[:, None].to(tl.int64) * stride_ym + offs_n[None, :]
-        tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=m_mask[:, None])
+    # the tile itself, or with SPLIT > 1 its fp32 partial, summed by the last share to finish (common.splitk)
+    write_tile(acc, ws_ptr if SPLIT > 1 else y_ptr, cnt_ptr, y_ptr, bias_ptr, offs_n, first_row + offs_m, offs_n,
+               M, N, 0, stride_ym, stride_ym, pid_m * tl.num_programs(0) + pid_n, pid_s, SPLIT, HAS_BIAS)
 
 
 def launch_gemm(x2, crow_indices, col_indices, values, scales, bias, y, cfg) -> None:

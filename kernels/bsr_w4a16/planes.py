@@ -40,7 +40,7 @@ from compress_kernels.bsr.gemm import runs_of_block
 from compress_kernels.common.checks import interpreting
 from compress_kernels.common.int4 import plane_products
 from compress_kernels.common.launch import launch
-from compress_kernels.common.splitk import last_split_buffers, last_split_reduces
+from compress_kernels.common.splitk import last_split_buffers, write_tile
 from compress_kernels.common.tiles import block_row_share
 from compress_kernels.reference import BSR_BLOCK, BSR_INT4_WORDS
 
@@ -106,14 +106,9 @@ def _bsr_w4a16_planes_kernel(
 
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = block_row * BLOCK + sub
-    if SPLIT > 1:  # the last share of this tile to finish sums the partials (common.splitk)
-        last_split_reduces(y, ws_ptr, cnt_ptr, y_ptr, bias_ptr, first_row + offs_m, offs_n, M, N, stride_ym,
-                           pid_n * tl.num_programs(0) + pid_m, pid_s, SPLIT, HAS_BIAS)
-    else:
-        if HAS_BIAS:
-            y += tl.load(bias_ptr + offs_n).to(tl.float32)[None, :]
-        y_ptrs = y_ptr + (first_row + offs_m)[:, None].to(tl.int64) * stride_ym + offs_n[None, :]
-        tl.store(y_ptrs, y.to(y_ptr.dtype.element_ty), mask=(offs_m < M - first_row)[:, None])
+    # the tile itself, or with SPLIT > 1 its fp32 partial, summed by the last share to finish (common.splitk)
+    write_tile(y, ws_ptr if SPLIT > 1 else y_ptr, cnt_ptr, y_ptr, bias_ptr, offs_n, first_row + offs_m, offs_n,
+               M, N, 0, stride_ym, stride_ym, pid_n * tl.num_programs(0) + pid_m, pid_s, SPLIT, HAS_BIAS)
 
 
 def launch_planes(x2, crow_indices, col_indices, values, scales, bias, y, cfg) -> None:

@@ -24,7 +24,7 @@ import triton.language as tl
 from compress_kernels.bsr.gemm import runs_of_block
 from compress_kernels.common.launch import launch
 from compress_kernels.common.pdl import launch_options, pdl_enabled, wait_for_inputs
-from compress_kernels.common.splitk import last_split_buffers, last_split_reduces
+from compress_kernels.common.splitk import last_split_buffers, write_tile
 from compress_kernels.common.tiles import block_row_share
 from compress_kernels.reference import BSR_BLOCK
 @triton.jit
@@ -64,14 +64,9 @@ def _bsr_w8a8_kernel(
     s_x = tl.load(sx_ptr + first_row + offs_m, mask=m_mask, other=1.0)
     s_w = tl.load(sw_ptr + offs_n)
     y = acc.to(tl.float32) * s_x[:, None] * s_w[None, :]  # the order of the dense W8A8 epilogue
-    if SPLIT > 1:  # dequantized partials, summed by the last share to finish (common.splitk)
-        last_split_reduces(y, ws_ptr, cnt_ptr, y_ptr, bias_ptr, first_row + offs_m, offs_n, M, N, stride_ym,
-                           pid_m * tl.num_programs(0) + pid_n, pid_s, SPLIT, HAS_BIAS)
-    else:
-        if HAS_BIAS:
-            y += tl.load(bias_ptr + offs_n).to(tl.float32)[None, :]
-        y_ptrs = y_ptr + (first_row + offs_m)[:, None].to(tl.int64) * stride_ym + offs_n[None, :]
-        tl.store(y_ptrs, y.to(y_ptr.dtype.element_ty), mask=m_mask[:, None])
+    # the tile itself, or with SPLIT > 1 its fp32 partial, summed by the last share to finish (common.splitk)
+    write_tile(y, ws_ptr if SPLIT > 1 else y_ptr, cnt_ptr, y_ptr, bias_ptr, offs_n, first_row + offs_m, offs_n,
+               M, N, 0, stride_ym, stride_ym, pid_m * tl.num_programs(0) + pid_n, pid_s, SPLIT, HAS_BIAS)
 
 
 def launch_gemm(xq, s_x, crow_indices, col_indices, values, w_scale, bias, y, cfg) -> None:

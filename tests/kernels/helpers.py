@@ -181,6 +181,22 @@ def int4_block_sparse(n, k, sparsity, group_size=32, device=DEVICE, empty_rows=(
     return parts, block_scales.to(device), pack_int4(q.T.contiguous()).to(device), scales.to(device)
 
 
+def check_int4_block_row_shares(config, n, k, m, full_row, seed, device=DEVICE):
+    """``bsr_w4a16``'s op with ``config`` (block rows shared by ``config.split`` programs) on an int4 weight whose
+    block row 2 is empty and ``full_row`` full: the reference's result up to fp32 rounding, the bias added once
+    (the empty row gives the bias alone), the same bits again (the ticket counters are left zeroed)."""
+    from compress_kernels import reference
+    from compress_kernels.bsr_w4a16.op import launch
+
+    parts, scales, _, _ = int4_block_sparse(n, k, 0.3, 128, device, empty_rows=(2,), full_rows=(full_row,), seed=seed)
+    x = torch.randn(m, k, device=device).half()
+    bias = torch.randn(n, device=device).half()
+    y = launch(x, *parts, scales, n, bias, config=config)
+    assert rel_error(y, reference.bsr_w4a16_matmul_ref(x, *parts, scales, n, bias)) <= 1e-3
+    assert torch.equal(y[:, 64:96], bias[64:96].expand(m, 32))
+    assert torch.equal(launch(x, *parts, scales, n, bias, config=config), y)
+
+
 def random_moe_weights(scheme: str, experts: int, hidden: int, inter: int, group_size=None, device="cpu", seed=0):
     """Random stacked expert weights of ``scheme`` ("w4a16", "w8a8", "w8a16") as the grouped MoE ops take them:
     (gate_up, gate_up scales, down, down scales) for a (2I, H) gate/up and (H, I) down weight per expert.

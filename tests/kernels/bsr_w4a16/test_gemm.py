@@ -8,7 +8,7 @@ import torch
 from compress_kernels import reference
 from compress_kernels.bsr.dispatch import BsrConfig
 from compress_kernels.bsr_w4a16.op import launch
-from tests.kernels.helpers import DEVICE, int4_block_sparse, rel_error
+from tests.kernels.helpers import DEVICE, check_int4_block_row_shares, int4_block_sparse, rel_error
 
 
 @pytest.mark.parametrize("config", [BsrConfig("gemm", 16, 16, 2, 4, 2), BsrConfig("gemm", 32, 32, 1, 4, 3),
@@ -29,15 +29,7 @@ def test_other_tiles(config, dtype):
 def test_split_block_rows(split, m):
     """Shares of a block row sum fp32 partials: the reference's result up to fp32 rounding, the bias added
     once, empty block rows and shares give zeros; the counters are left zeroed for the next launch."""
-    n, k = 128, 512
-    parts, scales, _, _ = int4_block_sparse(n, k, 0.3, 128, empty_rows=(2,), full_rows=(3,), seed=split)
-    x = torch.randn(m, k, device=DEVICE).half()
-    bias = torch.randn(n, device=DEVICE).half()
-    config = BsrConfig("gemm", 16, 32, 2, 4, 3, split=split)
-    y = launch(x, *parts, scales, n, bias, config=config)
-    assert rel_error(y, reference.bsr_w4a16_matmul_ref(x, *parts, scales, n, bias)) <= 1e-3
-    assert torch.equal(y[:, 64:96], bias[64:96].expand(m, 32))  # block row 2 is empty: the bias alone
-    assert torch.equal(launch(x, *parts, scales, n, bias, config=config), y)
+    check_int4_block_row_shares(BsrConfig("gemm", 16, 32, 2, 4, 3, split=split), 128, 512, m, full_row=3, seed=split)
 
 
 @pytest.mark.parametrize("config", [BsrConfig("gemv", 1, 8, 8, 4, 3), BsrConfig("gemm", 8, 32, 4, 4, 3),

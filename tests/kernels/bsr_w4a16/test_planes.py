@@ -12,7 +12,7 @@ from compress_kernels import reference
 from compress_kernels.bsr.dispatch import BsrConfig
 from compress_kernels.bsr_w4a16.op import launch
 from compress_kernels.bsr_w4a16.planes import launch_planes
-from tests.kernels.helpers import DEVICE, int4_block_sparse, rel_error
+from tests.kernels.helpers import DEVICE, check_int4_block_row_shares, int4_block_sparse
 
 N, K = 96, 640  # 3 block rows of 20 blocks: one empty, one full (5 steps of 4), one at 30%
 
@@ -41,14 +41,7 @@ def test_matches_the_reference(config, m, dtype):
 @pytest.mark.parametrize("m", [2, 9])
 def test_split_block_rows(split, m):
     """Shares of a block row sum fp32 partials once, the bias added once; counters are left zeroed."""
-    parts, scales, _, _ = int4_block_sparse(N, K, 0.3, 128, empty_rows=(2,), full_rows=(0,), seed=split)
-    x = torch.randn(m, K, device=DEVICE).half()
-    bias = torch.randn(N, device=DEVICE).half()
-    config = BsrConfig("planes", 16, 32, 4, 4, 3, split=split)
-    y = launch(x, *parts, scales, N, bias, config=config)
-    assert rel_error(y, reference.bsr_w4a16_matmul_ref(x, *parts, scales, N, bias)) <= 1e-3
-    assert torch.equal(y[:, 64:96], bias[64:96].expand(m, 32))  # block row 2 is empty: the bias alone
-    assert torch.equal(launch(x, *parts, scales, N, bias, config=config), y)
+    check_int4_block_row_shares(BsrConfig("planes", 16, 32, 4, 4, 3, split=split), N, K, m, full_row=0, seed=split)
 
 
 @pytest.mark.parametrize("config", [BsrConfig("gemm", 16, 32, 4, 4, 3), BsrConfig("planes", 2, 32, 4, 4, 3),
