@@ -40,7 +40,15 @@ same for the MoE ops, whose calls take ``(x, topk_ids, topk_weights)``.
 
 ``interpreting()`` says whether Triton runs its CPU interpreter (``TRITON_INTERPRET=1``), where the
 launchers accept CPU tensors. This package never imports ``compress``.
+
+Imported by its folder name (``import kernels`` with a checkout's root on ``sys.path``), this file puts
+Hugging Face's ``kernels`` package in its place, which transformers imports
+(:mod:`compress_kernels.common.hub_kernels`).
 """
+if __name__ == "kernels":
+    from compress_kernels.common.hub_kernels import load_in_place
+
+    load_in_place()
 from compress_kernels.common.checks import interpreting
 from compress_kernels.reference import (
     bsr_matmul_ref,

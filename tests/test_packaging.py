@@ -37,3 +37,14 @@ def test_project_and_hugging_face_kernels_import_side_by_side(tmp_path):
     hf_file, ours_file = out.stdout.split()
     assert not pathlib.Path(hf_file).resolve().is_relative_to(ROOT / "kernels")
     assert pathlib.Path(ours_file).resolve().is_relative_to(ROOT / "kernels")
+
+
+def test_transformers_hub_kernels_integration_imports_from_the_checkout_root():
+    pytest.importorskip("kernels", reason="the dev extra installs Hugging Face's kernels package")
+    # the checkout's root first on sys.path ("" under python -c), as under pytest or python -m from the root
+    code = "import kernels, transformers.integrations.hub_kernels; print(kernels.__file__)"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert not pathlib.Path(out.stdout.strip()).resolve().is_relative_to(ROOT / "kernels")
