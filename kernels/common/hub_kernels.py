@@ -43,9 +43,5 @@ def load_in_place() -> None:
             f"No module named {NAME!r} outside this checkout: its kernels/ folder is the package "
             f"'compress_kernels' (import that); Hugging Face's 'kernels' is not installed", name=NAME)
     module = importlib.util.module_from_spec(spec)
-    sys.modules[NAME] = module
-    try:
-        spec.loader.exec_module(module)
-    except BaseException:
-        del sys.modules[NAME]
-        raise
+    sys.modules[NAME] = module  # should it fail, the import of kernels/__init__.py removes the entry
+    spec.loader.exec_module(module)

@@ -48,3 +48,14 @@ def test_import_kernels_from_the_checkout_root_returns_the_package_outside(tmp_p
     mark, path = out.stdout.split()
     assert mark == "outside"
     assert Path(path).resolve().is_relative_to(outside.resolve())
+
+
+def test_a_failing_package_outside_leaves_no_kernels_module_behind(tmp_path):
+    (tmp_path / "kernels").mkdir()
+    (tmp_path / "kernels" / "__init__.py").write_text("raise RuntimeError('outside failed')\n")
+    code = ("import sys\n"
+            "try:\n    import kernels\nexcept RuntimeError as err:\n    print(err, 'kernels' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(tmp_path)),
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["outside", "failed", "False"]
